@@ -1,0 +1,3 @@
+module github.com/rakelimit/caddy-rakelimit
+
+go 1.26.8

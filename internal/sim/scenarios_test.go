@@ -1,0 +1,155 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/csv"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// seeds lists the seeds every scenario is checked with: each seed draws its
+// own hash key, arrivals and random numbers. -short checks one.
+func seeds() []uint64 {
+	if testing.Short() {
+		return []uint64{1}
+	}
+	return []uint64{1, 2, 3}
+}
+
+// check is one assertion on a scenario's report.
+type check func(t *testing.T, r *Result)
+
+// perSecond asserts lo <= forwarded <= hi for stream in seconds [from, to).
+func perSecond(stream string, from, to int, lo, hi float64) check {
+	return func(t *testing.T, r *Result) {
+		t.Helper()
+		for _, row := range r.Series(stream) {
+			if row.Second < from || row.Second >= to {
+				continue
+			}
+			if f := float64(row.Forwarded); f < lo || f > hi {
+				t.Errorf("second %d: %s forwarded %d of %d, want [%.1f, %.1f]",
+					row.Second, stream, row.Forwarded, row.Offered, lo, hi)
+			}
+		}
+	}
+}
+
+// lossless asserts that stream forwarded everything it offered, every second.
+func lossless(stream string) check {
+	return func(t *testing.T, r *Result) {
+		t.Helper()
+		if len(r.Series(stream)) == 0 {
+			t.Fatalf("no %s rows", stream)
+		}
+		for _, row := range r.Series(stream) {
+			if row.Forwarded != row.Offered {
+				t.Errorf("second %d: %s forwarded %d of %d", row.Second, stream, row.Forwarded, row.Offered)
+			}
+		}
+	}
+}
+
+// maxLoss asserts that stream lost at most frac of its packets over the run.
+func maxLoss(stream string, frac float64) check {
+	return func(t *testing.T, r *Result) {
+		t.Helper()
+		off, fwd := 0, 0
+		for _, row := range r.Series(stream) {
+			off, fwd = off+row.Offered, fwd+row.Forwarded
+		}
+		if off == 0 {
+			t.Fatalf("no %s traffic", stream)
+		}
+		if loss := float64(off-fwd) / float64(off); loss > frac {
+			t.Errorf("%s lost %d of %d (%.2f%%), want at most %.2f%%", stream, off-fwd, off, 100*loss, 100*frac)
+		}
+	}
+}
+
+// TestScenarios asserts, for every scenario of the limiter-core issue, the
+// figures it must reach.
+func TestScenarios(t *testing.T) {
+	tests := map[string][]check{
+		"paper-1": {
+			lossless(Legit),
+			perSecond(Flood, 1, 60, 22.5, 27.5),
+		},
+		"paper-2": {maxLoss(Legit, 0.01)},
+		// First second: the burst (limit x window) plus one second at the
+		// limit, +10%: 2.2 x limit. Later: limit +-10%.
+		"paper-3": {
+			perSecond(Flood, 0, 1, 0, 2.2*250_000),
+			perSecond(Flood, 1, 5, 225_000, 275_000),
+		},
+		"paper-4": {
+			perSecond(Flood, 0, 1, 0, 2.2*25),
+			perSecond(Flood, 1, 5, 22.5, 27.5),
+		},
+		"many-ports": {
+			perSecond(Flood, 1, 10, 0, 1.1*25),
+			lossless(Legit),
+		},
+		"distributed":      {maxLoss(Legit, 0.01)},
+		"new-client-burst": {lossless(Legit)},
+		// Each phase (/64, then /48) is held from its second second on.
+		"ipv6-rotation": {
+			perSecond(Flood, 1, 5, 0, 1.1*1000),
+			perSecond(Flood, 6, 10, 0, 1.1*1000),
+			lossless(Legit),
+		},
+	}
+	for _, s := range Scenarios() {
+		checks, ok := tests[s.Name]
+		if !ok {
+			t.Errorf("scenario %s has no checks", s.Name)
+			continue
+		}
+		for _, seed := range seeds() {
+			t.Run(fmt.Sprintf("%s/seed-%d", s.Name, seed), func(t *testing.T) {
+				r, err := Run(s, seed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range checks {
+					c(t, r)
+				}
+			})
+		}
+	}
+}
+
+func TestReports(t *testing.T) {
+	r, err := Run(Find("paper-1"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := r.WriteCSV(&buf); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&buf).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(recs[0], ","); got != "second,stream,offered,forwarded" {
+		t.Fatalf("header %q", got)
+	}
+	if len(recs) != 1+60*2 {
+		t.Fatalf("%d rows, want 121 (60 seconds x 2 streams + header)", len(recs))
+	}
+	buf.Reset()
+	if err := r.WriteSVG(&buf); err != nil {
+		t.Fatal(err)
+	}
+	svg := buf.String()
+	for _, want := range []string{"<svg", "time (s)", "packets per second", "flood forwarded", "legit offered", "limit", "</svg>"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("SVG lacks %q", want)
+		}
+	}
+	if n := strings.Count(svg, "<polyline"); n != 4 {
+		t.Errorf("SVG has %d series, want 4", n)
+	}
+}

@@ -1,0 +1,274 @@
+package sketch
+
+import (
+	"fmt"
+	"math"
+	"math/big"
+	"slices"
+	"time"
+)
+
+// Time constants. Time is quantised twice: into epochs of 2^EpochShift ns
+// (about 1.05 ms), the unit in which a cell remembers when it was last
+// touched, and into slots of 2^SlotShift ns (about 4.1 µs), the resolution
+// of a packet's weight inside an epoch.
+const (
+	EpochShift = 20
+	SlotShift  = 12
+	// Slots is the number of weight slots in one epoch.
+	Slots = 1 << (EpochShift - SlotShift)
+
+	// decayBits is the width of each of the three decay tables' index: a cell
+	// idle for k epochs is scaled by D0[k&511]*D1[(k>>9)&511]*D2[k>>18].
+	decayBits = 9
+	// DecayEntries is the length of each decay table.
+	DecayEntries = 1 << decayBits
+	// decayHorizon is the first idle time, in epochs, that the tables do not
+	// cover (2^27 epochs, about 39 h); such a cell is zeroed.
+	decayHorizon = uint64(1) << (3 * decayBits)
+)
+
+// Bounds on the configuration, enforced by Validate.
+const (
+	// MaxPrefixes is the largest number of source prefixes per family.
+	MaxPrefixes = 4
+	// MaxNodes is the largest number of lattice nodes: every prefix, source
+	// port specified or wildcard, destination port specified or wildcard.
+	MaxNodes = MaxPrefixes * 4
+	// MaxLevels is the largest number of lattice levels.
+	MaxLevels = MaxPrefixes + 2
+	// MinWindow and MaxWindow bound the smoothing window.
+	MinWindow = 10 * time.Millisecond
+	MaxWindow = time.Hour
+	// MaxLimit is the largest limit in packets per second: more than one
+	// socket can receive, and small enough for the fixed-point arithmetic.
+	MaxLimit = 10_000_000
+	// Unlimited, as a level limit, lifts the limit of that level.
+	Unlimited = ^uint32(0)
+)
+
+// Default prefixes, most specific first.
+var (
+	DefaultIPv4Prefixes = []uint8{32, 24, 0}
+	DefaultIPv6Prefixes = []uint8{64, 48, 0}
+)
+
+// Config is what an operator chooses. The zero value is not valid: Limit and
+// Window are required; WithDefaults fills the prefixes.
+type Config struct {
+	// Limit is the rate, in packets per second, that every lattice node
+	// may forward unless LevelLimits says otherwise.
+	Limit uint32
+	// Window is the smoothing period of the rate estimate. A stream that
+	// has been quiet for a few windows may send a burst of Limit*Window
+	// packets back to back.
+	Window time.Duration
+	// LevelLimits overrides Limit for whole levels of the lattice (see
+	// Params.Levels for the numbering). Unlimited lifts a level's limit;
+	// lifting the top level removes the cap on the socket's total.
+	LevelLimits map[int]uint32
+	// IPv4Prefixes and IPv6Prefixes are the source prefix lengths, most
+	// specific first, strictly decreasing and ending with 0. Both lists
+	// must have the same length: level i is prefix i of either family.
+	IPv4Prefixes []uint8
+	IPv6Prefixes []uint8
+	// PerDstPort keeps the destination port as a lattice dimension, for a
+	// limiter shared by sockets on several ports. A limiter that serves one
+	// socket leaves it off: every packet has the same destination port, so
+	// the dimension would only double the work.
+	PerDstPort bool
+}
+
+// WithDefaults returns c with empty prefix lists replaced by the defaults.
+func (c Config) WithDefaults() Config {
+	if len(c.IPv4Prefixes) == 0 {
+		c.IPv4Prefixes = slices.Clone(DefaultIPv4Prefixes)
+	}
+	if len(c.IPv6Prefixes) == 0 {
+		c.IPv6Prefixes = slices.Clone(DefaultIPv6Prefixes)
+	}
+	return c
+}
+
+// Levels returns the number of lattice levels the configuration yields.
+func (c Config) Levels() int {
+	n := len(c.IPv4Prefixes) + 1
+	if c.PerDstPort {
+		n++
+	}
+	return n
+}
+
+// Validate reports the first thing wrong with c, naming the field and value.
+func (c Config) Validate() error {
+	if err := checkLimit("limit", c.Limit, c.Window); err != nil {
+		return err
+	}
+	if c.Window < MinWindow || c.Window > MaxWindow {
+		return fmt.Errorf("window %v out of range [%v, %v]", c.Window, MinWindow, MaxWindow)
+	}
+	if err := checkPrefixes("ipv4_prefixes", c.IPv4Prefixes, 32); err != nil {
+		return err
+	}
+	if err := checkPrefixes("ipv6_prefixes", c.IPv6Prefixes, 128); err != nil {
+		return err
+	}
+	if len(c.IPv4Prefixes) != len(c.IPv6Prefixes) {
+		return fmt.Errorf("ipv4_prefixes %v and ipv6_prefixes %v must have the same length: level i is prefix i of either family",
+			c.IPv4Prefixes, c.IPv6Prefixes)
+	}
+	for lvl, lim := range c.LevelLimits {
+		if lvl < 0 || lvl >= c.Levels() {
+			return fmt.Errorf("level_limits: level %d does not exist: levels are 0 to %d", lvl, c.Levels()-1)
+		}
+		if lim == Unlimited {
+			continue
+		}
+		if err := checkLimit(fmt.Sprintf("level_limits[%d]", lvl), lim, c.Window); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkLimit(field string, lim uint32, window time.Duration) error {
+	if lim == 0 || lim > MaxLimit {
+		return fmt.Errorf("%s %d out of range [1, %d] packets per second", field, lim, MaxLimit)
+	}
+	if window > 0 && float64(lim)*window.Seconds() < 1 {
+		return fmt.Errorf("%s %d with window %v allows a burst of less than one packet (limit x window must be at least 1)",
+			field, lim, window)
+	}
+	return nil
+}
+
+func checkPrefixes(field string, p []uint8, bits uint8) error {
+	if len(p) < 1 || len(p) > MaxPrefixes {
+		return fmt.Errorf("%s %v: want 1 to %d prefix lengths", field, p, MaxPrefixes)
+	}
+	for i, l := range p {
+		if l > bits {
+			return fmt.Errorf("%s %v: /%d is longer than %d bits", field, p, l, bits)
+		}
+		if i > 0 && l >= p[i-1] {
+			return fmt.Errorf("%s %v: lengths must be strictly decreasing (most specific first)", field, p)
+		}
+	}
+	if p[len(p)-1] != 0 {
+		return fmt.Errorf("%s %v: the last prefix must be 0 (all sources), which counts the socket's total and packets that cannot be parsed",
+			field, p)
+	}
+	return nil
+}
+
+// Params is a validated configuration compiled to the tables and thresholds
+// that the limiter, in Go and in BPF, uses per packet.
+type Params struct {
+	// Nodes lists the lattice nodes in decision order: by level, most
+	// specific first. A node's position in this list is also where its
+	// sketch lives.
+	Nodes []Node
+	// Thresh is each node's limit as a count per window, Q24, or
+	// math.MaxUint64 when the node is unlimited.
+	Thresh []uint64
+	// Over is the count above which a node is over its limit: Thresh plus
+	// the noise margin sqrt(2*Thresh) packets, Q24 (see the package doc).
+	Over []uint64
+	// Prefix4 and Prefix6 are the prefix lengths by prefix slot.
+	Prefix4, Prefix6 [MaxPrefixes]uint8
+	// NumPrefixes is the number of prefix slots in use.
+	NumPrefixes int
+	// PerDstPort is Config.PerDstPort.
+	PerDstPort bool
+	// WindowNanos is the window in nanoseconds.
+	WindowNanos uint64
+	// G[s] = exp(s*2^SlotShift/window), Q24: the weight of a packet that
+	// arrives in slot s of an epoch, relative to the epoch's start.
+	G [Slots]uint64
+	// GInv[s] = exp(-s*2^SlotShift/window), Q32: turns a weighted sum back
+	// into a count as of now.
+	GInv [Slots]uint64
+	// D0, D1, D2 are decay factors, Q32, for an idle time of k epochs:
+	// exp(-k*2^EpochShift/window) = D0[k&511]*D1[(k>>9)&511]*D2[k>>18].
+	D0, D1, D2 [DecayEntries]uint64
+}
+
+// Compile validates c (after WithDefaults) and computes its Params.
+func Compile(c Config) (*Params, error) {
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	p := &Params{
+		NumPrefixes: len(c.IPv4Prefixes),
+		PerDstPort:  c.PerDstPort,
+		WindowNanos: uint64(c.Window.Nanoseconds()),
+	}
+	copy(p.Prefix4[:], c.IPv4Prefixes)
+	copy(p.Prefix6[:], c.IPv6Prefixes)
+	p.Nodes = latticeOrder(p.NumPrefixes, c.PerDstPort)
+	for _, n := range p.Nodes {
+		lim := c.Limit
+		if l, ok := c.LevelLimits[n.Level()]; ok {
+			lim = l
+		}
+		t := threshold(lim, p.WindowNanos)
+		p.Thresh = append(p.Thresh, t)
+		p.Over = append(p.Over, overThreshold(t))
+	}
+	w := float64(p.WindowNanos)
+	for s := range Slots {
+		t := float64(uint64(s) << SlotShift)
+		p.G[s] = uint64(math.Round(math.Exp(t/w) * oneQ24f))
+		p.GInv[s] = uint64(math.Round(math.Exp(-t/w) * oneQ32f))
+	}
+	for j := range DecayEntries {
+		e := float64(uint64(j) << EpochShift)
+		p.D0[j] = uint64(math.Round(math.Exp(-e/w) * oneQ32f))
+		p.D1[j] = uint64(math.Round(math.Exp(-e*DecayEntries/w) * oneQ32f))
+		p.D2[j] = uint64(math.Round(math.Exp(-e*DecayEntries*DecayEntries/w) * oneQ32f))
+	}
+	return p, nil
+}
+
+// threshold converts a limit in packets per second into a Q24 count per
+// window: floor(limit * window_ns * 2^24 / 1e9).
+func threshold(limit uint32, windowNanos uint64) uint64 {
+	if limit == Unlimited {
+		return maxU64
+	}
+	t := new(big.Int).SetUint64(uint64(limit))
+	t.Mul(t, new(big.Int).SetUint64(windowNanos))
+	t.Lsh(t, FracBits)
+	t.Quo(t, big.NewInt(1e9))
+	return t.Uint64()
+}
+
+// overThreshold adds the noise margin to a threshold t (Q24): two standard
+// deviations, sqrt(t/2) packets each, of the decayed count of a Poisson stream
+// whose rate is exactly the limit.
+func overThreshold(t uint64) uint64 {
+	if t == maxU64 {
+		return maxU64
+	}
+	packets := float64(t) / oneQ24f
+	return t + uint64(math.Round(math.Sqrt(2*packets)*oneQ24f))
+}
+
+// decay returns exp(-k epochs / window) as a Q32 fraction.
+func (p *Params) decay(k uint64) uint64 {
+	if k < DecayEntries {
+		return p.D0[k]
+	}
+	if k >= decayHorizon {
+		return 0
+	}
+	d := mulQ32(p.D0[k&(DecayEntries-1)], p.D1[(k>>decayBits)&(DecayEntries-1)])
+	return mulQ32(d, p.D2[k>>(2*decayBits)])
+}
+
+// SameShape reports whether q can replace p on a live limiter: the sketch
+// layout (the node list) must not change.
+func (p *Params) SameShape(q *Params) bool {
+	return slices.Equal(p.Nodes, q.Nodes)
+}

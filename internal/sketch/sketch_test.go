@@ -1,0 +1,495 @@
+package sketch
+
+import (
+	"math"
+	"math/big"
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+// testKey is a fixed hash key, so that test outcomes do not depend on luck.
+func testKey(t testing.TB, seed uint64) HashKey {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed))
+	var k HashKey
+	for r := range Depth {
+		for i := range HashWords {
+			k.A[r][i] = rng.Uint64()
+		}
+		k.B[r] = rng.Uint64()
+	}
+	return k
+}
+
+func newLimiter(t testing.TB, c Config) *Limiter {
+	t.Helper()
+	l, err := New(c, testKey(t, 1))
+	if err != nil {
+		t.Fatalf("New(%+v): %v", c, err)
+	}
+	return l
+}
+
+func key(s string) Key {
+	return KeyFrom(netip.MustParseAddrPort(s), 443)
+}
+
+// start is an arbitrary monotonic-clock reading, away from zero.
+const start = int64(1000 * time.Second)
+
+func TestValidate(t *testing.T) {
+	ok := Config{Limit: 1000, Window: time.Second}
+	tests := []struct {
+		name    string
+		mutate  func(*Config)
+		wantErr string // empty: valid
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"zero limit", func(c *Config) { c.Limit = 0 }, "limit 0 out of range"},
+		{"huge limit", func(c *Config) { c.Limit = MaxLimit + 1 }, "limit 10000001 out of range"},
+		{"zero window", func(c *Config) { c.Window = 0 }, "window 0s out of range"},
+		{"negative window", func(c *Config) { c.Window = -time.Second }, "window -1s out of range"},
+		{"tiny window", func(c *Config) { c.Window = time.Millisecond }, "window 1ms out of range"},
+		{"huge window", func(c *Config) { c.Window = 2 * time.Hour }, "window 2h0m0s out of range"},
+		{"burst below one packet", func(c *Config) { c.Limit = 10; c.Window = 50 * time.Millisecond }, "burst of less than one packet"},
+		{"v4 prefix too long", func(c *Config) { c.IPv4Prefixes = []uint8{33, 24, 0} }, "ipv4_prefixes [33 24 0]: /33 is longer than 32 bits"},
+		{"v6 prefix too long", func(c *Config) { c.IPv6Prefixes = []uint8{129, 48, 0} }, "ipv6_prefixes [129 48 0]: /129"},
+		{"not decreasing", func(c *Config) { c.IPv4Prefixes = []uint8{24, 32, 0} }, "strictly decreasing"},
+		{"no all-sources", func(c *Config) { c.IPv4Prefixes = []uint8{32, 24, 16} }, "the last prefix must be 0"},
+		{"too many prefixes", func(c *Config) {
+			c.IPv4Prefixes = []uint8{32, 28, 24, 16, 0}
+		}, "want 1 to 4 prefix lengths"},
+		{"length mismatch", func(c *Config) { c.IPv6Prefixes = []uint8{128, 64, 48, 0} }, "must have the same length"},
+		{"four prefixes", func(c *Config) {
+			c.IPv4Prefixes = []uint8{32, 24, 16, 0}
+			c.IPv6Prefixes = []uint8{128, 64, 48, 0}
+		}, ""},
+		{"level out of range", func(c *Config) { c.LevelLimits = map[int]uint32{4: 5} }, "level 4 does not exist"},
+		{"level limit zero", func(c *Config) { c.LevelLimits = map[int]uint32{1: 0} }, "level_limits[1] 0 out of range"},
+		{"level unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{3: Unlimited} }, ""},
+		{"per-dport adds a level", func(c *Config) {
+			c.PerDstPort = true
+			c.LevelLimits = map[int]uint32{4: Unlimited}
+		}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := ok
+			tt.mutate(&c)
+			_, err := Compile(c)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("Compile: unexpected error %v", err)
+			case tt.wantErr != "" && err == nil:
+				t.Fatalf("Compile: no error, want one containing %q", tt.wantErr)
+			case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
+				t.Fatalf("Compile: error %q does not contain %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestLatticeOrder(t *testing.T) {
+	tests := []struct {
+		name       string
+		perDstPort bool
+		want       []string // Describe(IPv4) of each node, in order
+		levels     []int
+	}{
+		{"one socket", false,
+			[]string{"/32 sport=N", "/32 sport=*", "/24 sport=N", "/24 sport=*", "/0 sport=N", "/0 sport=*"},
+			[]int{0, 1, 1, 2, 2, 3}},
+		{"shared", true,
+			[]string{
+				"/32 sport=N dport=N",
+				"/32 sport=N dport=*", "/32 sport=* dport=N", "/24 sport=N dport=N",
+				"/32 sport=* dport=*", "/24 sport=N dport=*", "/24 sport=* dport=N", "/0 sport=N dport=N",
+				"/24 sport=* dport=*", "/0 sport=N dport=*", "/0 sport=* dport=N",
+				"/0 sport=* dport=*",
+			},
+			[]int{0, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Compile(Config{Limit: 10, Window: time.Second, PerDstPort: tt.perDstPort})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(p.Nodes) != len(tt.want) {
+				t.Fatalf("%d nodes, want %d", len(p.Nodes), len(tt.want))
+			}
+			for i, n := range p.Nodes {
+				if got := n.Describe(p, IPv4); got != tt.want[i] || n.Level() != tt.levels[i] {
+					t.Errorf("node %d = %q level %d, want %q level %d", i, got, n.Level(), tt.want[i], tt.levels[i])
+				}
+			}
+		})
+	}
+}
+
+func TestFixedPoint(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	exact := func(a, b uint64, shift uint) *big.Int {
+		r := new(big.Int).Mul(new(big.Int).SetUint64(a), new(big.Int).SetUint64(b))
+		return r.Rsh(r, shift)
+	}
+	for range 100000 {
+		a, b := rng.Uint64(), rng.Uint64N(q32One+1)
+		got, want := mulQ32(a, b), exact(a, b, 32)
+		// The split floors the low half on its own: at most one unit low.
+		if d := new(big.Int).Sub(want, new(big.Int).SetUint64(got)); d.Sign() < 0 || d.Cmp(big.NewInt(1)) > 0 {
+			t.Fatalf("mulQ32(%d, %d) = %d, exact %v", a, b, got, want)
+		}
+		a, b = rng.Uint64N(1<<60), rng.Uint64N(1<<26)
+		got, want = mulQ24(a, b), exact(a, b, 24)
+		if d := new(big.Int).Sub(want, new(big.Int).SetUint64(got)); d.Sign() < 0 || d.Cmp(big.NewInt(1)) > 0 {
+			t.Fatalf("mulQ24(%d, %d) = %d, exact %v", a, b, got, want)
+		}
+	}
+	if got := satAdd(maxU64-1, 5); got != maxU64 {
+		t.Fatalf("satAdd overflow = %d, want max", got)
+	}
+}
+
+// TestTables checks the documented error of the exponential tables: each
+// decay factor within 4 units of 2^-32 of exp(-k*epoch/window).
+func TestTables(t *testing.T) {
+	for _, w := range []time.Duration{MinWindow, 333 * time.Millisecond, time.Second, time.Minute, MaxWindow} {
+		p, err := Compile(Config{Limit: MaxLimit, Window: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(1, uint64(w)))
+		for range 20000 {
+			k := rng.Uint64N(decayHorizon + 1000)
+			want := math.Exp(-float64(k<<EpochShift)/float64(w)) * oneQ32f
+			if k >= decayHorizon {
+				want = 0
+			}
+			if got := float64(p.decay(k)); math.Abs(got-want) > 4 {
+				t.Fatalf("window %v: decay(%d) = %v, want %v", w, k, got, want)
+			}
+		}
+		for s := range Slots {
+			g := math.Exp(float64(uint64(s)<<SlotShift)/float64(w)) * oneQ24f
+			if math.Abs(float64(p.G[s])-g) > 0.5 {
+				t.Fatalf("window %v: G[%d] = %d, want %v", w, s, p.G[s], g)
+			}
+		}
+	}
+}
+
+// TestEstimateTracksExactRate compares the fixed-point estimate of a single
+// stream with the exact exponentially decayed count, computed in floating
+// point, for streams at several rates and windows.
+func TestEstimateTracksExactRate(t *testing.T) {
+	tests := []struct {
+		rate   float64
+		window time.Duration
+	}{
+		{10, time.Second}, {1000, time.Second}, {200000, time.Second}, {50, 10 * time.Second}, {5000, 20 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		l := newLimiter(t, Config{Limit: MaxLimit, Window: tt.window})
+		k := key("192.0.2.1:1000")
+		rng := rand.New(rand.NewPCG(3, 3))
+		now, exact := start, 0.0
+		w := float64(tt.window)
+		for range int(math.Min(tt.rate*5*tt.window.Seconds(), 500000)) {
+			gap := int64(rng.ExpFloat64() / tt.rate * 1e9)
+			// The limiter weighs a packet by its slot: quantise as it does.
+			prev := now >> SlotShift << SlotShift
+			now += gap
+			exact = exact*math.Exp(-float64(now>>SlotShift<<SlotShift-prev)/w) + 1
+			l.Decide(&k, now, rng.Uint32())
+		}
+		got := float64(l.Estimate(&k, l.p.Nodes[0], Clean, now)) / oneQ24f
+		if math.Abs(got-exact) > 1e-6*exact+1e-3 {
+			t.Errorf("rate %v window %v: estimate %v, exact %v", tt.rate, tt.window, got, exact)
+		}
+	}
+}
+
+// TestBurst: a fresh stream sends limit*window packets back to back and all
+// pass unlimited; whatever it sends beyond the noise margin is dropped. The
+// packets share one timestamp so that nothing decays during the burst.
+func TestBurst(t *testing.T) {
+	for _, limit := range []uint32{1, 25, 1000, 250000} {
+		l := newLimiter(t, Config{Limit: limit, Window: time.Second})
+		k := key("192.0.2.7:4000")
+		margin := int(math.Sqrt(2 * float64(limit)))
+		firstDrop := -1
+		for i := range int(limit) + margin + 10 {
+			v := l.Decide(&k, start, uint32(i*2654435761))
+			if i < int(limit) && (v.Drop || v.Limited) {
+				t.Fatalf("limit %d: packet %d of a fresh burst: %+v", limit, i, v)
+			}
+			if v.Drop && firstDrop < 0 {
+				firstDrop = i
+			}
+		}
+		if firstDrop < int(limit) || firstDrop > int(limit)+margin+1 {
+			t.Errorf("limit %d: first drop at packet %d, want in [%d, %d]", limit, firstDrop, limit, int(limit)+margin+1)
+		}
+	}
+}
+
+// TestDropProbability: a stream held over its limit loses, in the long run,
+// the fraction 1 - limit/rate of its packets, whatever its rate.
+func TestDropProbability(t *testing.T) {
+	for _, rate := range []float64{60, 500, 50000} {
+		l := newLimiter(t, Config{Limit: 25, Window: time.Second})
+		k := key("198.51.100.1:53")
+		rng := rand.New(rand.NewPCG(9, uint64(rate)))
+		now := start
+		offered, passed := 0, 0
+		for now < start+int64(20*time.Second) {
+			now += int64(rng.ExpFloat64() / rate * 1e9)
+			v := l.Decide(&k, now, rng.Uint32())
+			if now > start+int64(2*time.Second) { // after the burst
+				offered++
+				if !v.Drop {
+					passed++
+				}
+			}
+		}
+		got, want := float64(offered-passed)/float64(offered), 1-25/rate
+		if math.Abs(got-want) > 0.03 {
+			t.Errorf("rate %v: dropped fraction %.3f, want %.3f", rate, got, want)
+		}
+	}
+}
+
+// TestUpdateKeepsState: a new limit applies from the next packet, and the
+// counts survive the change.
+func TestUpdateKeepsState(t *testing.T) {
+	l := newLimiter(t, Config{Limit: 100, Window: time.Second})
+	k := key("198.51.100.1:53")
+	now, passed := start, 0
+	flood := func(seconds int) {
+		passed = 0
+		for end := now + int64(seconds)*int64(time.Second); now < end; now += 100_000 { // 10 kpps
+			if !l.Decide(&k, now, uint32(now)).Drop {
+				passed++
+			}
+		}
+	}
+	flood(3)
+	before := l.Estimate(&k, l.p.Nodes[0], Clean, now)
+	if err := l.Update(Config{Limit: 1000, Window: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if after := l.Estimate(&k, l.p.Nodes[0], Clean, now); after != before {
+		t.Fatalf("estimate changed by Update: %d -> %d", before, after)
+	}
+	flood(1) // ramp to the new limit
+	flood(2)
+	if passed < 1800 || passed > 2200 {
+		t.Fatalf("after raising the limit to 1000, %d passed in 2 s, want about 2000", passed)
+	}
+	err := l.Update(Config{Limit: 1000, Window: time.Second, PerDstPort: true})
+	if err == nil || !strings.Contains(err.Error(), "cannot change the lattice") {
+		t.Fatalf("Update changing the lattice: err = %v", err)
+	}
+}
+
+// TestUnparsed: packets without ports, or without an address, still count
+// at the wildcard nodes, together with the parsed traffic there, and are
+// limited like the rest.
+func TestUnparsed(t *testing.T) {
+	tests := []struct {
+		name     string
+		key      Key
+		wantNode Node
+	}{
+		{"no address", Key{Family: Unknown}, NewNode(2, true, false)},
+		{"no ports", Key{Family: IPv4, Words: [4]uint32{0xc0000201}}, NewNode(0, true, false)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLimiter(t, Config{Limit: 25, Window: time.Second})
+			dropped := 0
+			for i := range 1000 {
+				v := l.Decide(&tt.key, start+int64(i)*1000_000, uint32(i))
+				if v.Drop {
+					dropped++
+					if v.Node != tt.wantNode {
+						t.Fatalf("dropped at %s, want %s", v.Node.Describe(l.p, IPv4), tt.wantNode.Describe(l.p, IPv4))
+					}
+				}
+			}
+			if dropped < 900 {
+				t.Fatalf("only %d of 1000 packets in 1 s dropped at limit 25", dropped)
+			}
+			// The all-sources node saw them: a parsed packet now counts
+			// on top of them.
+			parsed := key("192.0.2.1:1")
+			all := l.p.Nodes[len(l.p.Nodes)-1]
+			now := start + int64(time.Second)
+			est := l.Estimate(&parsed, all, Clean, now) + l.Estimate(&parsed, all, Limited, now)
+			if est < 20*One {
+				t.Fatalf("all-sources estimate %v, want the unparsed traffic in it", float64(est)/oneQ24f)
+			}
+		})
+	}
+}
+
+// TestPerDstPort: with the destination port dimension, floods to two ports
+// are limited per port, and the all-ports node caps their sum.
+func TestPerDstPort(t *testing.T) {
+	l := newLimiter(t, Config{Limit: 100, Window: time.Second, PerDstPort: true,
+		LevelLimits: map[int]uint32{4: 150}})
+	a := KeyFrom(netip.MustParseAddrPort("198.51.100.1:53"), 443)
+	b := KeyFrom(netip.MustParseAddrPort("198.51.100.1:53"), 8443)
+	passed := map[uint16]int{}
+	rng := rand.New(rand.NewPCG(2, 2))
+	for i := range 50000 { // 5 s at 10 kpps, alternating ports
+		k := &a
+		if i%2 == 1 {
+			k = &b
+		}
+		now := start + int64(i)*100_000
+		if !l.Decide(k, now, rng.Uint32()).Drop && now > start+int64(2*time.Second) {
+			passed[k.DstPort]++
+		}
+	}
+	// 3 s after the ramp: each port gets at most its own 100 pps, the
+	// per-address all-ports node (limit 100) holds the sum to ~100.
+	sum := passed[443] + passed[8443]
+	if sum < 270 || sum > 330 {
+		t.Fatalf("passed %v in 3 s, sum %d: want about 300", passed, sum)
+	}
+	if passed[443] < 100 || passed[8443] < 100 {
+		t.Fatalf("passed %v: one port starved", passed)
+	}
+}
+
+func TestDecideAllocs(t *testing.T) {
+	l := newLimiter(t, Config{Limit: 25, Window: time.Second})
+	k := key("192.0.2.1:1")
+	now := start
+	if n := testing.AllocsPerRun(1000, func() { now += 1000; l.Decide(&k, now, 1) }); n != 0 {
+		t.Fatalf("Decide allocates %v times per call", n)
+	}
+}
+
+func TestHashKeyRandom(t *testing.T) {
+	a, err := NewHashKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewHashKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a == b || a == (HashKey{}) {
+		t.Fatal("two hash keys from crypto/rand are equal or zero")
+	}
+	// The same source lands in different columns under different keys.
+	la, _ := New(Config{Limit: 1, Window: time.Second}, a)
+	lb, _ := New(Config{Limit: 1, Window: time.Second}, b)
+	k := key("192.0.2.1:1")
+	la.Decide(&k, start, 0)
+	lb.Decide(&k, start, 0)
+	same := 0
+	for i := range la.cells {
+		if la.cells[i].Epoch != 0 && lb.cells[i].Epoch != 0 {
+			same++
+		}
+	}
+	if same == len(la.p.Nodes)*Depth {
+		t.Fatal("every cell identical under two random keys")
+	}
+}
+
+// TestSketchAccuracyZipf checks the count-min guarantee on a Zipf workload:
+// no estimate below the exact decayed count (beyond fixed-point rounding),
+// and no more than a fraction delta = e^-Depth of keys over it by more than
+// epsilon*N, epsilon = e/Width, N the node's total.
+func TestSketchAccuracyZipf(t *testing.T) {
+	const keys, packets = 20000, 400000
+	l := newLimiter(t, Config{Limit: MaxLimit, Window: time.Second})
+	rng := rand.New(rand.NewPCG(11, 11))
+	zipf := rand.NewZipf(rng, 1.1, 1, keys-1)
+	exact := make([]float64, keys)
+	last := make([]int64, keys)
+	now := start
+	w := float64(time.Second)
+	total := 0.0
+	lastAll := now
+	ks := make([]Key, keys)
+	for i := range ks {
+		ks[i] = KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 1), 443)
+	}
+	for range packets {
+		now += 5000 // 200 kpps for 2 s
+		i := zipf.Uint64()
+		q := now >> SlotShift << SlotShift
+		exact[i] = exact[i]*math.Exp(-float64(q-last[i])/w) + 1
+		last[i] = q
+		total = total*math.Exp(-float64(q-lastAll)/w) + 1
+		lastAll = q
+		l.Decide(&ks[i], now, rng.Uint32())
+	}
+	eps := math.E / Width
+	delta := math.Exp(-Depth)
+	over := 0
+	for i := range keys {
+		e := exact[i] * math.Exp(-float64(now>>SlotShift<<SlotShift-last[i])/w)
+		got := float64(l.Estimate(&ks[i], l.p.Nodes[0], Clean, now)) / oneQ24f
+		if got < e*(1-1e-6)-1e-3 {
+			t.Fatalf("key %d: estimate %v below exact %v", i, got, e)
+		}
+		if got-e > eps*total {
+			over++
+		}
+	}
+	if frac := float64(over) / keys; frac > delta {
+		t.Fatalf("%.4f of keys over the bound eps*N = %.1f, want at most delta = %.3f", frac, eps*total, delta)
+	}
+	t.Logf("N = %.0f, eps*N = %.1f, keys over the bound: %d of %d (delta allows %.0f)", total, eps*total, over, keys, delta*keys)
+}
+
+func BenchmarkDecide(b *testing.B) {
+	srcs := make([]Key, 1<<16)
+	rng := rand.New(rand.NewPCG(5, 5))
+	for i := range srcs {
+		var a [4]byte
+		for j := range a {
+			a[j] = byte(rng.Uint32())
+		}
+		srcs[i] = KeyFrom(netip.AddrPortFrom(netip.AddrFrom4(a), uint16(rng.Uint32())), 443)
+	}
+	v6 := make([]Key, 1<<16)
+	for i := range v6 {
+		var a [16]byte
+		for j := range a {
+			a[j] = byte(rng.Uint32())
+		}
+		v6[i] = KeyFrom(netip.AddrPortFrom(netip.AddrFrom16(a), uint16(rng.Uint32())), 443)
+	}
+	hot := key("192.0.2.1:4000")
+	for _, bc := range []struct {
+		name  string
+		limit uint32
+		keys  []Key
+	}{
+		{"hot-flow-pass", MaxLimit, []Key{hot}},
+		{"hot-flow-drop", 25, []Key{hot}},
+		{"random-sources", 1000, srcs},
+		{"random-sources-ipv6", 1000, v6},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			l := newLimiter(b, Config{Limit: bc.limit, Window: time.Second})
+			now := start
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				now += 1000
+				l.Decide(&bc.keys[i&(len(bc.keys)-1)], now, uint32(i))
+			}
+		})
+	}
+}
