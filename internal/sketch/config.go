@@ -191,6 +191,11 @@ type Params struct {
 	// D0, D1, D2 are decay factors, Q32, for an idle time of k epochs:
 	// exp(-k*2^EpochShift/window) = D0[k&511]*D1[(k>>9)&511]*D2[k>>18].
 	D0, D1, D2 [DecayEntries]uint64
+	// FamilyWord and Mask drive the address hash, by family (0 IPv4,
+	// 1 IPv6) and prefix slot: the family word hashed (the family, or 0 for
+	// a /0 prefix, which IPv4 and IPv6 share) and each address word's mask.
+	FamilyWord [2][MaxPrefixes]uint64
+	Mask       [2][MaxPrefixes][4]uint32
 }
 
 // Compile validates c (after WithDefaults) and computes its Params.
@@ -207,6 +212,20 @@ func Compile(c Config) (*Params, error) {
 	copy(p.Prefix4[:], c.IPv4Prefixes)
 	copy(p.Prefix6[:], c.IPv6Prefixes)
 	p.Nodes = latticeOrder(p.NumPrefixes, c.PerDstPort)
+	for fi, fam := range []Family{IPv4, IPv6} {
+		prefixes := p.Prefix4
+		if fam == IPv6 {
+			prefixes = p.Prefix6
+		}
+		for s := range p.NumPrefixes {
+			if prefixes[s] != 0 {
+				p.FamilyWord[fi][s] = uint64(fam)
+			}
+			for i := range 4 {
+				p.Mask[fi][s][i] = prefixMask(prefixes[s], i)
+			}
+		}
+	}
 	for _, n := range p.Nodes {
 		lim := c.Limit
 		if l, ok := c.LevelLimits[n.Level()]; ok {

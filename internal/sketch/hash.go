@@ -70,24 +70,19 @@ func prefixMask(l uint8, i int) uint32 {
 }
 
 // addrHashes computes, for every prefix slot and row, the address part of
-// the hash: A[r][0]*family + sum A[r][1+i]*(word_i & mask). The family word
-// is 0 for a /0 prefix, so that IPv4 and IPv6 share the all-sources nodes.
+// the hash: A[r][0]*FamilyWord + sum A[r][1+i]*(word_i & Mask_i). The family
+// word is 0 for a /0 prefix, so that IPv4 and IPv6 share the all-sources
+// nodes. (A key of unknown family has no address and reaches only those.)
 func (hk *HashKey) addrHashes(p *Params, k *Key, out *[MaxPrefixes][Depth]uint64) {
-	prefixes := &p.Prefix4
-	words := 1
+	fi := 0
 	if k.Family == IPv6 {
-		prefixes = &p.Prefix6
-		words = 4
+		fi = 1
 	}
 	for s := range p.NumPrefixes {
-		l := prefixes[s]
 		for r := range Depth {
-			var h uint64
-			if l != 0 && k.Family != Unknown {
-				h = hk.A[r][0] * uint64(k.Family)
-				for i := range words {
-					h += hk.A[r][1+i] * uint64(k.Words[i]&prefixMask(l, i))
-				}
+			h := hk.A[r][0] * p.FamilyWord[fi][s]
+			for i, w := range k.Words {
+				h += hk.A[r][1+i] * uint64(w&p.Mask[fi][s][i])
 			}
 			out[s][r] = h
 		}

@@ -137,7 +137,7 @@ func (f Family) String() string {
 type Key struct {
 	Family Family
 	// Words is the source address as big-endian 32-bit words; IPv4 uses
-	// Words[0] only.
+	// Words[0] only and leaves the others zero.
 	Words [4]uint32
 	// HasPorts is false when the transport header could not be read; the
 	// packet then counts only at source-port-wildcard nodes.

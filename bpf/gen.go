@@ -1,0 +1,7 @@
+package bpf
+
+// The generated rakelimit_bpf{el,eb}.{go,o} are committed: building the module
+// needs no clang. Regenerate with `make generate` (which pins the compiler)
+// after changing rakelimit.c; CI fails when the committed files are stale.
+// Headers come from Debian's libbpf-dev and linux-libc-dev.
+//go:generate go tool bpf2go -cc ${BPF_CLANG} -cflags ${BPF_CFLAGS} -tags linux -type cell -type config -type stats -type verdict rakelimit rakelimit.c -- -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu

@@ -1,0 +1,246 @@
+//go:build linux
+
+package bpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+// mustBPF reports whether BPF tests must run: in CI (CI=true) or when
+// RAKELIMIT_REQUIRE_BPF=1, a missing privilege fails the test instead of
+// skipping it.
+func mustBPF() bool {
+	return os.Getenv("CI") == "true" || os.Getenv("RAKELIMIT_REQUIRE_BPF") == "1"
+}
+
+// skipOrFail skips t, or fails it when BPF tests are required.
+func skipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if mustBPF() {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// loadTest loads a filter for a test and closes it when the test ends. It
+// skips (or, in CI, fails) when the process may not load BPF.
+func loadTest(t testing.TB, c sketch.Config, o loadOptions) *Filter {
+	t.Helper()
+	if o.hashKey == nil {
+		hk := fixedKey(1)
+		o.hashKey = &hk
+	}
+	f, err := load(c, o)
+	if errors.Is(err, unix.EPERM) || errors.Is(err, ebpf.ErrNotSupported) {
+		skipOrFail(t, "cannot load BPF here: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("load: %+v", err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// fixedKey is a deterministic hash key.
+func fixedKey(seed uint64) sketch.HashKey {
+	rng := rand.New(rand.NewPCG(seed, ^seed))
+	var k sketch.HashKey
+	for r := range sketch.Depth {
+		for i := range sketch.HashWords {
+			k.A[r][i] = rng.Uint64()
+		}
+		k.B[r] = rng.Uint64()
+	}
+	return k
+}
+
+// skbContext is the head of struct __sk_buff up to cb[], the part that
+// BPF_PROG_TEST_RUN lets a test set.
+type skbContext struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto uint32
+	Priority, IngressIfindex, Ifindex, TCIndex                                  uint32
+	CB                                                                          [5]uint32
+}
+
+// run feeds one frame to a test-mode filter at time now with random number
+// rnd and returns the program's verdict.
+func (f *Filter) run(t testing.TB, frame []byte, now int64, rnd uint32) rakelimitVerdict {
+	t.Helper()
+	ctx := skbContext{CB: [5]uint32{uint32(now), uint32(uint64(now) >> 32), rnd}}
+	ret, err := f.objs.Rakelimit.Run(&ebpf.RunOptions{Data: frame, Context: ctx})
+	if err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	var v rakelimitVerdict
+	if err := f.objs.TestVerdict.Lookup(uint32(0), &v); err != nil {
+		t.Fatalf("reading verdict: %v", err)
+	}
+	if dropped := ret == 0; dropped != (v.Drop == 1) {
+		t.Fatalf("program returned %d but recorded drop=%d", ret, v.Drop)
+	}
+	return v
+}
+
+// cells reads the whole sketch map.
+func (f *Filter) cells(t testing.TB) []rakelimitCell {
+	t.Helper()
+	n := int(f.objs.Cells.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]rakelimitCell, n)
+	var cursor ebpf.MapBatchCursor
+	got, err := f.objs.Cells.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("reading cells: %v", err)
+	}
+	if got != n {
+		t.Fatalf("read %d cells, want %d", got, n)
+	}
+	out := make([]rakelimitCell, n)
+	for i, k := range keys {
+		out[k] = vals[i]
+	}
+	return out
+}
+
+// packet describes a test frame.
+type packet struct {
+	src, dst     netip.Addr
+	sport, dport uint16
+	payload      int
+	// ipv4Options adds this many 4-byte words of IPv4 options.
+	ipv4Options int
+	// ipv4FragOffset sets the IPv4 fragment offset (in 8-byte units).
+	ipv4FragOffset uint16
+	// ipv6Ext lists IPv6 extension headers to insert before UDP.
+	ipv6Ext []ipv6Ext
+	// proto overrides the transport protocol (default UDP).
+	proto uint8
+	// etherType overrides the frame's ethertype.
+	etherType uint16
+	// truncate cuts the frame to this many bytes after the Ethernet header.
+	truncate int
+}
+
+type ipv6Ext struct {
+	kind       uint8 // unix.IPPROTO_HOPOPTS, _ROUTING, _DSTOPTS, _FRAGMENT, _AH
+	units      int   // length field value
+	fragOffset uint16
+}
+
+const (
+	ethHdrLen  = 14
+	ipv4HdrLen = 20
+	ipv6HdrLen = 40
+	udpHdrLen  = 8
+)
+
+// frame builds the Ethernet frame of p.
+func (p packet) frame() []byte {
+	proto := p.proto
+	if proto == 0 {
+		proto = unix.IPPROTO_UDP
+	}
+	l4 := make([]byte, udpHdrLen+p.payload)
+	binary.BigEndian.PutUint16(l4[0:], p.sport)
+	binary.BigEndian.PutUint16(l4[2:], p.dport)
+	binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+	for i := udpHdrLen; i < len(l4); i++ {
+		l4[i] = byte(i * 31)
+	}
+	var ip []byte
+	etherType := uint16(unix.ETH_P_IP)
+	if p.src.Is4() {
+		hl := ipv4HdrLen + 4*p.ipv4Options
+		ip = make([]byte, hl)
+		ip[0] = 0x40 | byte(hl/4)
+		binary.BigEndian.PutUint16(ip[2:], uint16(hl+len(l4)))
+		binary.BigEndian.PutUint16(ip[6:], p.ipv4FragOffset)
+		ip[8] = 64
+		ip[9] = proto
+		s, d := p.src.As4(), p.dst.As4()
+		copy(ip[12:], s[:])
+		copy(ip[16:], d[:])
+		for i := ipv4HdrLen; i < hl; i++ {
+			ip[i] = 1 // NOP options
+		}
+	} else {
+		etherType = unix.ETH_P_IPV6
+		ip = make([]byte, ipv6HdrLen)
+		ip[0] = 0x60
+		s, d := p.src.As16(), p.dst.As16()
+		copy(ip[8:], s[:])
+		copy(ip[24:], d[:])
+		ip[7] = 64
+		next := &ip[6]
+		for _, e := range p.ipv6Ext {
+			*next = e.kind
+			var h []byte
+			switch e.kind {
+			case unix.IPPROTO_FRAGMENT:
+				h = make([]byte, 8)
+				binary.BigEndian.PutUint16(h[2:], e.fragOffset<<3)
+			case unix.IPPROTO_AH:
+				h = make([]byte, (e.units+2)*4)
+			default:
+				h = make([]byte, (e.units+1)*8)
+			}
+			h[1] = byte(e.units)
+			if e.kind == unix.IPPROTO_FRAGMENT {
+				h[1] = 0
+			}
+			ip = append(ip, h...)
+			next = &ip[len(ip)-len(h)]
+		}
+		*next = proto
+		binary.BigEndian.PutUint16(ip[4:], uint16(len(ip)-ipv6HdrLen+len(l4)))
+	}
+	if p.etherType != 0 {
+		etherType = p.etherType
+	}
+	f := make([]byte, ethHdrLen, ethHdrLen+len(ip)+len(l4))
+	copy(f[0:], []byte{2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2})
+	binary.BigEndian.PutUint16(f[12:], etherType)
+	f = append(f, ip...)
+	f = append(f, l4...)
+	if p.truncate > 0 {
+		f = f[:ethHdrLen+p.truncate]
+	}
+	return f
+}
+
+// key is what the filter should make of p.
+func (p packet) key(hasPorts bool) sketch.Key {
+	k := sketch.KeyFrom(netip.AddrPortFrom(p.src, p.sport), p.dport)
+	if !hasPorts {
+		k.HasPorts, k.SrcPort, k.DstPort = false, 0, 0
+	}
+	return k
+}
+
+var (
+	dst4 = netip.MustParseAddr("192.0.2.254")
+	dst6 = netip.MustParseAddr("2001:db8::fe")
+)
+
+func udp(src string, sport uint16) packet {
+	a := netip.MustParseAddr(src)
+	d := dst4
+	if a.Is6() {
+		d = dst6
+	}
+	return packet{src: a, dst: d, sport: sport, dport: 443, payload: 32}
+}
+
+// start is an arbitrary monotonic-clock reading.
+const start = int64(5000 * time.Second)

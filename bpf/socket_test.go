@@ -1,0 +1,539 @@
+//go:build linux
+
+package bpf
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+// Real sockets see the packet differently from BPF_PROG_TEST_RUN (skb->data
+// at the UDP header, not the IP header), so the filter is tested on them
+// too. Every test here sends only to loopback addresses or to ULA addresses
+// inside a network namespace it creates, and every flood is bounded.
+
+// receiver counts what a socket receives, per source address and per second
+// since start.
+type receiver struct {
+	conn  *net.UDPConn
+	start time.Time
+	mu    sync.Mutex
+	count map[netip.Addr][]int
+	total int
+	done  chan struct{}
+}
+
+func listen(t *testing.T, network, addr string) *net.UDPConn {
+	t.Helper()
+	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+	if err != nil {
+		t.Fatalf("listen %s %s: %v", network, addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.SetReadBuffer(8 << 20); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+func receive(conn *net.UDPConn) *receiver {
+	r := &receiver{conn: conn, start: time.Now(), count: map[netip.Addr][]int{}, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		buf := make([]byte, 2048)
+		for {
+			_, from, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			sec := int(time.Since(r.start) / time.Second)
+			r.mu.Lock()
+			src := from.Addr().Unmap()
+			for len(r.count[src]) <= sec {
+				r.count[src] = append(r.count[src], 0)
+			}
+			r.count[src][sec]++
+			r.total++
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+// stop waits for packets in flight, closes the socket and returns the
+// counts.
+func (r *receiver) stop() map[netip.Addr][]int {
+	time.Sleep(100 * time.Millisecond)
+	r.conn.Close()
+	<-r.done
+	return r.count
+}
+
+// sender sends from a socket bound to src.
+func sender(t *testing.T, src netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	network := "udp4"
+	if src.Addr().Is6() {
+		network = "udp6"
+	}
+	c, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(src))
+	if err != nil {
+		t.Fatalf("bind sender %v: %v", src, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// touchedCells returns the indexes of the sketch cells that have been used.
+func touchedCells(cells []rakelimitCell) []int {
+	var out []int
+	for i, c := range cells {
+		if c.Epoch != 0 {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// TestSocketProbes attaches the filter to IPv4, dual-stack and IPv6 sockets
+// and sends probes of every payload size from many source addresses and
+// ports across the whole range. At a limit no sender reaches, every probe
+// must arrive; and the cells the filter touched must be exactly those the Go
+// limiter touches for the expected keys, which proves that the filter read
+// each packet's address and ports right on a real socket.
+func TestSocketProbes(t *testing.T) {
+	sizes := []int{0, 1, 7, 8, 35, 36, 64, 1200, 1350}
+	ports := []uint16{1, 53, 443, 1023, 1024, 4433, 32767, 32768, 49152, 60999, 65535}
+	tests := []struct {
+		name    string
+		network string
+		listen  string
+		sources []string
+	}{
+		{"ipv4 socket", "udp4", "127.0.0.1:0", []string{"127.0.0.1", "127.0.0.2", "127.1.2.3", "127.255.0.9"}},
+		{"dual-stack socket", "udp", "[::]:0", []string{"127.0.0.1", "127.3.4.5", "::1"}},
+		{"ipv6 socket", "udp6", "[::1]:0", []string{"::1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hk := fixedKey(9)
+			c := sketch.Config{Limit: sketch.MaxLimit, Window: time.Second}
+			f := loadTest(t, c, loadOptions{hashKey: &hk})
+			twin, err := sketch.New(c, hk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn := listen(t, tt.network, tt.listen)
+			if err := f.Attach(conn); err != nil {
+				t.Fatal(err)
+			}
+			dport := uint16(conn.LocalAddr().(*net.UDPAddr).Port)
+			r := receive(conn)
+			sent := 0
+			for _, src := range tt.sources {
+				for _, port := range ports {
+					s, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(src), port)))
+					if err != nil {
+						continue // port taken on this machine: the others cover the range
+					}
+					dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), dport)
+					if netip.MustParseAddr(src).Is6() {
+						dst = netip.AddrPortFrom(netip.IPv6Loopback(), dport)
+					}
+					for _, size := range sizes {
+						if _, err := s.WriteToUDPAddrPort(make([]byte, size), dst); err != nil {
+							t.Fatalf("send from %s:%d: %v", src, port, err)
+						}
+						sent++
+						k := sketch.KeyFrom(netip.AddrPortFrom(netip.MustParseAddr(src), port), dport)
+						twin.Decide(&k, start, 0)
+					}
+					s.Close()
+				}
+			}
+			r.stop()
+			st, err := f.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var dropped uint64
+			for fam := range Families {
+				for l := range sketch.MaxLevels {
+					dropped += st.Dropped[fam][l]
+				}
+			}
+			if r.total != sent || dropped != 0 {
+				t.Fatalf("sent %d probes, received %d, filter dropped %d", sent, r.total, dropped)
+			}
+			var want []int
+			for i, cell := range twin.Cells() {
+				if cell.Epoch != 0 {
+					want = append(want, i)
+				}
+			}
+			if got := touchedCells(f.cells(t)); !slices.Equal(got, want) {
+				t.Fatalf("the filter keyed the probes differently from the Go limiter: cells %v, want %v", got, want)
+			}
+			t.Logf("%d probes from %d sources, all received", sent, len(tt.sources))
+		})
+	}
+}
+
+// flood sends n packets of random size (0-1350 bytes) from conn to dst at
+// about rate packets per second, then stops.
+func flood(conn *net.UDPConn, dst netip.AddrPort, rate, n int, rng *rand.Rand) error {
+	const burst = 50
+	tick := time.Duration(float64(time.Second) * burst / float64(rate))
+	buf := make([]byte, 1350)
+	next := time.Now()
+	for sent := 0; sent < n; {
+		for i := 0; i < burst && sent < n; i++ {
+			if _, err := conn.WriteToUDPAddrPort(buf[:rng.IntN(len(buf)+1)], dst); err != nil {
+				return err
+			}
+			sent++
+		}
+		next = next.Add(tick)
+		time.Sleep(time.Until(next))
+	}
+	return nil
+}
+
+// trickle sends one packet every interval until stop is closed.
+func trickle(conn *net.UDPConn, dst netip.AddrPort, interval time.Duration, stop <-chan struct{}) (int, error) {
+	sent := 0
+	tk := time.NewTicker(interval)
+	defer tk.Stop()
+	for {
+		if _, err := conn.WriteToUDPAddrPort([]byte("legit"), dst); err != nil {
+			return sent, err
+		}
+		sent++
+		select {
+		case <-stop:
+			return sent, nil
+		case <-tk.C:
+		}
+	}
+}
+
+// checkHeld asserts that every full second after the first lies within
+// limit +- 10%.
+func checkHeld(t *testing.T, what string, perSecond []int, seconds int, limit float64) {
+	t.Helper()
+	if len(perSecond) < seconds {
+		t.Fatalf("%s: received in %d seconds only: %v", what, len(perSecond), perSecond)
+	}
+	for s := 1; s < seconds; s++ {
+		if got := float64(perSecond[s]); got < 0.9*limit || got > 1.1*limit {
+			t.Errorf("%s: second %d received %v, want %v +- 10%% (all seconds: %v)", what, s, got, limit, perSecond)
+		}
+	}
+}
+
+// TestSocketFlood: on IPv4 and dual-stack sockets, a bounded flood of
+// random-size packets is held to the limit, and a 5 pps stream from another
+// network beside it loses nothing.
+func TestSocketFlood(t *testing.T) {
+	const limit, rate, seconds = 200, 5000, 4
+	tests := []struct {
+		name, network, listen string
+		flood, legit          string
+	}{
+		{"ipv4", "udp4", "127.0.0.1:0", "127.0.0.2", "127.1.0.1"},
+		{"dual-stack, ipv4 flood, ipv6 legit", "udp", "[::]:0", "127.0.0.2", "::1"},
+		{"dual-stack, ipv6 flood, ipv4 legit", "udp", "[::]:0", "::1", "127.1.0.1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := loadTest(t, sketch.Config{Limit: limit, Window: time.Second}, loadOptions{})
+			conn := listen(t, tt.network, tt.listen)
+			if err := f.Attach(conn); err != nil {
+				t.Fatal(err)
+			}
+			port := uint16(conn.LocalAddr().(*net.UDPAddr).Port)
+			dstFor := func(src string) netip.AddrPort {
+				if netip.MustParseAddr(src).Is6() {
+					return netip.AddrPortFrom(netip.IPv6Loopback(), port)
+				}
+				return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+			}
+			fs := sender(t, netip.AddrPortFrom(netip.MustParseAddr(tt.flood), 0))
+			ls := sender(t, netip.AddrPortFrom(netip.MustParseAddr(tt.legit), 0))
+			r := receive(conn)
+			stop := make(chan struct{})
+			var legitSent int
+			var legitErr error
+			done := make(chan struct{})
+			go func() {
+				legitSent, legitErr = trickle(ls, dstFor(tt.legit), 200*time.Millisecond, stop)
+				close(done)
+			}()
+			if err := flood(fs, dstFor(tt.flood), rate, rate*seconds, rand.New(rand.NewPCG(1, 2))); err != nil {
+				t.Fatal(err)
+			}
+			close(stop)
+			<-done
+			if legitErr != nil {
+				t.Fatal(legitErr)
+			}
+			counts := r.stop()
+			checkHeld(t, "flood", counts[netip.MustParseAddr(tt.flood)], seconds, limit)
+			legit := 0
+			for _, c := range counts[netip.MustParseAddr(tt.legit)] {
+				legit += c
+			}
+			if legit != legitSent {
+				t.Errorf("legit: sent %d, received %d", legitSent, legit)
+			}
+			t.Logf("flood per second %v; legit %d of %d", counts[netip.MustParseAddr(tt.flood)], legit, legitSent)
+		})
+	}
+}
+
+// TestSocketConcurrentFlood floods one address from every CPU at once: the
+// sketches are shared, updated without locks, and must still hold the flood.
+func TestSocketConcurrentFlood(t *testing.T) {
+	const limit, rate, seconds = 200, 4000, 4
+	cpus := runtime.NumCPU()
+	if cpus < 2 {
+		skipOrFail(t, "needs two CPUs, have %d", cpus)
+	}
+	f := loadTest(t, sketch.Config{Limit: limit, Window: time.Second}, loadOptions{})
+	conn := listen(t, "udp4", "127.0.0.1:0")
+	if err := f.Attach(conn); err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(conn.LocalAddr().(*net.UDPAddr).Port))
+	r := receive(conn)
+	var wg sync.WaitGroup
+	errs := make(chan error, cpus)
+	for cpu := range cpus {
+		s := sender(t, netip.MustParseAddrPort("127.0.0.7:0"))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// On loopback the receive path runs on the sending CPU.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var set unix.CPUSet
+			set.Set(cpu)
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				errs <- err
+				return
+			}
+			errs <- flood(s, dst, rate/cpus, rate/cpus*seconds, rand.New(rand.NewPCG(uint64(cpu), 3)))
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	counts := r.stop()
+	checkHeld(t, "flood from every CPU", counts[netip.MustParseAddr("127.0.0.7")], seconds, limit)
+	t.Logf("flood from %d CPUs, per second: %v", cpus, counts[netip.MustParseAddr("127.0.0.7")])
+}
+
+// netns is a network namespace created for one test, with ULA addresses on
+// its loopback.
+type netns struct {
+	name string
+	fd   int
+}
+
+func newNetns(t *testing.T, addrs []string) *netns {
+	t.Helper()
+	if _, err := exec.LookPath("ip"); err != nil {
+		skipOrFail(t, "needs iproute2: %v", err)
+	}
+	name := fmt.Sprintf("rakelimit-test-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		skipOrFail(t, "creating network namespace: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	batch := "link set lo up\n"
+	for _, a := range addrs {
+		batch += fmt.Sprintf("addr add %s dev lo nodad\n", a)
+	}
+	cmd := exec.Command("ip", "-n", name, "-b", "-")
+	cmd.Stdin = strings.NewReader(batch)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("configuring namespace: %v: %s", err, out)
+	}
+	fd, err := unix.Open("/var/run/netns/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return &netns{name: name, fd: fd}
+}
+
+// do runs fn with the calling thread inside the namespace: sockets created
+// by fn belong to it, and stay there once fn returns.
+func (n *netns) do(t *testing.T, fn func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	home, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(home)
+	if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
+		t.Fatalf("entering namespace: %v", err)
+	}
+	defer func() {
+		if err := unix.Setns(home, unix.CLONE_NEWNET); err != nil {
+			panic(fmt.Sprintf("cannot return to the test's network namespace: %v", err))
+		}
+	}()
+	fn()
+}
+
+// TestSocketIPv6Prefixes: in a namespace of its own, with ULA addresses on
+// loopback, a flood spread over 32 addresses of one /64 is held at the /64
+// (level 1, "/64 sport=*"), and one spread over 32 /64s of one /48 at the
+// /48 (level 2, "/48 sport=*"); each source alone stays under the limit, and
+// a 5 pps stream from another /48 loses nothing.
+func TestSocketIPv6Prefixes(t *testing.T) {
+	const limit, perSource, seconds = 100, 75, 3
+	var in64, in48, addrs []string
+	for i := range 32 {
+		in64 = append(in64, fmt.Sprintf("fd00:1:2:3::%x", 0x10+i))
+		in48 = append(in48, fmt.Sprintf("fd00:1:2:%x::1", 0x100+i))
+	}
+	for _, a := range append(append([]string{"fd00:1:2:3::1", "fd00:9::5"}, in64...), in48...) {
+		addrs = append(addrs, a+"/128")
+	}
+	ns := newNetns(t, addrs)
+	tests := []struct {
+		name    string
+		sources []string
+		level   int
+	}{
+		{"one /64", in64, 1},
+		{"one /48", in48, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := loadTest(t, sketch.Config{Limit: limit, Window: time.Second}, loadOptions{})
+			var conn, legit *net.UDPConn
+			var floods []*net.UDPConn
+			ns.do(t, func() {
+				conn = listen(t, "udp6", "[fd00:1:2:3::1]:0")
+				legit = sender(t, netip.MustParseAddrPort("[fd00:9::5]:0"))
+				for _, s := range tt.sources {
+					floods = append(floods, sender(t, netip.AddrPortFrom(netip.MustParseAddr(s), 0)))
+				}
+			})
+			if err := f.Attach(conn); err != nil {
+				t.Fatal(err)
+			}
+			dst := netip.AddrPortFrom(netip.MustParseAddr("fd00:1:2:3::1"), uint16(conn.LocalAddr().(*net.UDPAddr).Port))
+			r := receive(conn)
+			stop := make(chan struct{})
+			var legitSent int
+			done := make(chan struct{})
+			go func() { legitSent, _ = trickle(legit, dst, 200*time.Millisecond, stop); close(done) }()
+			// Round robin over the sources, each at perSource pps.
+			buf := make([]byte, 100)
+			tick := time.Second / perSource
+			for end, next := time.Now().Add(seconds*time.Second), time.Now(); time.Now().Before(end); {
+				for _, s := range floods {
+					if _, err := s.WriteToUDPAddrPort(buf, dst); err != nil {
+						t.Fatal(err)
+					}
+				}
+				next = next.Add(tick)
+				time.Sleep(time.Until(next))
+			}
+			close(stop)
+			<-done
+			counts := r.stop()
+			perSecond := make([]int, seconds)
+			for _, s := range tt.sources {
+				for sec, c := range counts[netip.MustParseAddr(s)] {
+					if sec < seconds {
+						perSecond[sec] += c
+					}
+				}
+			}
+			checkHeld(t, "flood", perSecond, seconds, limit)
+			legitGot := 0
+			for _, c := range counts[netip.MustParseAddr("fd00:9::5")] {
+				legitGot += c
+			}
+			if legitGot != legitSent {
+				t.Errorf("legit from another /48: sent %d, received %d", legitSent, legitGot)
+			}
+			st, err := f.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			v6 := FamilyIndex(sketch.IPv6)
+			for l, d := range st.Dropped[v6] {
+				if (l == tt.level) != (d > 0) {
+					t.Errorf("dropped by level %v, want drops at level %d only", st.Dropped[v6], tt.level)
+					break
+				}
+			}
+			t.Logf("flood per second %v, dropped by level %v, legit %d of %d", perSecond, st.Dropped[v6], legitGot, legitSent)
+		})
+	}
+}
+
+// TestLoadWithoutCapBPF runs this test binary again without CAP_BPF and
+// CAP_SYS_ADMIN and checks that loading fails with an error that names the
+// capability and how to grant it.
+func TestLoadWithoutCapBPF(t *testing.T) {
+	if os.Getenv("RAKELIMIT_CHILD") == "load" {
+		_, err := Load(sketch.Config{Limit: 10, Window: time.Second})
+		fmt.Printf("LOAD-RESULT: %v\n", err)
+		return
+	}
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "needs root to drop capabilities from")
+	}
+	if v := sysctl("kernel/unprivileged_bpf_disabled"); v == "0" {
+		skipOrFail(t, "kernel.unprivileged_bpf_disabled=0: any process may load socket filters here")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		skipOrFail(t, "needs setpriv (util-linux): %v", err)
+	}
+	cmd := exec.Command(setpriv, "--bounding-set=-bpf,-sys_admin", "--inh-caps=-bpf,-sys_admin",
+		os.Args[0], "-test.run=^TestLoadWithoutCapBPF$", "-test.v")
+	cmd.Env = append(os.Environ(), "RAKELIMIT_CHILD=load")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	_, result, ok := strings.Cut(string(out), "LOAD-RESULT: ")
+	if !ok {
+		t.Fatalf("child printed no result:\n%s", out)
+	}
+	result, _, _ = strings.Cut(result, "\n")
+	for _, want := range []string{"operation not permitted", "CAP_BPF", "setcap cap_bpf+ep", "AmbientCapabilities=CAP_BPF"} {
+		if !strings.Contains(result, want) {
+			t.Errorf("error without CAP_BPF = %q, want it to contain %q", result, want)
+		}
+	}
+	t.Logf("without CAP_BPF: %s", result)
+}
