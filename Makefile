@@ -11,7 +11,7 @@ export BPF_CLANG BPF_CFLAGS
 # CAP_BPF), gtlsclient (an independent HTTP/3 client).
 DEB_PACKAGES = iproute2 util-linux ngtcp2-client
 
-.PHONY: deps generate test
+.PHONY: deps generate run test
 deps:
 	@if ! command -v ip >/dev/null || ! command -v setpriv >/dev/null || ! command -v gtlsclient >/dev/null; then \
 		echo "installing $(DEB_PACKAGES)"; \
@@ -20,6 +20,10 @@ deps:
 
 generate:
 	cd bpf && go generate ./...
+
+# Caddy with rakelimit on the example config (root: loading BPF needs CAP_BPF).
+run:
+	go run ./cmd/caddy run --config testdata/Caddyfile
 
 # BPF tests need root (CAP_BPF, CAP_NET_ADMIN for namespaces).
 test: deps
