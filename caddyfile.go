@@ -27,6 +27,8 @@ func init() {
 //	    ipv6_prefixes        <length> ...
 //	    per_destination_port
 //	    name                 <name>
+//	    dry_run
+//	    allow                <cidr|address> ...
 //	}
 //
 // Every option may be left out. The directive stands in a site block, or
@@ -46,7 +48,7 @@ func (r *RakeLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
 		opt := d.Val()
-		if seen[opt] && opt != "level_limit" {
+		if seen[opt] && opt != "level_limit" && opt != "allow" {
 			return d.Errf("%s already specified", opt)
 		}
 		seen[opt] = true
@@ -121,6 +123,21 @@ func (r *RakeLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			r.PerDestinationPort = true
+		case "dry_run":
+			if len(args) != 0 {
+				return d.ArgErr()
+			}
+			r.DryRun = true
+		case "allow":
+			if len(args) == 0 {
+				return d.Errf("allow: want one or more prefixes or addresses")
+			}
+			for _, a := range args {
+				if _, err := parsePrefix(a); err != nil {
+					return d.Errf("allow: %v", err)
+				}
+			}
+			r.Allow = append(r.Allow, args...)
 		case "name":
 			if len(args) != 1 || args[0] == "" {
 				return d.Errf("name: want one name")

@@ -73,6 +73,12 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			want:  RakeLimit{Limit: 1000},
 		},
 		{
+			name:  "dry run and allowlist over two lines",
+			input: "rakelimit {\n\tdry_run\n\tallow 192.0.2.0/24 2001:db8::/32\n\tallow 198.51.100.7 ::ffff:203.0.113.0/120\n}",
+			want: RakeLimit{DryRun: true,
+				Allow: []string{"192.0.2.0/24", "2001:db8::/32", "198.51.100.7", "::ffff:203.0.113.0/120"}},
+		},
+		{
 			name:  "inline limit and empty block",
 			input: "rakelimit 42 {\n}",
 			want:  RakeLimit{Limit: 42},
@@ -193,6 +199,15 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"window two values", block("window 1s 2s"), []string{"window", "got 2"}},
 		{"window twice", block("window 1s", "window 2s"), []string{"window already specified"}},
 		{"burst below one packet", block("limit 50", "window 10ms"), []string{"limit 50", "window 10ms", "less than one packet"}},
+
+		// dry_run and allow
+		{"dry_run with an argument", block("dry_run yes"), []string{"wrong argument count", "'yes'"}},
+		{"dry_run twice", block("dry_run", "dry_run"), []string{"dry_run already specified"}},
+		{"allow without values", block("allow"), []string{"allow", "want one or more"}},
+		{"allow not a prefix", block("allow 192.0.2.0/33"), []string{"allow", `"192.0.2.0/33"`}},
+		{"allow not an address", block("allow office"), []string{"allow", `"office"`}},
+		{"allow short mapped prefix", block("allow ::ffff:0:0/90"), []string{"allow", `"::ffff:0:0/90"`, "96 bits"}},
+		{"allow with a zone", block("allow fe80::1%eth0"), []string{"allow", `"fe80::1%eth0"`, "zones"}},
 
 		// unknown options
 		{"unknown option", block("foo"), []string{"unrecognized rakelimit option", `"foo"`}},

@@ -70,13 +70,24 @@ type testCaddy struct {
 	t       *testing.T
 	storage string
 	port    int // https port of the first site
+	// admin is the admin endpoint's port, 0 for none.
+	admin int
+	// logFile receives Caddy's log as JSON lines when set.
+	logFile string
 }
 
-// globals are the global options of every test config: no admin endpoint,
-// nothing written outside the test's directory, no log noise.
+// globals are the global options of every test config: nothing written
+// outside the test's directory, and by default no admin endpoint and no log.
 func (c *testCaddy) globals() string {
+	admin, log := "admin off", "output discard"
+	if c.admin != 0 {
+		admin = fmt.Sprintf("admin localhost:%d", c.admin)
+	}
+	if c.logFile != "" {
+		log = fmt.Sprintf("output file %s\n\t\tformat json", c.logFile)
+	}
 	return fmt.Sprintf(`{
-	admin off
+	%s
 	persist_config off
 	skip_install_trust
 	local_certs
@@ -84,10 +95,10 @@ func (c *testCaddy) globals() string {
 	http_port %d
 	https_port %d
 	log {
-		output discard
+		%s
 	}
 }
-`, c.storage, freePort(c.t), c.port)
+`, admin, c.storage, freePort(c.t), c.port, log)
 }
 
 // waitReady retries a request until the site answers over HTTP/3: Caddy
@@ -107,12 +118,18 @@ func (c *testCaddy) waitReady() {
 	c.t.Fatalf("%s never answered over HTTP/3: %v", url, err)
 }
 
-// startCaddy loads sites (a Caddyfile without global options; %[1]d is the
-// https port) and stops Caddy when the test ends.
+// startCaddy loads sites (a Caddyfile without global options, where {port}
+// is the https port) and stops Caddy when the test ends.
 func startCaddy(t *testing.T, sites string) *testCaddy {
 	t.Helper()
+	return startCaddyWith(t, &testCaddy{}, sites)
+}
+
+// startCaddyWith is startCaddy with the admin endpoint or the log file of c.
+func startCaddyWith(t *testing.T, c *testCaddy, sites string) *testCaddy {
+	t.Helper()
 	requireBPF(t)
-	c := &testCaddy{t: t, storage: t.TempDir(), port: freePort(t)}
+	c.t, c.storage, c.port = t, t.TempDir(), freePort(t)
 	if err := c.load(sites); err != nil {
 		t.Fatalf("loading config: %v", err)
 	}
@@ -470,8 +487,8 @@ func TestReloadChangesLimit(t *testing.T) {
 	if limiterNamed(DefaultName) != lim || len(lim.conns) != 1 {
 		t.Fatalf("the reload replaced the limiter or attached again (%d sockets)", len(lim.conns))
 	}
-	if lim.cfg.Limit != 600 || lim.cfg.Window != 2*time.Second {
-		t.Fatalf("limiter settings after reload: %+v", lim.cfg)
+	if lim.set.Limiter.Limit != 600 || lim.set.Limiter.Window != 2*time.Second {
+		t.Fatalf("limiter settings after reload: %+v", lim.set.Limiter)
 	}
 	passed1, dropped1 := lim.stats(t)
 	if passed1 < passed0 || dropped1 < dropped0 {
@@ -566,8 +583,8 @@ func TestFailedReloadKeepsSettings(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "different settings") {
 		t.Fatalf("conflicting reload: err = %v", err)
 	}
-	if limiterNamed(DefaultName) != lim || lim.cfg.Limit != 200 {
-		t.Fatalf("after a failed provisioning the limiter is %+v", lim.cfg)
+	if limiterNamed(DefaultName) != lim || lim.set.Limiter.Limit != 200 {
+		t.Fatalf("after a failed provisioning the limiter is %+v", lim.set.Limiter)
 	}
 	// A new listener on a taken port fails at start, after the rakelimit
 	// app may already have applied the new limit.
@@ -581,12 +598,12 @@ func TestFailedReloadKeepsSettings(t *testing.T) {
 	if err := c.load(bad); err == nil {
 		t.Fatal("reload onto a taken port succeeded")
 	}
-	if limiterNamed(DefaultName) != lim || lim.cfg.Limit != 200 {
-		t.Fatalf("after a failed start the limiter is %+v", lim.cfg)
+	if limiterNamed(DefaultName) != lim || lim.set.Limiter.Limit != 200 {
+		t.Fatalf("after a failed start the limiter is %+v", lim.set.Limiter)
 	}
 	// And a good reload still works.
-	if err := c.load(fmt.Sprintf(siteWithLimit, 300)); err != nil || lim.cfg.Limit != 300 {
-		t.Fatalf("good reload: %v, limit %d", err, lim.cfg.Limit)
+	if err := c.load(fmt.Sprintf(siteWithLimit, 300)); err != nil || lim.set.Limiter.Limit != 300 {
+		t.Fatalf("good reload: %v, limit %d", err, lim.set.Limiter.Limit)
 	}
 }
 

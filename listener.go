@@ -21,23 +21,26 @@ type state struct {
 // fails the configuration before any socket is touched.
 func (r *RakeLimit) Provision(ctx caddy.Context) error {
 	r.logger = ctx.Logger()
-	cfg, err := r.config()
+	set, err := r.settings()
 	if err != nil {
 		return err
 	}
-	r.cfg = cfg
+	r.set = set
 	app, err := loadApp(ctx)
 	if err != nil {
 		return err
 	}
-	lim, err := limiters.acquire(r.name(), cfg, r.logger)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
+	lim, err := limiters.acquire(r.name(), set, r.logger)
 	if err != nil {
 		return err
 	}
 	r.lim = lim // from here on, Cleanup releases it
 	// Each configuration load has its own metrics registry: it tells two
 	// wrappers of one load from a reload.
-	return lim.provision(app, ctx.GetMetricsRegistry(), cfg)
+	return lim.provision(app, ctx.GetMetricsRegistry(), set, r.logger)
 }
 
 // Cleanup releases the limiter; the last wrapper of a name to go detaches
@@ -58,12 +61,14 @@ func (r *RakeLimit) Cleanup() error {
 func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
 	conn := udpConn(pc)
 	if conn == nil {
+		r.lim.attachErrors.Add(1)
 		r.logger.Error("listener NOT protected: no UDP socket under the packet conn",
 			zap.String("limiter", r.name()), zap.String("type", fmt.Sprintf("%T", pc)))
 		return pc
 	}
 	attached, err := r.lim.attach(conn)
 	if err != nil {
+		r.lim.attachErrors.Add(1)
 		r.logger.Error("listener NOT protected", zap.String("limiter", r.name()),
 			zap.String("listener", conn.LocalAddr().String()), zap.Error(err))
 		return conn
@@ -71,7 +76,8 @@ func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
 	if attached {
 		r.logger.Info("protecting listener", zap.String("limiter", r.name()),
 			zap.String("listener", conn.LocalAddr().String()),
-			zap.Uint32("limit", r.cfg.Limit), zap.Duration("window", r.cfg.Window))
+			zap.Uint32("limit", r.set.Limiter.Limit), zap.Duration("window", r.set.Limiter.Window),
+			zap.Bool("dry_run", r.set.DryRun), zap.Int("allowlisted_prefixes", len(r.set.Allow)))
 	}
 	return conn
 }

@@ -10,7 +10,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -94,8 +96,75 @@ type RakeLimit struct {
 	// off (one port per limiter).
 	PerDestinationPort bool `json:"per_destination_port,omitempty"`
 
-	cfg sketch.Config
+	// DryRun measures, logs and counts what the limits would drop, and
+	// drops nothing. A reload switches it on or off on the running socket.
+	// Default: off.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	// Allow exempts source prefixes (CIDR, or single addresses), IPv4 or
+	// IPv6, from limiting and from counting: health checkers, monitoring,
+	// office networks. Their packets are counted as allowlisted only.
+	Allow []string `json:"allow,omitempty"`
+
+	set settings
 	state
+}
+
+// settings is everything a wrapper asks of its limiter.
+type settings struct {
+	Limiter sketch.Config
+	DryRun  bool
+	Allow   []netip.Prefix
+}
+
+// equal reports whether two settings would limit alike.
+func (s settings) equal(o settings) bool {
+	ja, _ := json.Marshal(s)
+	jb, _ := json.Marshal(o)
+	return bytes.Equal(ja, jb)
+}
+
+// settings validates the module's options and converts them.
+func (r *RakeLimit) settings() (settings, error) {
+	c, err := r.config()
+	if err != nil {
+		return settings{}, err
+	}
+	s := settings{Limiter: c, DryRun: r.DryRun}
+	for _, a := range r.Allow {
+		p, err := parsePrefix(a)
+		if err != nil {
+			return settings{}, fmt.Errorf("allow: %w", err)
+		}
+		s.Allow = append(s.Allow, p)
+	}
+	return s, nil
+}
+
+// parsePrefix reads a CIDR prefix or a single address (a /32 or /128).
+func parsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return p, fmt.Errorf("invalid prefix %q: %v", s, err)
+		}
+		if p.Addr().Is4In6() {
+			if p.Bits() < 96 {
+				return p, fmt.Errorf("invalid prefix %q: an IPv4-mapped prefix needs at least 96 bits", s)
+			}
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("invalid address %q: want an address or a CIDR prefix", s)
+	}
+	if a.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("invalid address %q: zones are not allowed", s)
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 // CaddyModule returns the Caddy module information.
@@ -213,15 +282,8 @@ func (r *RakeLimit) name() string {
 // Validate reports the first thing wrong with the configuration, naming the
 // field and the value.
 func (r *RakeLimit) Validate() error {
-	_, err := r.config()
+	_, err := r.settings()
 	return err
-}
-
-// sameConfig reports whether two configurations would limit alike.
-func sameConfig(a, b sketch.Config) bool {
-	ja, _ := json.Marshal(a)
-	jb, _ := json.Marshal(b)
-	return bytes.Equal(ja, jb)
 }
 
 // Interface guards

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/cilium/ebpf/ringbuf"
 	"go.uber.org/zap"
 
 	"github.com/rakelimit/caddy-rakelimit/bpf"
@@ -18,7 +21,8 @@ import (
 // limiters is the registry of what outlives a configuration: the loaded
 // filters, by limiter name, and the sockets they are attached to. Caddy keeps
 // a listener's socket across reloads without calling the wrappers again, so
-// the filter must outlive the module instance that created it.
+// the filter must outlive the module instance that created it. The metrics
+// collector and the admin API read it.
 var limiters = &limiterRegistry{pool: caddy.NewUsagePool(), owners: map[*net.UDPConn]*limiter{}}
 
 type limiterRegistry struct {
@@ -29,37 +33,44 @@ type limiterRegistry struct {
 	mu sync.Mutex
 	// owners maps each attached socket to its limiter.
 	owners map[*net.UDPConn]*limiter
+
+	// collectionErrors counts failed reads of a filter's counters.
+	collectionErrors atomic.Uint64
 }
 
-// limiter is a loaded filter and what it protects.
+// limiter is a loaded filter, what it protects, and the goroutines that
+// report on it.
 type limiter struct {
 	name   string
 	filter *bpf.Filter
-	logger *zap.Logger
 
-	mu sync.Mutex
-	// cfg is the configuration in force; appliedBy the app that put it
+	mu     sync.Mutex
+	logger *zap.Logger
+	// set is the configuration in force; appliedBy the app that put it
 	// there (nil: loaded with it).
-	cfg       sketch.Config
+	set       settings
 	appliedBy *App
-	// loadID and loadCfg record the configuration load that last
+	// loadID and loadSet record the configuration load that last
 	// provisioned a wrapper of this name and its settings, to catch two
 	// wrappers of one load that disagree.
 	loadID  any
-	loadCfg sketch.Config
+	loadSet settings
 	// conns are the sockets the filter is attached to.
 	conns []*net.UDPConn
+	// attachErrors counts sockets this limiter should protect and could
+	// not.
+	attachErrors atomic.Uint64
+
+	events *bpf.EventReader
+	stop   chan struct{}
+	done   sync.WaitGroup
 }
 
-// acquire returns the limiter called name, loading its filter with cfg if it
+// acquire returns the limiter called name, loading its filter with s if it
 // does not exist yet. The caller must release it.
-func (reg *limiterRegistry) acquire(name string, cfg sketch.Config, logger *zap.Logger) (*limiter, error) {
+func (reg *limiterRegistry) acquire(name string, s settings, logger *zap.Logger) (*limiter, error) {
 	v, _, err := reg.pool.LoadOrNew(name, func() (caddy.Destructor, error) {
-		f, err := bpf.Load(cfg)
-		if err != nil {
-			return nil, fmt.Errorf("rakelimit %q: %w", name, err)
-		}
-		return &limiter{name: name, filter: f, logger: logger, cfg: cfg}, nil
+		return newLimiter(name, s, logger)
 	})
 	if err != nil {
 		return nil, err
@@ -73,17 +84,52 @@ func (reg *limiterRegistry) release(name string) error {
 	return err
 }
 
-// provision checks that cfg can govern the limiter in the configuration
-// load loadID and queues the change with app.
-func (l *limiter) provision(app *App, loadID any, cfg sketch.Config) error {
+// each calls fn for every live limiter.
+func (reg *limiterRegistry) each(fn func(*limiter)) {
+	reg.pool.Range(func(_, v any) bool {
+		fn(v.(*limiter))
+		return true
+	})
+}
+
+func newLimiter(name string, s settings, logger *zap.Logger) (*limiter, error) {
+	f, err := bpf.Load(s.Limiter)
+	if err != nil {
+		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
+	}
+	if err := f.SetOptions(options(s)); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
+	}
+	events, err := f.Events()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
+	}
+	l := &limiter{name: name, filter: f, logger: logger, set: s, events: events, stop: make(chan struct{})}
+	l.done.Add(2)
+	go l.readEvents()
+	go l.expireStreams()
+	return l, nil
+}
+
+// options are the filter options of s.
+func options(s settings) bpf.Options {
+	return bpf.Options{DryRun: s.DryRun, Allow: s.Allow, TrackShift: bpf.DefaultTrackShift}
+}
+
+// provision checks that s can govern the limiter in the configuration load
+// loadID and queues the change with app.
+func (l *limiter) provision(app *App, loadID any, s settings, logger *zap.Logger) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.loadID == loadID && !sameConfig(l.loadCfg, cfg) {
+	if l.loadID == loadID && !l.loadSet.equal(s) {
 		return fmt.Errorf("rakelimit %q is configured twice in this configuration with different settings "+
 			"(limit %d window %v, and limit %d window %v, or other options): sites on one listener must agree; "+
-			"limiters that differ need distinct names", l.name, l.loadCfg.Limit, l.loadCfg.Window, cfg.Limit, cfg.Window)
+			"limiters that differ need distinct names",
+			l.name, l.loadSet.Limiter.Limit, l.loadSet.Limiter.Window, s.Limiter.Limit, s.Limiter.Window)
 	}
-	next, err := sketch.Compile(cfg)
+	next, err := sketch.Compile(s.Limiter)
 	if err != nil {
 		return err
 	}
@@ -91,18 +137,19 @@ func (l *limiter) provision(app *App, loadID any, cfg sketch.Config) error {
 		return fmt.Errorf("rakelimit %q: the number of prefixes and per_destination_port cannot change "+
 			"while its listeners run; restart Caddy, or use a new name on a new listener address", l.name)
 	}
-	l.loadID, l.loadCfg = loadID, cfg
-	var prev sketch.Config
+	l.loadID, l.loadSet = loadID, s
+	var prev settings
 	var prevBy *App
+	var prevLogger *zap.Logger
 	app.queue(commit{
 		apply: func() error {
 			l.mu.Lock()
 			defer l.mu.Unlock()
-			if err := l.filter.Update(cfg); err != nil {
-				return fmt.Errorf("rakelimit %q: %w", l.name, err)
+			if err := l.apply(s); err != nil {
+				return err
 			}
-			prev, prevBy = l.cfg, l.appliedBy
-			l.cfg, l.appliedBy = cfg, app
+			prev, prevBy, prevLogger = l.set, l.appliedBy, l.logger
+			l.set, l.appliedBy, l.logger = s, app, logger
 			return nil
 		},
 		revert: func() {
@@ -111,13 +158,24 @@ func (l *limiter) provision(app *App, loadID any, cfg sketch.Config) error {
 			if l.appliedBy != app {
 				return // a newer configuration has taken over
 			}
-			if err := l.filter.Update(prev); err != nil {
+			if err := l.apply(prev); err != nil {
 				l.logger.Error("restoring the previous settings", zap.String("limiter", l.name), zap.Error(err))
 				return
 			}
-			l.cfg, l.appliedBy = prev, prevBy
+			l.set, l.appliedBy, l.logger = prev, prevBy, prevLogger
 		},
 	})
+	return nil
+}
+
+// apply puts s in force on the filter.
+func (l *limiter) apply(s settings) error {
+	if err := l.filter.Update(s.Limiter); err != nil {
+		return fmt.Errorf("rakelimit %q: %w", l.name, err)
+	}
+	if err := l.filter.SetOptions(options(s)); err != nil {
+		return fmt.Errorf("rakelimit %q: %w", l.name, err)
+	}
 	return nil
 }
 
@@ -142,9 +200,108 @@ func (l *limiter) attach(conn *net.UDPConn) (attached bool, err error) {
 	return true, nil
 }
 
-// Destruct detaches the filter from the sockets that are still open, which
-// the wrapper was removed from, and closes it.
+// snapshot returns the settings in force, the logger and the listeners'
+// addresses.
+func (l *limiter) snapshot() (settings, *zap.Logger, []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	addrs := make([]string, len(l.conns))
+	for i, c := range l.conns {
+		addrs[i] = c.LocalAddr().String()
+	}
+	return l.set, l.logger, addrs
+}
+
+// levelLimit is the limit in packets per second of a level under s, or 0
+// when the level is unlimited.
+func levelLimit(s settings, level int) uint32 {
+	lim := s.Limiter.Limit
+	if l, ok := s.Limiter.LevelLimits[level]; ok {
+		lim = l
+	}
+	if lim == sketch.Unlimited {
+		return 0
+	}
+	return lim
+}
+
+// describe names a tracked stream as an operator reads it, with its rate in
+// packets per second.
+func (l *limiter) describe(st bpf.Stream) (string, float64) {
+	p := l.filter.Params()
+	rate := float64(st.Estimate) / float64(sketch.One) / (float64(p.WindowNanos) / 1e9)
+	return st.Node.Stream(p, &st.Key), rate
+}
+
+// readEvents logs each stream the kernel starts limiting: one line per
+// stream, however fast it floods, since the kernel reports a stream once.
+func (l *limiter) readEvents() {
+	defer l.done.Done()
+	for {
+		st, err := l.events.Read()
+		if errors.Is(err, ringbuf.ErrClosed) {
+			return
+		}
+		set, logger, listeners := l.snapshot()
+		if err != nil {
+			logger.Error("reading limited streams", zap.String("limiter", l.name), zap.Error(err))
+			continue
+		}
+		stream, rate := l.describe(st)
+		msg := "limiting stream"
+		if st.DryRun {
+			msg = "dry run: would limit stream"
+		}
+		logger.Warn(msg, zap.String("limiter", l.name), zap.Strings("listeners", listeners),
+			zap.String("stream", stream), zap.Int("level", st.Level),
+			zap.Float64("rate_pps", rate), zap.Uint32("limit_pps", levelLimit(set, st.Level)))
+	}
+}
+
+// expireStreams forgets, every second, the streams with no drop for a while
+// and logs that their limiting stopped, how long it lasted and how many
+// packets it dropped.
+func (l *limiter) expireStreams() {
+	defer l.done.Done()
+	tk := time.NewTicker(time.Second)
+	defer tk.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-tk.C:
+		}
+		set, logger, listeners := l.snapshot()
+		expired, err := l.filter.ExpireStreams(streamIdle(set))
+		if err != nil {
+			logger.Error("expiring limited streams", zap.String("limiter", l.name), zap.Error(err))
+		}
+		for _, st := range expired {
+			stream, _ := l.describe(st)
+			dropped := "dropped"
+			if st.DryRun {
+				dropped = "would_drop"
+			}
+			logger.Info("stream no longer limited", zap.String("limiter", l.name), zap.Strings("listeners", listeners),
+				zap.String("stream", stream), zap.Int("level", st.Level),
+				zap.Duration("duration", st.Last.Sub(st.First)), zap.Uint64(dropped, st.Drops))
+		}
+	}
+}
+
+// streamIdle is how long a stream goes without a drop before it counts as
+// no longer limited: two windows, and at least two seconds.
+func streamIdle(s settings) time.Duration {
+	return max(2*s.Limiter.Window, 2*time.Second)
+}
+
+// Destruct stops the reporting goroutines, detaches the filter from the
+// sockets that are still open (the wrapper was removed from them) and closes
+// it.
 func (l *limiter) Destruct() error {
+	close(l.stop)
+	l.events.Close()
+	l.done.Wait()
 	limiters.mu.Lock()
 	for _, c := range l.conns {
 		delete(limiters.owners, c)

@@ -3,6 +3,7 @@
 package bpf
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -42,23 +43,42 @@ func BenchmarkFilter(b *testing.B) {
 	pass := sketch.Config{Limit: sketch.MaxLimit, Window: time.Second}
 	drop := sketch.Config{Limit: 25, Window: time.Second}
 	floor := floorProgram(b)
+	// The operations features on: an allowlist of 64 prefixes that the
+	// packets are not in (so that each is looked up), and stream tracking,
+	// which is on by default.
+	var allow []netip.Prefix
+	for i := range 32 {
+		allow = append(allow, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i), 0, 0}), 16),
+			netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, byte(i)}), 48))
+	}
+	features := Options{Allow: allow, TrackShift: DefaultTrackShift}
 	for _, bc := range []struct {
 		name  string
 		cfg   sketch.Config
 		frame []byte
 		opts  loadOptions
+		set   *Options
 	}{
-		{"floor", sketch.Config{}, v4, loadOptions{}},
-		{"ipv4-pass", pass, v4, loadOptions{}},
-		{"ipv4-drop", drop, v4, loadOptions{}},
-		{"ipv6-pass", pass, v6, loadOptions{}},
-		{"ipv6-drop", drop, v6, loadOptions{}},
-		{"ipv4-random-sources", sketch.Config{Limit: 1000, Window: time.Second}, v4, loadOptions{benchRandomSource: true}},
+		{"floor", sketch.Config{}, v4, loadOptions{}, nil},
+		{"ipv4-pass", pass, v4, loadOptions{}, nil},
+		{"ipv4-drop", drop, v4, loadOptions{}, nil},
+		{"ipv6-pass", pass, v6, loadOptions{}, nil},
+		{"ipv6-drop", drop, v6, loadOptions{}, nil},
+		{"ipv4-random-sources", sketch.Config{Limit: 1000, Window: time.Second}, v4, loadOptions{benchRandomSource: true}, nil},
+		{"ipv4-pass-allowlist", pass, v4, loadOptions{}, &features},
+		{"ipv4-drop-allowlist", drop, v4, loadOptions{}, &features},
+		{"ipv6-pass-allowlist", pass, v6, loadOptions{}, &features},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			prog := floor
 			if bc.name != "floor" {
-				prog = loadTest(b, bc.cfg, bc.opts).objs.Rakelimit
+				f := loadTest(b, bc.cfg, bc.opts)
+				if bc.set != nil {
+					if err := f.SetOptions(*bc.set); err != nil {
+						b.Fatal(err)
+					}
+				}
+				prog = f.objs.Rakelimit
 				// Warm up: a flood must be over its limit before timing.
 				if _, _, err := prog.Benchmark(bc.frame, 100000, nil); err != nil {
 					b.Fatal(err)

@@ -62,6 +62,11 @@ type Stats struct {
 	// Dropped counts dropped packets by family and the level of the node
 	// that dropped them.
 	Dropped [Families][sketch.MaxLevels]uint64
+	// WouldDrop counts, in a dry run, the packets that would have been
+	// dropped and were delivered, by family and level.
+	WouldDrop [Families][sketch.MaxLevels]uint64
+	// Allowed counts allowlisted packets, by family.
+	Allowed [Families]uint64
 	// Errors counts packets passed because the program could not reach
 	// its state; it stays zero unless the load is broken.
 	Errors uint64
@@ -76,6 +81,8 @@ type Filter struct {
 
 	mu     sync.Mutex
 	params *sketch.Params
+	opts   Options
+	allow  map[rakelimitAllowKey]bool
 	active uint32
 }
 
@@ -102,7 +109,7 @@ func load(c sketch.Config, o loadOptions) (_ *Filter, err error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Filter{}
+	f := &Filter{opts: Options{TrackShift: DefaultTrackShift}}
 	if o.hashKey != nil {
 		f.hk = *o.hashKey
 	} else if f.hk, err = sketch.NewHashKey(nil); err != nil {
@@ -232,6 +239,10 @@ func (f *Filter) applyLocked(p *sketch.Params) error {
 	c.NumNodes = uint8(len(p.Nodes))
 	c.NumPrefixes = uint8(p.NumPrefixes)
 	c.PerDport = boolByte(p.PerDstPort)
+	c.DryRun = boolByte(f.opts.DryRun)
+	c.AllowAny = boolByte(len(f.allow) > 0)
+	c.AllowFilter, c.AllowAlways = allowFilter(f.opts.Allow)
+	c.TrackMask = 1<<f.opts.TrackShift - 1
 
 	next := 1 - f.active
 	if err := f.objs.Configs.Update(next, &c, ebpf.UpdateAny); err != nil {
@@ -283,9 +294,11 @@ func (f *Filter) Stats() (Stats, error) {
 	for _, c := range per {
 		for fam := range Families {
 			s.Passed[fam] += c.Passed[fam]
+			s.Allowed[fam] += c.Allowed[fam]
 			for l := range sketch.MaxLevels {
 				s.Limited[fam][l] += c.Limited[fam][l]
 				s.Dropped[fam][l] += c.Dropped[fam][l]
+				s.WouldDrop[fam][l] += c.WouldDrop[fam][l]
 			}
 		}
 		s.Errors += c.Errors
@@ -297,8 +310,9 @@ func (f *Filter) Stats() (Stats, error) {
 type Info struct {
 	// Instructions is the number of BPF instructions after verification.
 	Instructions int
-	// MapBytes is the memory of the maps' values: sketches, configuration
-	// and per-CPU counters.
+	// MapBytes is the memory of the maps' keys and values: sketches,
+	// configuration, per-CPU counters, tracked streams and the event ring
+	// buffer (the allowlist, allocated per entry, is left out).
 	MapBytes int
 }
 
@@ -318,10 +332,13 @@ func (f *Filter) Info() (Info, error) {
 	}
 	var in Info
 	in.Instructions = len(insns)
-	for _, m := range []*ebpf.Map{f.objs.Cells, f.objs.Configs, f.objs.ActiveConfig, f.objs.TestVerdict} {
-		in.MapBytes += int(m.MaxEntries() * m.ValueSize())
+	for _, m := range []*ebpf.Map{f.objs.Cells, f.objs.Configs, f.objs.ActiveConfig, f.objs.TestVerdict, f.objs.Streams} {
+		in.MapBytes += int(m.MaxEntries() * (m.KeySize() + m.ValueSize()))
 	}
-	in.MapBytes += cpus * int(f.objs.Counters.ValueSize())
+	in.MapBytes += int(f.objs.Events.MaxEntries()) // ring buffer bytes
+	for _, m := range []*ebpf.Map{f.objs.Counters, f.objs.Prng} {
+		in.MapBytes += cpus * int(m.ValueSize())
+	}
 	return in, nil
 }
 

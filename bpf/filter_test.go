@@ -5,9 +5,11 @@ package bpf
 import (
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -324,7 +326,42 @@ func TestInfo(t *testing.T) {
 	if in.Instructions < 100 || in.MapBytes < cells {
 		t.Fatalf("info %+v: want instructions > 100 and map bytes >= %d", in, cells)
 	}
-	t.Logf("program: %d instructions; maps: %d bytes (sketches %d)", in.Instructions, in.MapBytes, cells)
+	// The kernel charges an attached filter to the socket's option memory
+	// (net.core.optmem_max): measure it.
+	conn := listen(t, "udp4", "127.0.0.1:0")
+	before := optmem(t, conn)
+	if err := f.Attach(conn); err != nil {
+		t.Fatal(err)
+	}
+	charged := optmem(t, conn) - before
+	if charged <= 0 || charged > 64<<10 {
+		t.Fatalf("attaching charged %d bytes of optmem", charged)
+	}
+	t.Logf("program: %d instructions; maps: %d bytes (sketches %d); optmem per socket: %d bytes",
+		in.Instructions, in.MapBytes, cells, charged)
+}
+
+// optmem reads SK_MEMINFO_OPTMEM of a socket.
+func optmem(t testing.TB, conn *net.UDPConn) int {
+	t.Helper()
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info [unix.SK_MEMINFO_VARS]uint32
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		size := uint32(unsafe.Sizeof(info))
+		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_MEMINFO,
+			uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&size)), 0)
+		if errno != 0 {
+			serr = errno
+		}
+	})
+	if err != nil || serr != nil {
+		t.Fatalf("SO_MEMINFO: %v %v", err, serr)
+	}
+	return int(info[unix.SK_MEMINFO_OPTMEM])
 }
 
 // TestDimensions: the C program's default sketch map matches the Go

@@ -47,6 +47,17 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define HASH_WORDS 6
 #define PORT_WORD (HASH_WORDS - 1)
 
+// Stream tracking: only a sample of drops (config.track_mask) looks up the
+// tracking map, which keeps the drop path's cost flat under a flood.
+#define MAX_TRACKED_STREAMS 1024
+#define EVENTS_BYTES (64 * 1024)
+#define MAX_ALLOW 1024
+// The allowlist's quick-reject filter: 2^10 buckets per family, keyed by a
+// multiplicative hash of the address's top 16 (IPv4) or 32 (IPv6) bits.
+#define ALLOW_FILTER_SHIFT 10
+#define ALLOW_FILTER_BITS (1 << ALLOW_FILTER_SHIFT)
+#define ALLOW_HASH_MUL 0x9E3779B1U
+
 #define CLASS_CLEAN 0
 #define CLASS_LIMITED 1
 
@@ -95,13 +106,26 @@ struct config {
 	// (0 for a /0 prefix) and the mask of each address word.
 	__u64 family_word[2][MAX_PREFIXES];
 	__u32 mask[2][MAX_PREFIXES][4];
+	// allow_filter, by family: a bit per bucket of allow_bucket() values
+	// that an allowlisted prefix covers. A packet whose bucket is clear is
+	// not in the allowlist, and the trie is not looked up.
+	__u64 allow_filter[2][ALLOW_FILTER_BITS / 64];
 	__u8 nodes[MAX_NODES];
 	__u8 prefix4[MAX_PREFIXES];
 	__u8 prefix6[MAX_PREFIXES];
 	__u8 num_nodes;
 	__u8 num_prefixes;
 	__u8 per_dport;
-	__u8 pad[5];
+	// dry_run: decide and count as usual, but deliver every packet.
+	__u8 dry_run;
+	// allow_any: the allowlist has entries (otherwise it is not looked up).
+	__u8 allow_any;
+	// allow_always, by family: an allowlisted prefix is too short for
+	// allow_filter, so every packet of the family is looked up.
+	__u8 allow_always[2];
+	// A drop is tracked when a random number has none of these bits set:
+	// 2^k - 1 tracks one drop in 2^k, 0 every drop.
+	__u32 track_mask;
 };
 
 // Per-CPU packet counters by family (unknown, IPv4, IPv6). limited counts
@@ -111,7 +135,49 @@ struct stats {
 	__u64 passed[FAMILY_SLOTS];
 	__u64 limited[FAMILY_SLOTS][MAX_LEVELS];
 	__u64 dropped[FAMILY_SLOTS][MAX_LEVELS];
+	// would_drop: drops a dry run delivered; allowed: allowlisted packets,
+	// not counted by the limiter.
+	__u64 would_drop[FAMILY_SLOTS][MAX_LEVELS];
+	__u64 allowed[FAMILY_SLOTS];
 	__u64 errors;
+};
+
+// A stream as a lattice node sees it: the packet's key reduced to what the
+// node counts (address masked to the node's prefix, wildcard ports zero).
+struct stream_key {
+	__u32 words[4];
+	__u16 sport;
+	__u16 dport;
+	__u8 family;
+	__u8 node;
+	__u8 pad[2];
+};
+
+// What the kernel remembers of a stream it has dropped packets of.
+struct stream_state {
+	__u64 first_ns;
+	__u64 last_ns;
+	// sampled_drops counts the drops that were sampled (track_mask).
+	__u64 sampled_drops;
+	// estimate is the node's rate estimate at the last sampled drop, a
+	// decayed count per window, Q24.
+	__u64 estimate;
+	__u8 level;
+	__u8 dry_run;
+	__u8 pad[6];
+};
+
+// The event sent to userspace when the kernel starts tracking a stream.
+struct stream_event {
+	struct stream_key key;
+	struct stream_state state;
+};
+
+// Allowlist key: prefix length, then the address, IPv4 mapped into
+// ::ffff:0:0/96 so that one trie serves both families.
+struct allow_key {
+	__u32 prefixlen;
+	__u8 addr[16];
 };
 
 // The last verdict, written in test mode only.
@@ -160,6 +226,30 @@ struct {
 	__type(value, struct stats);
 	__uint(max_entries, 1);
 } counters SEC(".maps");
+
+// Streams with recent drops. The key dedups: only a stream's first sampled
+// drop creates an entry and an event, however fast it floods. Userspace
+// expires quiet entries; LRU eviction only matters past max_entries
+// simultaneous streams.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct stream_key);
+	__type(value, struct stream_state);
+	__uint(max_entries, MAX_TRACKED_STREAMS);
+} streams SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, EVENTS_BYTES);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct allow_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_ALLOW);
+} allowlist SEC(".maps");
 
 // Per-CPU xorshift state, seeded with random non-zero values by the loader.
 struct {
@@ -440,10 +530,22 @@ static __always_inline void set_verdict(struct verdict *v, int drop, int level, 
 	v->estimate = estimate;
 }
 
-// decide: Limiter.Decide. Returns 1 to drop; fills v.
-static __always_inline int decide(const struct config *cfg, const struct key *k, __u64 now, __u32 rnd,
-				  struct verdict *v, __u64 *errors)
+// decide_io carries decide's inputs and its verdict (BPF functions take at
+// most five arguments).
+struct decide_io {
+	__u64 now;
+	__u32 rnd;
+	__u32 pad;
+	struct verdict v;
+};
+
+// decide: Limiter.Decide. Returns 1 to drop, 0 to pass, -1 when the sketch
+// cannot be reached; fills io->v.
+static __always_inline int decide(const struct config *cfg, const struct key *k, struct decide_io *io)
 {
+	__u64 now = io->now;
+	__u32 rnd = io->rnd;
+	struct verdict *v = &io->v;
 	__u64 epoch = now >> EPOCH_SHIFT;
 	__u32 slot = (now >> SLOT_SHIFT) & (SLOTS - 1);
 	__u64 g = cfg->g[slot];
@@ -486,10 +588,8 @@ static __always_inline int decide(const struct config *cfg, const struct key *k,
 			struct cell *c = bpf_map_lookup_elem(&cells, &idx);
 			// The loader sizes the map for every node; a miss means a
 			// broken load. Count it and let the packet through.
-			if (!c) {
-				(*errors)++;
-				return 0;
-			}
+			if (!c)
+				return -1;
 			if (c->epoch != epoch)
 				rescale(c, cfg, epoch);
 			struct counter *ctr = &c->class[class];
@@ -523,6 +623,71 @@ static __always_inline int decide(const struct config *cfg, const struct key *k,
 	return 0;
 }
 
+// allow_candidate consults the quick-reject filter: 0 means the address is
+// certainly not in the allowlist.
+static __always_inline int allow_candidate(const struct config *cfg, const struct key *k)
+{
+	if (k->family == FAMILY_UNKNOWN)
+		return 0;
+	int fi = k->family == FAMILY_IPV6;
+	if (cfg->allow_always[fi])
+		return 1;
+	__u32 top = fi ? k->words[0] : k->words[0] >> 16;
+	__u32 b = (top * ALLOW_HASH_MUL) >> (32 - ALLOW_FILTER_SHIFT);
+	return (cfg->allow_filter[fi][b / 64] >> (b % 64)) & 1;
+}
+
+// allowlisted looks the source address up in the allowlist.
+static __always_inline int allowlisted(const struct key *k)
+{
+	struct allow_key ak = {.prefixlen = 128};
+
+	if (k->family == FAMILY_IPV4) {
+		ak.addr[10] = 0xff;
+		ak.addr[11] = 0xff;
+		*(__u32 *)&ak.addr[12] = bpf_htonl(k->words[0]);
+	} else if (k->family == FAMILY_IPV6) {
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			*(__u32 *)&ak.addr[4 * i] = bpf_htonl(k->words[i]);
+	} else {
+		return 0;
+	}
+	return bpf_map_lookup_elem(&allowlist, &ak) != NULL;
+}
+
+// track records a drop of the stream that node v->node saw, and tells
+// userspace when the stream is new.
+static __always_inline void track(const struct config *cfg, const struct key *k, const struct verdict *v,
+				  __u64 now)
+{
+	__u8 n = v->node;
+	int fi = k->family == FAMILY_IPV6;
+	int p = node_prefix(n) & (MAX_PREFIXES - 1);
+	struct stream_key sk = {.family = k->family, .node = n, .dport = k->dport};
+
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		sk.words[i] = k->words[i] & cfg->mask[fi][p][i];
+	if (!node_sport_any(n))
+		sk.sport = k->sport;
+	struct stream_state *st = bpf_map_lookup_elem(&streams, &sk);
+	if (st) {
+		st->last_ns = now;
+		st->sampled_drops++;
+		st->estimate = v->estimate;
+		return;
+	}
+	struct stream_event ev = {
+		.key = sk,
+		.state = {.first_ns = now, .last_ns = now, .sampled_drops = 1, .estimate = v->estimate,
+			  .level = v->level, .dry_run = cfg->dry_run},
+	};
+	// Only the CPU that creates the entry reports it.
+	if (bpf_map_update_elem(&streams, &sk, &ev.state, BPF_NOEXIST) == 0)
+		bpf_ringbuf_output(&events, &ev, sizeof(ev), 0);
+}
+
 static __always_inline int family_slot(__u8 family)
 {
 	return family == FAMILY_IPV4 ? 1 : family == FAMILY_IPV6 ? 2 : 0;
@@ -544,6 +709,13 @@ int rakelimit(struct __sk_buff *skb)
 
 	struct key k = {};
 	parse(skb, &k);
+	// The family's counter index is computed where it is used, after the
+	// node loop: kept live across it, each of its three values would make
+	// the verifier walk the loop once more.
+	if (cfg->allow_any && allow_candidate(cfg, &k) && allowlisted(&k)) {
+		st->allowed[family_slot(k.family)]++;
+		return skb->len;
+	}
 
 	__u64 now;
 	__u32 rnd;
@@ -557,8 +729,13 @@ int rakelimit(struct __sk_buff *skb)
 	if (bench_random_source)
 		k.words[0] ^= next_random(rng);
 
-	struct verdict v = {};
-	int drop = decide(cfg, &k, now, rnd, &v, &st->errors);
+	struct decide_io io = {.now = now, .rnd = rnd};
+	int drop = decide(cfg, &k, &io);
+	struct verdict v = io.v;
+	if (drop < 0) {
+		st->errors++;
+		drop = 0;
+	}
 	int fam = family_slot(k.family);
 	__u32 lvl = v.level;
 	if (lvl >= MAX_LEVELS) // cannot happen; bounds the index for the verifier
@@ -566,6 +743,12 @@ int rakelimit(struct __sk_buff *skb)
 	if (test_mode)
 		bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
 	if (drop) {
+		if ((next_random(rng) & cfg->track_mask) == 0)
+			track(cfg, &k, &v, now);
+		if (cfg->dry_run) {
+			st->would_drop[fam][lvl]++;
+			return skb->len;
+		}
 		st->dropped[fam][lvl]++;
 		return 0;
 	}

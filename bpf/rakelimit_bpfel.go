@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type rakelimitAllowKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
+}
+
 type rakelimitCell struct {
 	_     structs.HostLayout
 	Epoch uint64
@@ -36,21 +42,50 @@ type rakelimitConfig struct {
 	HashB       [2]uint64
 	FamilyWord  [2][4]uint64
 	Mask        [2][4][4]uint32
+	AllowFilter [2][16]uint64
 	Nodes       [16]uint8
 	Prefix4     [4]uint8
 	Prefix6     [4]uint8
 	NumNodes    uint8
 	NumPrefixes uint8
 	PerDport    uint8
-	Pad         [5]uint8
+	DryRun      uint8
+	AllowAny    uint8
+	AllowAlways [2]uint8
+	_           [1]byte
+	TrackMask   uint32
+	_           [4]byte
 }
 
 type rakelimitStats struct {
-	_       structs.HostLayout
-	Passed  [3]uint64
-	Limited [3][6]uint64
-	Dropped [3][6]uint64
-	Errors  uint64
+	_         structs.HostLayout
+	Passed    [3]uint64
+	Limited   [3][6]uint64
+	Dropped   [3][6]uint64
+	WouldDrop [3][6]uint64
+	Allowed   [3]uint64
+	Errors    uint64
+}
+
+type rakelimitStreamKey struct {
+	_      structs.HostLayout
+	Words  [4]uint32
+	Sport  uint16
+	Dport  uint16
+	Family uint8
+	Node   uint8
+	Pad    [2]uint8
+}
+
+type rakelimitStreamState struct {
+	_            structs.HostLayout
+	FirstNs      uint64
+	LastNs       uint64
+	SampledDrops uint64
+	Estimate     uint64
+	Level        uint8
+	DryRun       uint8
+	Pad          [6]uint8
 }
 
 type rakelimitVerdict struct {
@@ -68,10 +103,13 @@ type rakelimitVerdict struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	rakelimitMapActiveConfig      = "active_config"
+	rakelimitMapAllowlist         = "allowlist"
 	rakelimitMapCells             = "cells"
 	rakelimitMapConfigs           = "configs"
 	rakelimitMapCounters          = "counters"
+	rakelimitMapEvents            = "events"
 	rakelimitMapPrng              = "prng"
+	rakelimitMapStreams           = "streams"
 	rakelimitMapTestVerdict       = "test_verdict"
 	rakelimitProgRakelimit        = "rakelimit"
 	rakelimitVarBenchRandomSource = "bench_random_source"
@@ -128,10 +166,13 @@ type rakelimitProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type rakelimitMapSpecs struct {
 	ActiveConfig *ebpf.MapSpec `ebpf:"active_config"`
+	Allowlist    *ebpf.MapSpec `ebpf:"allowlist"`
 	Cells        *ebpf.MapSpec `ebpf:"cells"`
 	Configs      *ebpf.MapSpec `ebpf:"configs"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
+	Events       *ebpf.MapSpec `ebpf:"events"`
 	Prng         *ebpf.MapSpec `ebpf:"prng"`
+	Streams      *ebpf.MapSpec `ebpf:"streams"`
 	TestVerdict  *ebpf.MapSpec `ebpf:"test_verdict"`
 }
 
@@ -164,20 +205,26 @@ func (o *rakelimitObjects) Close() error {
 // It can be passed to loadRakelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type rakelimitMaps struct {
 	ActiveConfig *ebpf.Map `ebpf:"active_config"`
+	Allowlist    *ebpf.Map `ebpf:"allowlist"`
 	Cells        *ebpf.Map `ebpf:"cells"`
 	Configs      *ebpf.Map `ebpf:"configs"`
 	Counters     *ebpf.Map `ebpf:"counters"`
+	Events       *ebpf.Map `ebpf:"events"`
 	Prng         *ebpf.Map `ebpf:"prng"`
+	Streams      *ebpf.Map `ebpf:"streams"`
 	TestVerdict  *ebpf.Map `ebpf:"test_verdict"`
 }
 
 func (m *rakelimitMaps) Close() error {
 	return _RakelimitClose(
 		m.ActiveConfig,
+		m.Allowlist,
 		m.Cells,
 		m.Configs,
 		m.Counters,
+		m.Events,
 		m.Prng,
+		m.Streams,
 		m.TestVerdict,
 	)
 }

@@ -1,0 +1,268 @@
+//go:build linux
+
+package bpf
+
+import (
+	"errors"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+func sum(levels [sketch.MaxLevels]uint64) (n uint64) {
+	for _, v := range levels {
+		n += v
+	}
+	return n
+}
+
+// attached loads a filter with cfg, attaches it to a fresh IPv4 (or
+// dual-stack) loopback socket and returns both, with the socket's port.
+func attached(t *testing.T, cfg sketch.Config, network string) (*Filter, *net.UDPConn, uint16) {
+	t.Helper()
+	f := loadTest(t, cfg, loadOptions{})
+	addr := "127.0.0.1:0"
+	if network == "udp" {
+		addr = "[::]:0"
+	}
+	conn := listen(t, network, addr)
+	if err := f.Attach(conn); err != nil {
+		t.Fatal(err)
+	}
+	return f, conn, uint16(conn.LocalAddr().(*net.UDPAddr).Port)
+}
+
+// TestDryRun: a dry run delivers the whole flood and counts what it would
+// have dropped; switched off on the live socket, the same flood is dropped.
+func TestDryRun(t *testing.T) {
+	const limit, rate = 100, 4000
+	f, conn, port := attached(t, sketch.Config{Limit: limit, Window: time.Second}, "udp4")
+	if err := f.SetOptions(Options{DryRun: true, TrackShift: DefaultTrackShift}); err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+	src := sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
+	r := receive(conn)
+	if err := flood(src, dst, rate, 2*rate, rand.New(rand.NewPCG(1, 1))); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	r.mu.Lock()
+	got := r.total
+	r.mu.Unlock()
+	st, err := f.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v4 := FamilyIndex(sketch.IPv4)
+	would, dropped := sum(st.WouldDrop[v4]), sum(st.Dropped[v4])
+	if got != 2*rate || dropped != 0 || would < uint64(2*rate-4*limit) {
+		t.Fatalf("dry run: %d of %d delivered, %d dropped, %d would have been", got, 2*rate, dropped, would)
+	}
+	streams, err := f.Streams()
+	if err != nil || len(streams) != 1 || !streams[0].DryRun {
+		t.Fatalf("dry run tracked %+v, %v; want the flood, marked dry run", streams, err)
+	}
+
+	// Off, on the live socket: the next flood is dropped.
+	if err := f.SetOptions(Options{TrackShift: DefaultTrackShift}); err != nil {
+		t.Fatal(err)
+	}
+	if err := flood(src, dst, rate, rate, rand.New(rand.NewPCG(2, 2))); err != nil {
+		t.Fatal(err)
+	}
+	r.stop()
+	st, err = f.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := sum(st.Dropped[v4]); d < uint64(rate-2*limit) {
+		t.Fatalf("after the dry run was switched off, %d of %d dropped", d, rate)
+	}
+	t.Logf("dry run: %d delivered, %d would have been dropped; then enforcing: %d dropped", got, would, sum(st.Dropped[v4]))
+}
+
+// TestAllowlist: an allowlisted source is never limited nor counted, while a
+// source beside it is held to the limit; for IPv4 and IPv6 on a dual-stack
+// socket.
+func TestAllowlist(t *testing.T) {
+	const limit, rate = 100, 3000
+	tests := []struct {
+		name, allowed, other, allow string
+	}{
+		{"ipv4", "127.0.0.9", "127.0.0.10", "127.0.0.8/31"},
+		{"ipv6", "::1", "127.0.0.10", "::1/128"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, conn, port := attached(t, sketch.Config{Limit: limit, Window: time.Second}, "udp")
+			if err := f.SetOptions(Options{Allow: []netip.Prefix{netip.MustParsePrefix(tt.allow)}}); err != nil {
+				t.Fatal(err)
+			}
+			r := receive(conn)
+			done := make(chan error, 1)
+			for _, src := range []string{tt.allowed, tt.other} {
+				a := netip.MustParseAddr(src)
+				s := sender(t, netip.AddrPortFrom(a, 0))
+				dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+				if a.Is6() {
+					dst = netip.AddrPortFrom(netip.IPv6Loopback(), port)
+				}
+				go func() { done <- flood(s, dst, rate, 2*rate, rand.New(rand.NewPCG(3, 3))) }()
+			}
+			for range 2 {
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+			}
+			counts := r.stop()
+			total := func(a string) (n int) {
+				for _, c := range counts[netip.MustParseAddr(a)] {
+					n += c
+				}
+				return n
+			}
+			st, err := f.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fam := FamilyIndex(sketch.IPv4)
+			if netip.MustParseAddr(tt.allowed).Is6() {
+				fam = FamilyIndex(sketch.IPv6)
+			}
+			if total(tt.allowed) != 2*rate || st.Allowed[fam] != uint64(2*rate) {
+				t.Errorf("allowlisted %s: %d of %d delivered, %d counted as allowed", tt.allowed, total(tt.allowed), 2*rate, st.Allowed[fam])
+			}
+			if got := total(tt.other); got > 4*limit {
+				t.Errorf("%s beside it: %d of %d delivered, want the limit", tt.other, got, 2*rate)
+			}
+			// Removing the entry puts the source back under the limit.
+			if err := f.SetOptions(Options{}); err != nil {
+				t.Fatal(err)
+			}
+			if f.objs.Allowlist.Iterate().Next(new(rakelimitAllowKey), new(uint8)) {
+				t.Errorf("allowlist not empty after clearing it")
+			}
+			t.Logf("allowlisted %s: %d of %d delivered; %s: %d", tt.allowed, total(tt.allowed), 2*rate, tt.other, total(tt.other))
+		})
+	}
+}
+
+// TestStreamEvents: a flood of a million packets from one 4-tuple produces
+// one event, the tracked stream's estimate and sampled drop count, and it
+// expires once the flood stops.
+func TestStreamEvents(t *testing.T) {
+	const limit = 25
+	f := loadTest(t, sketch.Config{Limit: limit, Window: time.Second}, loadOptions{})
+	events, err := f.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer events.Close()
+	got := make(chan Stream, 100)
+	go func() {
+		for {
+			s, err := events.Read()
+			if errors.Is(err, ringbuf.ErrClosed) {
+				close(got)
+				return
+			}
+			if err == nil {
+				got <- s
+			}
+		}
+	}()
+	frame := udp("198.51.100.7", 5000).frame()
+	start := time.Now()
+	if _, _, err := f.objs.Rakelimit.Benchmark(frame, 1_000_000, nil); err != nil {
+		t.Fatal(err)
+	}
+	elapsed := time.Since(start)
+	time.Sleep(200 * time.Millisecond)
+	events.Close()
+	var evs []Stream
+	for s := range got {
+		evs = append(evs, s)
+	}
+	want := sketch.KeyFrom(netip.MustParseAddrPort("198.51.100.7:5000"), 443)
+	if len(evs) != 1 || evs[0].Key != want || evs[0].Level != 0 {
+		t.Fatalf("a million packets from one 4-tuple gave events %+v, want one for %+v at level 0", evs, want)
+	}
+	streams, err := f.Streams()
+	if err != nil || len(streams) != 1 {
+		t.Fatalf("tracked %v, %v", streams, err)
+	}
+	st, err := f.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped := sum(st.Dropped[FamilyIndex(sketch.IPv4)])
+	// Sampling one drop in 16: the estimate is within a few percent.
+	if d := float64(streams[0].Drops); d < 0.9*float64(dropped) || d > 1.1*float64(dropped) {
+		t.Errorf("stream's drops estimated at %v, the counters say %d", d, dropped)
+	}
+	if expired, err := f.ExpireStreams(time.Hour); err != nil || len(expired) != 0 {
+		t.Fatalf("expired %v, %v before the stream went quiet", expired, err)
+	}
+	expired, err := f.ExpireStreams(0)
+	if err != nil || len(expired) != 1 {
+		t.Fatalf("expired %v, %v once quiet", expired, err)
+	}
+	t.Logf("1,000,000 packets in %v: 1 event; %d dropped, estimated from samples %d", elapsed, dropped, streams[0].Drops)
+}
+
+// TestAllowFilterNoFalseNegatives: the quick-reject filter in front of the
+// allowlist lets every address of every allowlisted prefix through to the
+// trie, whatever the prefix length, IPv4 and IPv6.
+func TestAllowFilterNoFalseNegatives(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	for _, bits := range []int{0, 1, 4, 7, 8, 9, 12, 15, 16, 17, 24, 32, 33, 48, 64, 100, 128} {
+		for range 20 {
+			var a16 [16]byte
+			for i := range a16 {
+				a16[i] = byte(rng.Uint32())
+			}
+			addrs := []netip.Addr{netip.AddrFrom16(a16)}
+			if bits <= 32 {
+				addrs = append(addrs, netip.AddrFrom4([4]byte(a16[:4])))
+			}
+			for _, a := range addrs {
+				p := netip.PrefixFrom(a, bits).Masked()
+				filter, always := allowFilter([]netip.Prefix{p})
+				fi := 0
+				if a.Is6() {
+					fi = 1
+				}
+				for range 50 {
+					// A random address inside p.
+					b := p.Addr().As16()
+					off := 0
+					if a.Is4() {
+						off = 12
+					}
+					for i := p.Bits(); i < a.BitLen(); i++ {
+						if rng.Uint32()&1 == 1 {
+							b[off+i/8] |= 0x80 >> (i % 8)
+						}
+					}
+					var top uint32
+					if a.Is4() {
+						top = uint32(b[12])<<8 | uint32(b[13])
+					} else {
+						top = uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+					}
+					n := allowBucket(top)
+					if always[fi] == 0 && filter[fi][n/64]>>(n%64)&1 == 0 {
+						t.Fatalf("prefix %v: address %v rejected by the filter", p, netip.AddrFrom16(b))
+					}
+				}
+			}
+		}
+	}
+}
