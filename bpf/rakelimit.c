@@ -530,22 +530,11 @@ static __always_inline void set_verdict(struct verdict *v, int drop, int level, 
 	v->estimate = estimate;
 }
 
-// decide_io carries decide's inputs and its verdict (BPF functions take at
-// most five arguments).
-struct decide_io {
-	__u64 now;
-	__u32 rnd;
-	__u32 pad;
-	struct verdict v;
-};
-
 // decide: Limiter.Decide. Returns 1 to drop, 0 to pass, -1 when the sketch
-// cannot be reached; fills io->v.
-static __always_inline int decide(const struct config *cfg, const struct key *k, struct decide_io *io)
+// cannot be reached; fills v.
+static __always_inline int decide(const struct config *cfg, const struct key *k, __u64 now, __u32 rnd,
+				  struct verdict *v)
 {
-	__u64 now = io->now;
-	__u32 rnd = io->rnd;
-	struct verdict *v = &io->v;
 	__u64 epoch = now >> EPOCH_SHIFT;
 	__u32 slot = (now >> SLOT_SHIFT) & (SLOTS - 1);
 	__u64 g = cfg->g[slot];
@@ -729,9 +718,8 @@ int rakelimit(struct __sk_buff *skb)
 	if (bench_random_source)
 		k.words[0] ^= next_random(rng);
 
-	struct decide_io io = {.now = now, .rnd = rnd};
-	int drop = decide(cfg, &k, &io);
-	struct verdict v = io.v;
+	struct verdict v = {};
+	int drop = decide(cfg, &k, now, rnd, &v);
 	if (drop < 0) {
 		st->errors++;
 		drop = 0;
