@@ -69,23 +69,22 @@ func prefixMask(l uint8, i int) uint32 {
 	return ^uint32(0) << (32 - (int(l) - lo))
 }
 
-// addrHashes computes, for every prefix slot and row, the address part of
+// addrHashes computes, for prefix slot s and every row, the address part of
 // the hash: A[r][0]*FamilyWord + sum A[r][1+i]*(word_i & Mask_i). The family
 // word is 0 for a /0 prefix, so that IPv4 and IPv6 share the all-sources
 // nodes. (A key of unknown family has no address and reaches only those.)
-func (hk *HashKey) addrHashes(p *Params, k *Key, out *[MaxPrefixes][Depth]uint64) {
-	fi := 0
+// IPv4 hashes one word: its others are zero.
+func (hk *HashKey) addrHashes(p *Params, k *Key, s int, out *[Depth]uint64) {
+	fi, words := 0, 1
 	if k.Family == IPv6 {
-		fi = 1
+		fi, words = 1, 4
 	}
-	for s := range p.NumPrefixes {
-		for r := range Depth {
-			h := hk.A[r][0] * p.FamilyWord[fi][s]
-			for i, w := range k.Words {
-				h += hk.A[r][1+i] * uint64(w&p.Mask[fi][s][i])
-			}
-			out[s][r] = h
+	for r := range Depth {
+		h := hk.A[r][0] * p.FamilyWord[fi][s]
+		for i := range words {
+			h += hk.A[r][1+i] * uint64(k.Words[i]&p.Mask[fi][s][i])
 		}
+		out[r] = h
 	}
 }
 

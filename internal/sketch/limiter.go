@@ -140,8 +140,9 @@ func (l *Limiter) Decide(k *Key, now int64, rnd uint32) Verdict {
 	g := p.G[slot]
 	dither := uint64(rnd >> (32 - FracBits))
 
-	var ah [MaxPrefixes][Depth]uint64
-	l.hk.addrHashes(p, k, &ah)
+	// Nodes come in prefix order: hash each prefix once, when first needed.
+	var ah [Depth]uint64
+	hashed := -1
 
 	v := Verdict{Level: -1}
 	class, pending, level := Clean, false, 0
@@ -155,12 +156,16 @@ func (l *Limiter) Decide(k *Key, now int64, rnd uint32) Verdict {
 		if !applies(p, n, k) {
 			continue
 		}
+		if n.Prefix() != hashed {
+			hashed = n.Prefix()
+			l.hk.addrHashes(p, k, hashed, &ah)
+		}
 		pw := portWord(n, k, p.PerDstPort)
 		base := i * Depth * Width
 		var rows [Depth]*Counter
 		omin, fmin := maxU64, maxU64
 		for r := range Depth {
-			h := ah[n.Prefix()][r] + l.hk.A[r][HashWords-1]*pw + l.hk.B[r]
+			h := ah[r] + l.hk.A[r][HashWords-1]*pw + l.hk.B[r]
 			c := &l.cells[base+r*Width+int(column(h))]
 			refresh(p, c, epoch)
 			ctr := &c.Class[class]
@@ -204,12 +209,12 @@ func (l *Limiter) Estimate(k *Key, n Node, class int, now int64) uint64 {
 	}
 	t := uint64(now)
 	epoch, slot := t>>EpochShift, (t>>SlotShift)&(Slots-1)
-	var ah [MaxPrefixes][Depth]uint64
-	l.hk.addrHashes(p, k, &ah)
+	var ah [Depth]uint64
+	l.hk.addrHashes(p, k, n.Prefix(), &ah)
 	pw := portWord(n, k, p.PerDstPort)
 	est := maxU64
 	for r := range Depth {
-		h := ah[n.Prefix()][r] + l.hk.A[r][HashWords-1]*pw + l.hk.B[r]
+		h := ah[r] + l.hk.A[r][HashWords-1]*pw + l.hk.B[r]
 		c := l.cells[i*Depth*Width+r*Width+int(column(h))]
 		refresh(p, &c, epoch)
 		est = min(est, mulQ32(c.Class[class].Offered, p.GInv[slot]))
