@@ -148,7 +148,7 @@ func (l *limiter) adminView() (AdminLimiter, error) {
 		return al, err
 	}
 	for fam := range bpf.Families {
-		ac := AdminCounters{Passed: st.Passed[fam] - sumLevels(st.Limited[fam]), Allowlisted: st.Allowed[fam],
+		ac := AdminCounters{Passed: st.Unlimited(fam), Allowlisted: st.Allowed[fam],
 			Limited: map[string]uint64{}, Dropped: map[string]uint64{}, DryRun: map[string]uint64{}}
 		for lvl := range c.Levels() {
 			k := strconv.Itoa(lvl)

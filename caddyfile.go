@@ -3,6 +3,7 @@ package rakelimit
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -86,7 +87,7 @@ func (r *RakeLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil || lvl < 0 || lvl >= sketch.MaxLevels {
 				return d.Errf("level_limit: invalid level %q: want 0 to %d", args[0], sketch.MaxLevels-1)
 			}
-			if _, ok := r.LevelLimits[lvl]; ok || containsInt(r.UnlimitedLevels, lvl) {
+			if _, ok := r.LevelLimits[lvl]; ok || slices.Contains(r.UnlimitedLevels, lvl) {
 				return d.Errf("level_limit: level %d already specified", lvl)
 			}
 			if args[1] == "off" {
@@ -163,15 +164,6 @@ func parseLimit(d *caddyfile.Dispenser, field, s string) (uint32, error) {
 			field, s, sketch.MaxLimit)
 	}
 	return uint32(n), nil
-}
-
-func containsInt(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // parseDirective turns the site directive into a packet conn wrapper for the

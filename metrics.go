@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rakelimit/caddy-rakelimit/bpf"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
 // Metrics are read from the filters' per-CPU counters when Prometheus
@@ -88,7 +87,7 @@ func (l *limiter) collect(ch chan<- prometheus.Metric) error {
 		return err
 	}
 	for fam := range bpf.Families {
-		counter(st.Passed[fam]-sumLevels(st.Limited[fam]), fam, "passed", "")
+		counter(st.Unlimited(fam), fam, "passed", "")
 		counter(st.Allowed[fam], fam, "allowlisted", "")
 		for lvl := range levels {
 			level := strconv.Itoa(lvl)
@@ -117,11 +116,4 @@ func (l *limiter) collect(ch chan<- prometheus.Metric) error {
 	}
 	ch <- prometheus.MustNewConstMetric(streamsDesc, prometheus.GaugeValue, float64(len(streams)), l.name)
 	return nil
-}
-
-func sumLevels(v [sketch.MaxLevels]uint64) (n uint64) {
-	for _, x := range v {
-		n += x
-	}
-	return n
 }

@@ -72,6 +72,26 @@ func writeConfig(t *testing.T, body string) string {
 	return path
 }
 
+// processCaddyfile is the configuration of a Caddy process: the site on port
+// (127.0.0.1 and localhost) with tls internal, extra global options and
+// extra site directives.
+func processCaddyfile(t *testing.T, port int, globals, site string) string {
+	return fmt.Sprintf(`{
+	admin off
+	skip_install_trust
+	local_certs
+	http_port %d
+	https_port %d
+	%s
+}
+127.0.0.1:%d, localhost:%d {
+	tls internal
+	%s
+	respond "hello"
+}
+`, freePort(t), port, globals, port, port, site)
+}
+
 // TestQUICKeepsFastPath runs Caddy with quic-go's log at info level and
 // checks that quic-go got the UDP socket itself: it logs "Disabling
 // optimizations" when a wrapper hides it, as the control shows.
@@ -88,23 +108,8 @@ func TestQUICKeepsFastPath(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			port := freePort(t)
-			cfg := writeConfig(t, fmt.Sprintf(`{
-	admin off
-	skip_install_trust
-	local_certs
-	http_port %d
-	https_port %d
-	servers {
-		packet_conn_wrappers {
-			%s
-		}
-	}
-}
-127.0.0.1:%d, localhost:%d {
-	tls internal
-	respond "hello"
-}
-`, freePort(t), port, tt.wrappers, port, port))
+			cfg := writeConfig(t, processCaddyfile(t, port,
+				"servers {\n\t\tpacket_conn_wrappers {\n\t\t\t"+tt.wrappers+"\n\t\t}\n\t}", ""))
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			cmd := caddyProcess(t, ctx, nil, []string{"QUIC_GO_LOG_LEVEL=info"}, "run", "--config", cfg)
@@ -146,19 +151,7 @@ func TestRefusesWithoutCapBPF(t *testing.T) {
 		t.Fatalf("setpriv (util-linux) is needed: %v", err)
 	}
 	port := freePort(t)
-	cfg := writeConfig(t, fmt.Sprintf(`{
-	admin off
-	skip_install_trust
-	local_certs
-	http_port %d
-	https_port %d
-}
-127.0.0.1:%d {
-	tls internal
-	rakelimit 1000
-	respond "hello"
-}
-`, freePort(t), port, port))
+	cfg := writeConfig(t, processCaddyfile(t, port, "", "rakelimit 1000"))
 	drop := []string{setpriv, "--bounding-set=-bpf,-sys_admin", "--inh-caps=-bpf,-sys_admin"}
 	for _, verb := range []string{"validate", "run"} {
 		t.Run(verb, func(t *testing.T) {

@@ -229,8 +229,7 @@ func levelLimit(s settings, level int) uint32 {
 // packets per second.
 func (l *limiter) describe(st bpf.Stream) (string, float64) {
 	p := l.filter.Params()
-	rate := float64(st.Estimate) / float64(sketch.One) / (float64(p.WindowNanos) / 1e9)
-	return st.Node.Stream(p, &st.Key), rate
+	return st.Node.Stream(p, &st.Key), p.PPS(st.Estimate)
 }
 
 // readEvents logs each stream the kernel starts limiting: one line per

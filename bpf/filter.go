@@ -72,6 +72,16 @@ type Stats struct {
 	Errors uint64
 }
 
+// Unlimited counts the packets of a family that passed under every limit:
+// those passed less those limited somewhere.
+func (s *Stats) Unlimited(fam int) uint64 {
+	n := s.Passed[fam]
+	for _, l := range s.Limited[fam] {
+		n -= l
+	}
+	return n
+}
+
 // Filter is one loaded instance of the program with its own sketches, hash
 // key and configuration. It may be attached to any number of sockets, which
 // then share its limits.

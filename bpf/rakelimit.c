@@ -318,6 +318,24 @@ static __always_inline int is_udp(__u8 proto)
 	return proto == IPPROTO_UDP || proto == IPPROTO_UDPLITE;
 }
 
+// load_head reads, from the network header on, full_len bytes (the header
+// and the UDP ports right after it) or, when the packet is shorter, hdr_len
+// bytes (the header alone). Returns 1, 0, or -1 when not even the header is
+// there. One load is the common case; a short packet costs a second.
+static __always_inline int load_head(struct __sk_buff *skb, void *buf, __u32 hdr_len, __u32 full_len)
+{
+	if (bpf_skb_load_bytes_relative(skb, 0, buf, full_len, BPF_HDR_START_NET) == 0)
+		return 1;
+	return bpf_skb_load_bytes_relative(skb, 0, buf, hdr_len, BPF_HDR_START_NET) == 0 ? 0 : -1;
+}
+
+static __always_inline void set_ports(struct key *k, __be16 sport, __be16 dport)
+{
+	k->has_ports = 1;
+	k->sport = bpf_ntohs(sport);
+	k->dport = bpf_ntohs(dport);
+}
+
 // parse_ipv4 fills the key from an IPv4 packet. One load covers the header
 // without options and the UDP ports; options or a short packet cost a second.
 static __always_inline void parse_ipv4(struct __sk_buff *skb, struct key *k)
@@ -327,9 +345,9 @@ static __always_inline void parse_ipv4(struct __sk_buff *skb, struct key *k)
 		__be16 sport;
 		__be16 dport;
 	} h;
-	int full = bpf_skb_load_bytes_relative(skb, 0, &h, sizeof(h), BPF_HDR_START_NET) == 0;
+	int full = load_head(skb, &h, sizeof(h.ip), sizeof(h));
 
-	if (!full && bpf_skb_load_bytes_relative(skb, 0, &h.ip, sizeof(h.ip), BPF_HDR_START_NET) < 0)
+	if (full < 0)
 		return; // no address: counted as unknown
 	k->family = FAMILY_IPV4;
 	k->words[0] = bpf_ntohl(h.ip.saddr);
@@ -344,9 +362,7 @@ static __always_inline void parse_ipv4(struct __sk_buff *skb, struct key *k)
 	} else if (!full) {
 		return;
 	}
-	k->has_ports = 1;
-	k->sport = bpf_ntohs(h.sport);
-	k->dport = bpf_ntohs(h.dport);
+	set_ports(k, h.sport, h.dport);
 }
 
 // parse_ipv6 fills the key from an IPv6 packet, walking up to IPV6_MAX_EXT
@@ -358,9 +374,9 @@ static __always_inline void parse_ipv6(struct __sk_buff *skb, struct key *k)
 		__be16 sport;
 		__be16 dport;
 	} h;
-	int full = bpf_skb_load_bytes_relative(skb, 0, &h, sizeof(h), BPF_HDR_START_NET) == 0;
+	int full = load_head(skb, &h, sizeof(h.ip), sizeof(h));
 
-	if (!full && bpf_skb_load_bytes_relative(skb, 0, &h.ip, sizeof(h.ip), BPF_HDR_START_NET) < 0)
+	if (full < 0)
 		return;
 	k->family = FAMILY_IPV6;
 #pragma unroll
@@ -369,9 +385,9 @@ static __always_inline void parse_ipv6(struct __sk_buff *skb, struct key *k)
 
 	__u8 next = h.ip.nexthdr;
 	if (is_udp(next)) {
-		if (!full)
-			return;
-		goto ports;
+		if (full)
+			set_ports(k, h.sport, h.dport);
+		return;
 	}
 	__u32 off = IPV6_HDR_LEN;
 #pragma unroll
@@ -402,10 +418,7 @@ static __always_inline void parse_ipv6(struct __sk_buff *skb, struct key *k)
 	if (!is_udp(next) ||
 	    bpf_skb_load_bytes_relative(skb, off, &h.sport, 2 * sizeof(__be16), BPF_HDR_START_NET) < 0)
 		return;
-ports:
-	k->has_ports = 1;
-	k->sport = bpf_ntohs(h.sport);
-	k->dport = bpf_ntohs(h.dport);
+	set_ports(k, h.sport, h.dport);
 }
 
 // addr_hash: the address part of row r's hash for prefix slot s, over the

@@ -274,6 +274,20 @@ func overThreshold(t uint64) uint64 {
 	return t + uint64(math.Round(math.Sqrt(2*packets)*oneQ24f))
 }
 
+// PPS converts an estimate (a decayed count over one window, Q24) to packets
+// per second.
+func (p *Params) PPS(estimate uint64) float64 {
+	return float64(estimate) / oneQ24f / (float64(p.WindowNanos) / 1e9)
+}
+
+// PrefixLen returns the length of prefix slot s for family fam.
+func (p *Params) PrefixLen(fam Family, s int) int {
+	if fam == IPv6 {
+		return int(p.Prefix6[s])
+	}
+	return int(p.Prefix4[s])
+}
+
 // decay returns exp(-k epochs / window) as a Q32 fraction.
 func (p *Params) decay(k uint64) uint64 {
 	if k < DecayEntries {

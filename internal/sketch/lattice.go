@@ -41,11 +41,7 @@ func (n Node) Level() int {
 // Describe names the node for one family, for example "/24 sport=*" or, with
 // the destination port dimension, "/32 sport=N dport=*" (N: each port apart).
 func (n Node) Describe(p *Params, fam Family) string {
-	pl := p.Prefix4[n.Prefix()]
-	if fam == IPv6 {
-		pl = p.Prefix6[n.Prefix()]
-	}
-	s := fmt.Sprintf("/%d sport=", pl)
+	s := fmt.Sprintf("/%d sport=", p.PrefixLen(fam, n.Prefix()))
 	if n.SrcPortAny() {
 		s += "*"
 	} else {
@@ -67,10 +63,7 @@ func (n Node) Stream(p *Params, k *Key) string {
 	var src string
 	switch k.Family {
 	case IPv4, IPv6:
-		pl := int(p.Prefix4[n.Prefix()])
-		if k.Family == IPv6 {
-			pl = int(p.Prefix6[n.Prefix()])
-		}
+		pl := p.PrefixLen(k.Family, n.Prefix())
 		if pl == 0 {
 			src = "*"
 		} else {

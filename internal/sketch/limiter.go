@@ -83,9 +83,6 @@ func (l *Limiter) Update(c Config) error {
 // Params returns the compiled configuration.
 func (l *Limiter) Params() *Params { return l.p }
 
-// HashKey returns the limiter's secret hash key.
-func (l *Limiter) HashKey() HashKey { return l.hk }
-
 // MemoryBytes is the size of the sketches.
 func (l *Limiter) MemoryBytes() int { return len(l.cells) * CellBytes }
 
@@ -95,8 +92,13 @@ func (l *Limiter) Cells() []Cell { return l.cells }
 
 // PPS converts an estimate (a decayed count over one window, Q24) to packets
 // per second.
-func (l *Limiter) PPS(estimate uint64) float64 {
-	return float64(estimate) / oneQ24f / (float64(l.p.WindowNanos) / 1e9)
+func (l *Limiter) PPS(estimate uint64) float64 { return l.p.PPS(estimate) }
+
+// cell returns the cell of row r of the sketch of the i-th node for a key
+// whose address hash in that row is ah and whose port word is pw.
+func (l *Limiter) cell(i, r int, ah, pw uint64) *Cell {
+	h := ah + l.hk.A[r][HashWords-1]*pw + l.hk.B[r]
+	return &l.cells[(i*Depth+r)*Width+int(column(h))]
 }
 
 // applies reports whether node n counts packets with key k: a packet without
@@ -161,12 +163,10 @@ func (l *Limiter) Decide(k *Key, now int64, rnd uint32) Verdict {
 			l.hk.addrHashes(p, k, hashed, &ah)
 		}
 		pw := portWord(n, k, p.PerDstPort)
-		base := i * Depth * Width
 		var rows [Depth]*Counter
 		omin, fmin := maxU64, maxU64
 		for r := range Depth {
-			h := ah[r] + l.hk.A[r][HashWords-1]*pw + l.hk.B[r]
-			c := &l.cells[base+r*Width+int(column(h))]
+			c := l.cell(i, r, ah[r], pw)
 			refresh(p, c, epoch)
 			ctr := &c.Class[class]
 			ctr.Offered = satAdd(ctr.Offered, g)
@@ -214,8 +214,7 @@ func (l *Limiter) Estimate(k *Key, n Node, class int, now int64) uint64 {
 	pw := portWord(n, k, p.PerDstPort)
 	est := maxU64
 	for r := range Depth {
-		h := ah[r] + l.hk.A[r][HashWords-1]*pw + l.hk.B[r]
-		c := l.cells[i*Depth*Width+r*Width+int(column(h))]
+		c := *l.cell(i, r, ah[r], pw) // a copy: estimating changes nothing
 		refresh(p, &c, epoch)
 		est = min(est, mulQ32(c.Class[class].Offered, p.GInv[slot]))
 	}
