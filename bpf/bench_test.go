@@ -5,12 +5,12 @@ package bpf
 import (
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 )
 
 // floorProgram is a trivial socket filter that returns the packet length:
@@ -40,8 +40,13 @@ func floorProgram(tb testing.TB) *ebpf.Program {
 func BenchmarkFilter(b *testing.B) {
 	v4 := udp("198.51.100.7", 5000).frame()
 	v6 := udp("2001:db8:1:2::7", 5000).frame()
-	pass := sketch.Config{Limit: sketch.MaxLimit, Window: time.Second}
-	drop := sketch.Config{Limit: 25, Window: time.Second}
+	withData := func(p packet, data []byte) []byte { p.data = data; return p.frame() }
+	initial := withData(udp("198.51.100.7", 50000), quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200))
+	short := withData(udp("198.51.100.7", 50000), quicclass.ShortHeader(1200))
+	junk := withData(udp("198.51.100.7", 50000), make([]byte, 100))
+	// Every datagram alike (the filter before it knew QUIC), and by class.
+	pass, drop := limits(1_000_000), limits(25)
+	quicPass, quicDrop := quic(1_000_000, 1_000_000), quic(25, 25)
 	floor := floorProgram(b)
 	// The operations features on: an allowlist of 64 prefixes that the
 	// packets are not in (so that each is looked up), and stream tracking,
@@ -51,33 +56,33 @@ func BenchmarkFilter(b *testing.B) {
 		allow = append(allow, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i), 0, 0}), 16),
 			netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, byte(i)}), 48))
 	}
-	features := Options{Allow: allow, TrackShift: DefaultTrackShift}
+	withAllow := func(c datagram.Config) datagram.Config { c.Allow = allow; return c }
 	for _, bc := range []struct {
 		name  string
-		cfg   sketch.Config
+		cfg   datagram.Config
 		frame []byte
 		opts  loadOptions
-		set   *Options
 	}{
-		{"floor", sketch.Config{}, v4, loadOptions{}, nil},
-		{"ipv4-pass", pass, v4, loadOptions{}, nil},
-		{"ipv4-drop", drop, v4, loadOptions{}, nil},
-		{"ipv6-pass", pass, v6, loadOptions{}, nil},
-		{"ipv6-drop", drop, v6, loadOptions{}, nil},
-		{"ipv4-random-sources", sketch.Config{Limit: 1000, Window: time.Second}, v4, loadOptions{benchRandomSource: true}, nil},
-		{"ipv4-pass-allowlist", pass, v4, loadOptions{}, &features},
-		{"ipv4-drop-allowlist", drop, v4, loadOptions{}, &features},
-		{"ipv6-pass-allowlist", pass, v6, loadOptions{}, &features},
+		{"floor", datagram.Config{}, v4, loadOptions{}},
+		{"ipv4-pass", pass, v4, loadOptions{}},
+		{"ipv4-drop", drop, v4, loadOptions{}},
+		{"ipv6-pass", pass, v6, loadOptions{}},
+		{"ipv6-drop", drop, v6, loadOptions{}},
+		{"opening-pass", quicPass, initial, loadOptions{}},
+		{"opening-drop", quicDrop, initial, loadOptions{}},
+		{"established-pass", quicPass, short, loadOptions{}},
+		{"established-drop", quicDrop, short, loadOptions{}},
+		{"invalid-drop", quicPass, junk, loadOptions{}},
+		{"ipv4-random-sources", limits(1000), v4, loadOptions{benchRandomSource: true}},
+		{"opening-random-sources", quic(1000, 250_000), initial, loadOptions{benchRandomSource: true}},
+		{"ipv4-pass-allowlist", withAllow(pass), v4, loadOptions{}},
+		{"ipv4-drop-allowlist", withAllow(drop), v4, loadOptions{}},
+		{"ipv6-pass-allowlist", withAllow(pass), v6, loadOptions{}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			prog := floor
 			if bc.name != "floor" {
 				f := loadTest(b, bc.cfg, bc.opts)
-				if bc.set != nil {
-					if err := f.SetOptions(*bc.set); err != nil {
-						b.Fatal(err)
-					}
-				}
 				prog = f.objs.Rakelimit
 				// Warm up: a flood must be over its limit before timing.
 				if _, _, err := prog.Benchmark(bc.frame, 100000, nil); err != nil {

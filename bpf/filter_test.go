@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -14,77 +15,99 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
-// twin runs the BPF program (in test mode) and the Go limiter side by side
-// on the same packets, time and random numbers, and fails the test at the
-// first difference.
+// twin runs the BPF program (in test mode) and the Go twin (datagram.Filter)
+// side by side on the same packets, time and random numbers, and fails the
+// test at the first difference.
 type twin struct {
 	t      testing.TB
 	f      *Filter
-	l      *sketch.Limiter
-	stats  Stats // what the counters should say
+	d      *datagram.Filter
 	packet int
 }
 
-func newTwin(t testing.TB, c sketch.Config) *twin {
+func newTwin(t testing.TB, c datagram.Config) *twin {
 	t.Helper()
 	hk := fixedKey(7)
 	f := loadTest(t, c, loadOptions{testMode: true, hashKey: &hk})
-	l, err := sketch.New(c, hk)
+	d, err := datagram.New(c, hk)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &twin{t: t, f: f, l: l}
+	return &twin{t: t, f: f, d: d}
 }
 
-// step sends p through both; hasPorts says whether the filter is expected
-// to read p's ports (and the key the Go limiter gets).
-func (w *twin) step(p packet, k sketch.Key, now int64, rnd uint32) sketch.Verdict {
+// configure applies c to both.
+func (w *twin) configure(c datagram.Config) {
+	w.t.Helper()
+	if err := w.f.Configure(c); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := w.d.Update(c); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// decided is what the program records as its decision: the drop before a
+// dry run delivers the datagram anyway.
+func decided(o datagram.Outcome) bool {
+	return o.Class == quicclass.Invalid || !o.Paced || o.Verdict.Drop
+}
+
+// step sends p through both; d is what the filter should read of it.
+func (w *twin) step(p packet, d datagram.Datagram, now int64, rnd uint32) datagram.Outcome {
 	w.t.Helper()
 	w.packet++
 	got := w.f.run(w.t, p.frame(), now, rnd)
-	want := w.l.Decide(&k, now, rnd)
-	if (got.Drop == 1) != want.Drop || (got.Limited == 1) != want.Limited ||
-		(want.Limited && (int(got.Level) != want.Level || sketch.Node(got.Node) != want.Node || got.Estimate != want.Estimate)) {
-		w.t.Fatalf("packet %d (%v:%d, key %+v) at %d: BPF %+v, Go %+v", w.packet, p.src, p.sport, k, now, got, want)
-	}
-	fam := FamilyIndex(k.Family)
-	switch {
-	case want.Drop:
-		w.stats.Dropped[fam][want.Level]++
-	case want.Limited:
-		w.stats.Passed[fam]++
-		w.stats.Limited[fam][want.Level]++
-	default:
-		w.stats.Passed[fam]++
+	want := w.d.Decide(&d, now, rnd)
+	v := want.Verdict
+	if (got.Drop == 1) != decided(want) || quicclass.Class(got.Class) != want.Class ||
+		quicclass.Reason(got.Reason) != want.Reason || (got.Allowlisted == 1) != want.Allowlisted ||
+		(got.Paced == 1) != want.Paced || (got.Limited == 1) != v.Limited ||
+		(v.Limited && (int(got.Level) != v.Level || sketch.Node(got.Node) != v.Node || got.Estimate != v.Estimate)) {
+		w.t.Fatalf("packet %d (%v:%d, key %+v, %d bytes) at %d: BPF %+v, Go %+v", w.packet, p.src, p.sport, d.Key, d.Length,
+			now, got, want)
 	}
 	return want
 }
 
-// compareState checks every sketch cell and the counters.
+// compareState checks every sketch cell, the fair shares, the pacer and the
+// counters.
 func (w *twin) compareState() {
 	w.t.Helper()
-	got, want := w.f.cells(w.t), w.l.Cells()
+	got, want := w.f.lines(w.t), w.d.Limiter().Lines()
 	if len(got) != len(want) {
-		w.t.Fatalf("BPF has %d cells, Go %d", len(got), len(want))
+		w.t.Fatalf("BPF has %d lines, Go %d", len(got), len(want))
 	}
 	for i := range want {
-		g := sketch.Cell{Epoch: got[i].Epoch}
-		for c := range got[i].Class {
-			g.Class[c] = sketch.Counter{Offered: got[i].Class[c].Offered, Forwarded: got[i].Class[c].Forwarded}
+		if got[i] != want[i] {
+			w.t.Fatalf("after packet %d: line %d differs: BPF %+v, Go %+v", w.packet, i, got[i], want[i])
 		}
-		if g != want[i] {
-			w.t.Fatalf("after packet %d: cell %d differs: BPF %+v, Go %+v", w.packet, i, g, want[i])
-		}
+	}
+	var fs rakelimitFair
+	if err := w.f.objs.FairShares.Lookup(uint32(0), &fs); err != nil {
+		w.t.Fatal(err)
+	}
+	if fs.Share != w.d.Limiter().FairShares() {
+		w.t.Fatalf("after packet %d: fair shares BPF %v, Go %v", w.packet, fs.Share, w.d.Limiter().FairShares())
+	}
+	var tat uint64
+	if err := w.f.objs.Pacer.Lookup(uint32(0), &tat); err != nil {
+		w.t.Fatal(err)
+	}
+	if tat != w.d.PacerTAT() {
+		w.t.Fatalf("after packet %d: pacer BPF %d, Go %d", w.packet, tat, w.d.PacerTAT())
 	}
 	st, err := w.f.Stats()
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	if st != w.stats {
-		w.t.Fatalf("after packet %d: counters %+v, want %+v", w.packet, st, w.stats)
+	if st != w.d.Stats() {
+		w.t.Fatalf("after packet %d: counters %+v, want %+v", w.packet, st, w.d.Stats())
 	}
 }
 
@@ -154,85 +177,150 @@ func TestParse(t *testing.T) {
 			}{fmt.Sprintf("ipv6 payload %d", size), with(v6, func(p *packet) { p.payload = size }), true, nil},
 		)
 	}
-	w := newTwin(t, sketch.Config{Limit: 1000, Window: time.Second})
+	all, classes := newTwin(t, limits(1000)), newTwin(t, quic(1000, 1000))
 	now := start
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w.t = t
 			// A distinct source per case, so that each lands in its own cells.
 			tt.p.sport += uint16(i)
-			k := tt.p.key(tt.hasPorts)
+			d := tt.p.datagram(tt.hasPorts)
 			if tt.key != nil {
-				k = *tt.key
+				d = datagram.Datagram{Key: *tt.key}
 			}
 			now += int64(time.Millisecond)
-			w.step(tt.p, k, now, uint32(i))
-			w.compareState()
+			for _, w := range []*twin{all, classes} {
+				w.t = t
+				w.step(tt.p, d, now, uint32(i))
+				w.compareState()
+			}
 		})
 	}
 }
 
-// TestDifferential runs a long random trace, with a configuration change in
-// the middle, through the program and the Go limiter.
+// quicPayloads builds one datagram of each kind the classifier tells apart,
+// sizes drawn from rng.
+func quicPayloads(rng *rand.Rand) [][]byte {
+	big := func() int { return 1200 + rng.IntN(152) }
+	junk := make([]byte, 40+rng.IntN(200))
+	for i := range junk {
+		junk[i] = byte(rng.Uint32()) &^ 0xc0 // fixed bit 0
+	}
+	return [][]byte{
+		quicclass.LongHeader(quicclass.Version1, 0, 8, 8, big()), // Initial
+		quicclass.LongHeader(quicclass.Version2, 1, 8, 8, big()), // v2 Initial
+		quicclass.LongHeader(quicclass.Version1, 1, 8, 0, 60),    // 0-RTT
+		quicclass.LongHeader(quicclass.Version1, 2, 4, 8, 90),    // Handshake
+		quicclass.ShortHeader(21 + rng.IntN(1330)),               // 1-RTT
+		quicclass.ShortHeader(30),                                // 1-RTT, an ACK
+		junk,                                                     // not QUIC
+		quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 800),   // small Initial
+		quicclass.LongHeader(0x1a2a3a4a, 0, 8, 8, big()),         // unknown version
+		quicclass.LongHeader(0x1a2a3a4a, 0, 8, 8, 300),           // small unknown version
+		quicclass.LongHeader(quicclass.Version1, 3, 8, 8, 100),   // Retry
+		quicclass.LongHeader(0, 0, 8, 8, 100),                    // Version Negotiation
+		quicclass.LongHeader(quicclass.Version1, 2, 21, 8, 100),  // connection ID too long
+		quicclass.LongHeader(quicclass.Version1, 2, 8, 8, 12),    // truncated
+		quicclass.ShortHeader(15),                                // short header too short
+		{},                                                       // empty
+	}
+}
+
+// TestDifferential runs a long random trace through the program and the Go
+// twin: datagrams of every class and reason from both families and blocked
+// ports, unparsable packets, a configuration change and a dry run in the
+// middle, idle times that exercise every decay table, clock readings older
+// than the cells they touch (another CPU moved them on), and a total over
+// its limit, where the fair share decides.
 func TestDifferential(t *testing.T) {
 	for _, perDstPort := range []bool{false, true} {
 		t.Run(fmt.Sprintf("per-dport=%v", perDstPort), func(t *testing.T) {
-			c := sketch.Config{Limit: 50, Window: 500 * time.Millisecond, PerDstPort: perDstPort}
+			c := quic(50, 200)
+			c.Limiter.Window, c.Limiter.PerDstPort = 500*time.Millisecond, perDstPort
+			// Networks and ports unlimited, so that enough reaches the
+			// total for its fair share to decide.
+			top := c.Limiter.WithDefaults().Levels() - 1
+			c.Limiter.LevelLimits = map[int]uint32{top: 400}
+			for l := 2; l < top; l++ {
+				c.Limiter.LevelLimits[l] = sketch.Unlimited
+			}
 			w := newTwin(t, c)
 			rng := rand.New(rand.NewPCG(3, 4))
 			var pool []packet
 			for i := range 300 {
 				var p packet
-				switch i % 3 {
+				switch i % 4 {
 				case 0:
-					p = udp(fmt.Sprintf("198.51.%d.%d", rng.IntN(4), rng.IntN(256)), uint16(rng.Uint32()))
+					p = udp(fmt.Sprintf("198.51.%d.%d", rng.IntN(4), rng.IntN(256)), uint16(1024+rng.IntN(64000)))
 				case 1:
-					p = udp(fmt.Sprintf("2001:db8:%x:%x::%x", rng.IntN(3), rng.IntN(4), rng.IntN(1<<16)), uint16(rng.Uint32()))
-				default:
-					p = udp("203.0.113.9", uint16(rng.IntN(8)))
+					p = udp(fmt.Sprintf("2001:db8:%x:%x::%x", rng.IntN(3), rng.IntN(4), rng.IntN(1<<16)), uint16(1024+rng.IntN(64000)))
+				case 2:
+					p = udp("203.0.113.9", uint16(40000+rng.IntN(8)))
+				default: // sometimes from a blocked port
+					p = udp(fmt.Sprintf("192.0.2.%d", rng.IntN(256)), uint16(rng.IntN(2000)))
 				}
 				p.dport = 443 + uint16(rng.IntN(2))
+				kinds := quicPayloads(rng)
+				p.data = kinds[rng.IntN(len(kinds))]
 				pool = append(pool, p)
 			}
+			heavy := pool[2]
+			heavy.data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 			unparsed := udp("192.0.2.1", 1)
 			unparsed.etherType = 0x88b5
 			now := start
 			for i := range 40000 {
-				if i == 20000 {
-					c.Limit, c.Window = 80, 2*time.Second
-					c.LevelLimits = map[int]uint32{c.WithDefaults().Levels() - 1: sketch.Unlimited}
-					if err := w.f.Update(c); err != nil {
-						t.Fatal(err)
-					}
-					if err := w.l.Update(c); err != nil {
-						t.Fatal(err)
-					}
+				switch i {
+				case 20000:
+					c.Limiter.Limit, c.Limiter.Window, c.Negotiation = 80, 2*time.Second, 5
+					c.Limiter.Established.LevelLimits = map[int]uint32{top: sketch.Unlimited}
+					w.configure(c)
+				case 30000:
+					c.DryRun = true
+					w.configure(c)
 				}
+				at := now
 				switch {
 				case i%5000 == 4999: // long idle times exercise every decay table
 					now += []int64{int64(700 * time.Millisecond), int64(3 * time.Second), int64(400 * time.Second), int64(50 * time.Hour)}[i/5000%4]
+					at = now
+				case i%20 == 7: // an older reading, just before this epoch
+					at = now>>sketch.EpochShift<<sketch.EpochShift - 200
 				default:
 					now += int64(rng.ExpFloat64() * 20e3)
+					at = now
 				}
 				var p packet
-				var k sketch.Key
+				var d datagram.Datagram
 				switch r := rng.IntN(100); {
-				case r < 40: // a heavy hitter
-					p = pool[2]
+				case r < 40:
+					p = heavy
 				case r < 42:
-					p, k = unparsed, sketch.Key{Family: sketch.Unknown}
+					p, d = unparsed, datagram.Datagram{Key: sketch.Key{Family: sketch.Unknown}}
 				default:
 					p = pool[rng.IntN(len(pool))]
 				}
 				if p.etherType == 0 {
-					k = p.key(true)
+					d = p.datagram(true)
 				}
-				w.step(p, k, now, rng.Uint32())
+				w.step(p, d, at, rng.Uint32())
 				if i%10000 == 9999 {
 					w.compareState()
 				}
 			}
 			w.compareState()
+			st := w.d.Stats()
+			var invalid, negotiation, fair uint64
+			for fam := range datagram.Families {
+				for r := range quicclass.NumReasons {
+					invalid += st.Invalid[0][fam][r] + st.Invalid[1][fam][r]
+				}
+				negotiation += st.Negotiation[fam][0] + st.Negotiation[fam][1] + st.Negotiation[fam][2]
+				fair += st.Dropped[0][fam][top] + st.WouldDrop[0][fam][top]
+			}
+			if invalid == 0 || negotiation == 0 || fair == 0 || st.Passed[1][1] == 0 {
+				t.Fatalf("the trace missed a path: invalid %d, negotiation %d, drops at the total %d, established passed %d",
+					invalid, negotiation, fair, st.Passed[1][1])
+			}
 		})
 	}
 }
@@ -240,7 +328,9 @@ func TestDifferential(t *testing.T) {
 // TestLatticeNodes sends, for each lattice node of each family, a flood
 // shaped to be caught at exactly that node, and checks that both the program
 // and the Go limiter drop it there. Every more specific stream of the flood
-// sends a third of the limit; together they send 40 times the limit.
+// sends a third of the limit; together they send 40 times the limit. In the
+// second of the flood no more pass than the burst, the noise margin, a second
+// at the limit and, at the total, what passes while its fair share settles.
 func TestLatticeNodes(t *testing.T) {
 	const limit, n = 100, 4000
 	type shape struct {
@@ -267,8 +357,8 @@ func TestLatticeNodes(t *testing.T) {
 			{sketch.NewNode(2, true, false), func(a, b int) string { return fmt.Sprintf("2001:db8:%x::7", a) }, func(a, b int) uint16 { return uint16(1000 + b) }},
 		},
 	}
-	c := sketch.Config{Limit: limit, Window: time.Second}
-	p, _ := sketch.Compile(c)
+	c := limits(limit)
+	p, _ := sketch.Compile(c.Limiter)
 	for fam, list := range shapes {
 		for _, s := range list {
 			want := s.node.Describe(p, map[string]sketch.Family{"ipv4": sketch.IPv4, "ipv6": sketch.IPv6}[fam])
@@ -281,50 +371,114 @@ func TestLatticeNodes(t *testing.T) {
 					now += int64(time.Second) / n
 					a, b := i%128, i*41%128
 					pk := udp(s.addr(a, b), s.port(a, b))
-					if v := w.step(pk, pk.key(true), now, rng.Uint32()); v.Drop {
+					if v := w.step(pk, pk.datagram(true), now, rng.Uint32()).Verdict; v.Drop {
 						drops[v.Node.Describe(p, pk.key(true).Family)]++
 					}
 				}
 				w.compareState()
-				if len(drops) != 1 || drops[want] < n-2*limit {
-					t.Fatalf("drops by node %v, want at least %d, all at %s", drops, n-2*limit, want)
+				if len(drops) != 1 || drops[want] < n-3*limit {
+					t.Fatalf("drops by node %v, want at least %d, all at %s", drops, n-3*limit, want)
 				}
 			})
 		}
 	}
 }
 
-// TestUpdateErrors: a live filter refuses a new lattice and bad values, and
-// keeps its configuration.
-func TestUpdateErrors(t *testing.T) {
-	f := loadTest(t, sketch.Config{Limit: 100, Window: time.Second}, loadOptions{})
-	before := f.Params()
-	for _, c := range []sketch.Config{
-		{Limit: 100, Window: time.Second, PerDstPort: true},
-		{Limit: 0, Window: time.Second},
-		{Limit: 100, Window: time.Nanosecond},
-	} {
-		if err := f.Update(c); err == nil {
-			t.Errorf("Update(%+v) accepted", c)
-		}
+// TestConfigureErrors: a live filter refuses a new lattice, bad values and
+// more allowlist prefixes than it holds, and keeps its configuration, its
+// allowlist and its active slot.
+func TestConfigureErrors(t *testing.T) {
+	good := limits(100)
+	good.Allow = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+	f := loadTest(t, good, loadOptions{})
+	before, active := f.Params(), f.active
+	tooMany := limits(5000)
+	for i := range 1100 {
+		tooMany.Allow = append(tooMany.Allow, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24))
 	}
-	if f.Params() != before {
-		t.Fatal("a refused update changed the configuration")
+	perDport := limits(100)
+	perDport.Limiter.PerDstPort = true
+	tests := []struct {
+		name string
+		c    datagram.Config
+		want string
+	}{
+		{"new lattice", perDport, "cannot change the lattice"},
+		{"zero limit", limits(0), "limit 0 out of range"},
+		{"tiny window", datagram.Config{Limiter: sketch.Config{Limit: 100, Window: time.Nanosecond}}, "window 1ns out of range"},
+		{"allowlist over capacity", tooMany, "allow: 1100 IPv4 prefixes, more than the filter holds (at most 1024 per family)"},
+		{"negotiation", datagram.Config{Limiter: good.Limiter, Negotiation: datagram.MaxNegotiation + 1}, "version_negotiation"},
 	}
-	if _, err := load(sketch.Config{Limit: 100}, loadOptions{}); err == nil {
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := f.Configure(tt.c)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Configure: %v, want an error containing %q", err, tt.want)
+			}
+			if f.Params() != before || f.active != active || f.Config().Limiter.Limit != 100 {
+				t.Fatal("a refused configuration changed the filter")
+			}
+			if n := countAllow(t, f); n != 1 {
+				t.Fatalf("the allowlist holds %d prefixes after a refused configuration, want 1", n)
+			}
+		})
+	}
+	if _, err := load(datagram.Config{Limiter: sketch.Config{Limit: 100}}, loadOptions{}); err == nil {
 		t.Fatal("load with no window accepted")
 	}
 }
 
+// countAllow counts the entries of both allowlist tries.
+func countAllow(t *testing.T, f *Filter) int {
+	t.Helper()
+	n := 0
+	var k4 rakelimitAllow4Key
+	var k6 rakelimitAllow6Key
+	var v uint8
+	for it := f.objs.Allow4.Iterate(); it.Next(&k4, &v); {
+		n++
+	}
+	for it := f.objs.Allow6.Iterate(); it.Next(&k6, &v); {
+		n++
+	}
+	return n
+}
+
+// TestConfigureRollsBack: a configuration that fails half way (here, one
+// more prefix than the trie holds slips past the capacity check because the
+// trie is full of entries the check does not know) leaves no new prefix
+// behind and the old configuration in force.
+func TestConfigureRollsBack(t *testing.T) {
+	f := loadTest(t, limits(100), loadOptions{})
+	// Fill the IPv4 trie behind the filter's back.
+	for i := range MaxAllow {
+		e := allowEntry{bits: 32, addr: netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)}).As16()}
+		if err := f.allowAdd(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := limits(5000)
+	c.Allow = []netip.Prefix{netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("198.51.100.0/24")}
+	err := f.Configure(c)
+	if err == nil || !strings.Contains(err.Error(), "adding") {
+		t.Fatalf("Configure into a full trie: %v", err)
+	}
+	if f.Config().Limiter.Limit != 100 || countAllow(t, f) != MaxAllow {
+		t.Fatalf("after the failure: limit %d, %d allowlist entries (want 100 and %d)", f.Config().Limiter.Limit,
+			countAllow(t, f), MaxAllow)
+	}
+}
+
+// TestInfo: the sketches of both classes fit in 1 MiB with the default
+// lattice, and a socket pays little option memory for the filter.
 func TestInfo(t *testing.T) {
-	f := loadTest(t, sketch.Config{Limit: 100, Window: time.Second}, loadOptions{})
+	f := loadTest(t, quic(1000, 250_000), loadOptions{})
 	in, err := f.Info()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cells := 6 * sketch.Depth * sketch.Width * sketch.CellBytes
-	if in.Instructions < 100 || in.MapBytes < cells {
-		t.Fatalf("info %+v: want instructions > 100 and map bytes >= %d", in, cells)
+	if in.Instructions < 100 || in.SketchBytes > 1<<20 || in.SketchBytes != f.Params().TotalLines*sketch.LineBytes {
+		t.Fatalf("info %+v: want instructions > 100 and sketches of at most 1 MiB", in)
 	}
 	// The kernel charges an attached filter to the socket's option memory
 	// (net.core.optmem_max): measure it.
@@ -338,7 +492,7 @@ func TestInfo(t *testing.T) {
 		t.Fatalf("attaching charged %d bytes of optmem", charged)
 	}
 	t.Logf("program: %d instructions; maps: %d bytes (sketches %d); optmem per socket: %d bytes",
-		in.Instructions, in.MapBytes, cells, charged)
+		in.Instructions, in.MapBytes, in.SketchBytes, charged)
 }
 
 // optmem reads SK_MEMINFO_OPTMEM of a socket.
@@ -364,15 +518,24 @@ func optmem(t testing.TB, conn *net.UDPConn) int {
 	return int(info[unix.SK_MEMINFO_OPTMEM])
 }
 
-// TestDimensions: the C program's default sketch map matches the Go
-// limiter's largest lattice.
+// TestDimensions: the loader sizes the sketch map for the largest lattice,
+// and the program reaches its last line (a short map would count every
+// packet as an error).
 func TestDimensions(t *testing.T) {
-	spec, err := loadRakelimit()
-	if err != nil {
-		t.Fatal(err)
+	c := limits(100)
+	c.Limiter.PerDstPort = true
+	c.Limiter.IPv4Prefixes, c.Limiter.IPv6Prefixes = []uint8{32, 24, 16, 0}, []uint8{128, 64, 48, 0}
+	w := newTwin(t, c)
+	if got, want := int(w.f.objs.Cells.MaxEntries()), w.d.Limiter().Params().TotalLines; got != want {
+		t.Fatalf("cells map has %d lines, want %d", got, want)
 	}
-	if got, want := spec.Maps[rakelimitMapCells].MaxEntries, uint32(sketch.MaxNodes*sketch.Depth*sketch.Width); got != want {
-		t.Fatalf("cells map has %d entries, want MaxNodes*Depth*Width = %d (WIDTH or DEPTH differ between C and Go)", got, want)
+	for i := range 2000 {
+		p := udp(fmt.Sprintf("2001:db8:%x::%x", i, i), uint16(2000+i))
+		w.step(p, p.datagram(true), start+int64(i)*1000, uint32(i))
+	}
+	w.compareState()
+	if st, _ := w.f.Stats(); st.Errors != 0 {
+		t.Fatalf("%d packets could not reach their cells", st.Errors)
 	}
 }
 
@@ -381,7 +544,7 @@ func TestDimensions(t *testing.T) {
 // loop's paths multiply shows up here before it breaks loading on a kernel
 // whose verifier prunes less.
 func TestVerifierBudget(t *testing.T) {
-	loadTest(t, sketch.Config{Limit: 1, Window: time.Second}, loadOptions{}) // skips without BPF
+	loadTest(t, limits(1), loadOptions{}) // skips without BPF
 	spec, err := loadRakelimit()
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,8 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -33,9 +35,26 @@ func skipOrFail(t testing.TB, format string, args ...any) {
 	t.Skipf(format, args...)
 }
 
+// limits is a configuration that counts every datagram alike (no
+// classification) with limit packets per second at every level.
+func limits(limit uint32) datagram.Config {
+	return datagram.Config{Limiter: sketch.Config{Limit: limit, Window: time.Second}}
+}
+
+// quic is a configuration that classifies datagrams, with the given limits
+// for connection-opening and established-connection packets.
+func quic(opening, established uint32) datagram.Config {
+	return datagram.Config{
+		Limiter:      sketch.Config{Limit: opening, Window: time.Second, Established: sketch.Limits{Limit: established}},
+		Classify:     true,
+		BlockedPorts: quicclass.DefaultBlockedPorts(),
+		Negotiation:  10,
+	}
+}
+
 // loadTest loads a filter for a test and closes it when the test ends. It
 // skips (or, in CI, fails) when the process may not load BPF.
-func loadTest(t testing.TB, c sketch.Config, o loadOptions) *Filter {
+func loadTest(t testing.TB, c datagram.Config, o loadOptions) *Filter {
 	t.Helper()
 	if o.hashKey == nil {
 		hk := fixedKey(1)
@@ -62,6 +81,10 @@ func fixedKey(seed uint64) sketch.HashKey {
 		}
 		k.B[r] = rng.Uint64()
 	}
+	for i := range sketch.HashWords {
+		k.R[i] = rng.Uint64()
+	}
+	k.RB = rng.Uint64()
 	return k
 }
 
@@ -86,18 +109,18 @@ func (f *Filter) run(t testing.TB, frame []byte, now int64, rnd uint32) rakelimi
 	if err := f.objs.TestVerdict.Lookup(uint32(0), &v); err != nil {
 		t.Fatalf("reading verdict: %v", err)
 	}
-	if dropped := ret == 0; dropped != (v.Drop == 1) {
+	if dropped := ret == 0; dropped != (v.Drop == 1 && !f.Config().DryRun) {
 		t.Fatalf("program returned %d but recorded drop=%d", ret, v.Drop)
 	}
 	return v
 }
 
-// cells reads the whole sketch map.
-func (f *Filter) cells(t testing.TB) []rakelimitCell {
+// lines reads the whole sketch map.
+func (f *Filter) lines(t testing.TB) []sketch.Line {
 	t.Helper()
 	n := int(f.objs.Cells.MaxEntries())
 	keys := make([]uint32, n)
-	vals := make([]rakelimitCell, n)
+	vals := make([]sketch.Line, n)
 	var cursor ebpf.MapBatchCursor
 	got, err := f.objs.Cells.BatchLookup(&cursor, keys, vals, nil)
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -106,7 +129,7 @@ func (f *Filter) cells(t testing.TB) []rakelimitCell {
 	if got != n {
 		t.Fatalf("read %d cells, want %d", got, n)
 	}
-	out := make([]rakelimitCell, n)
+	out := make([]sketch.Line, n)
 	for i, k := range keys {
 		out[k] = vals[i]
 	}
@@ -117,7 +140,10 @@ func (f *Filter) cells(t testing.TB) []rakelimitCell {
 type packet struct {
 	src, dst     netip.Addr
 	sport, dport uint16
-	payload      int
+	// data is the UDP payload; when nil, payload bytes of a fixed
+	// pattern.
+	data    []byte
+	payload int
 	// ipv4Options adds this many 4-byte words of IPv4 options.
 	ipv4Options int
 	// ipv4FragOffset sets the IPv4 fragment offset (in 8-byte units).
@@ -151,13 +177,11 @@ func (p packet) frame() []byte {
 	if proto == 0 {
 		proto = unix.IPPROTO_UDP
 	}
-	l4 := make([]byte, udpHdrLen+p.payload)
+	l4 := make([]byte, udpHdrLen, udpHdrLen+p.payload)
+	l4 = append(l4, p.payloadBytes()...)
 	binary.BigEndian.PutUint16(l4[0:], p.sport)
 	binary.BigEndian.PutUint16(l4[2:], p.dport)
 	binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
-	for i := udpHdrLen; i < len(l4); i++ {
-		l4[i] = byte(i * 31)
-	}
 	var ip []byte
 	etherType := uint16(unix.ETH_P_IP)
 	if p.src.Is4() {
@@ -217,6 +241,29 @@ func (p packet) frame() []byte {
 		f = f[:ethHdrLen+p.truncate]
 	}
 	return f
+}
+
+// payloadBytes is p's UDP payload.
+func (p packet) payloadBytes() []byte {
+	if p.data != nil {
+		return p.data
+	}
+	b := make([]byte, p.payload)
+	for i := range b {
+		b[i] = byte((i + udpHdrLen) * 31)
+	}
+	return b
+}
+
+// datagram is what the filter should read of p: the key (hasPorts says
+// whether the UDP header is readable), the payload's length and probe.
+func (p packet) datagram(hasPorts bool) datagram.Datagram {
+	d := datagram.Datagram{Key: p.key(hasPorts)}
+	if hasPorts {
+		b := p.payloadBytes()
+		d.Length, d.Probe = len(b), b[:min(len(b), quicclass.ProbeBytes)]
+	}
+	return d
 }
 
 // key is what the filter should make of p.

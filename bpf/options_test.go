@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -24,7 +25,7 @@ func sum(levels [sketch.MaxLevels]uint64) (n uint64) {
 
 // attached loads a filter with cfg, attaches it to a fresh IPv4 (or
 // dual-stack) loopback socket and returns both, with the socket's port.
-func attached(t *testing.T, cfg sketch.Config, network string) (*Filter, *net.UDPConn, uint16) {
+func attached(t *testing.T, cfg datagram.Config, network string) (*Filter, *net.UDPConn, uint16) {
 	t.Helper()
 	f := loadTest(t, cfg, loadOptions{})
 	addr := "127.0.0.1:0"
@@ -42,8 +43,10 @@ func attached(t *testing.T, cfg sketch.Config, network string) (*Filter, *net.UD
 // have dropped; switched off on the live socket, the same flood is dropped.
 func TestDryRun(t *testing.T) {
 	const limit, rate = 100, 4000
-	f, conn, port := attached(t, sketch.Config{Limit: limit, Window: time.Second}, "udp4")
-	if err := f.SetOptions(Options{DryRun: true, TrackShift: DefaultTrackShift}); err != nil {
+	c := limits(limit)
+	f, conn, port := attached(t, c, "udp4")
+	c.DryRun = true
+	if err := f.Configure(c); err != nil {
 		t.Fatal(err)
 	}
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
@@ -60,8 +63,8 @@ func TestDryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v4 := FamilyIndex(sketch.IPv4)
-	would, dropped := sum(st.WouldDrop[v4]), sum(st.Dropped[v4])
+	v4 := datagram.FamilyIndex(sketch.IPv4)
+	would, dropped := sum(st.WouldDrop[0][v4]), sum(st.Dropped[0][v4])
 	if got != 2*rate || dropped != 0 || would < uint64(2*rate-4*limit) {
 		t.Fatalf("dry run: %d of %d delivered, %d dropped, %d would have been", got, 2*rate, dropped, would)
 	}
@@ -71,7 +74,8 @@ func TestDryRun(t *testing.T) {
 	}
 
 	// Off, on the live socket: the next flood is dropped.
-	if err := f.SetOptions(Options{TrackShift: DefaultTrackShift}); err != nil {
+	c.DryRun = false
+	if err := f.Configure(c); err != nil {
 		t.Fatal(err)
 	}
 	if err := flood(src, dst, rate, rate, rand.New(rand.NewPCG(2, 2))); err != nil {
@@ -82,10 +86,10 @@ func TestDryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := sum(st.Dropped[v4]); d < uint64(rate-2*limit) {
+	if d := sum(st.Dropped[0][v4]); d < uint64(rate-2*limit) {
 		t.Fatalf("after the dry run was switched off, %d of %d dropped", d, rate)
 	}
-	t.Logf("dry run: %d delivered, %d would have been dropped; then enforcing: %d dropped", got, would, sum(st.Dropped[v4]))
+	t.Logf("dry run: %d delivered, %d would have been dropped; then enforcing: %d dropped", got, would, sum(st.Dropped[0][v4]))
 }
 
 // TestAllowlist: an allowlisted source is never limited nor counted, while a
@@ -101,8 +105,10 @@ func TestAllowlist(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f, conn, port := attached(t, sketch.Config{Limit: limit, Window: time.Second}, "udp")
-			if err := f.SetOptions(Options{Allow: []netip.Prefix{netip.MustParsePrefix(tt.allow)}}); err != nil {
+			c := limits(limit)
+			f, conn, port := attached(t, c, "udp")
+			c.Allow = []netip.Prefix{netip.MustParsePrefix(tt.allow)}
+			if err := f.Configure(c); err != nil {
 				t.Fatal(err)
 			}
 			r := receive(conn)
@@ -132,9 +138,9 @@ func TestAllowlist(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			fam := FamilyIndex(sketch.IPv4)
+			fam := datagram.FamilyIndex(sketch.IPv4)
 			if netip.MustParseAddr(tt.allowed).Is6() {
-				fam = FamilyIndex(sketch.IPv6)
+				fam = datagram.FamilyIndex(sketch.IPv6)
 			}
 			if total(tt.allowed) != 2*rate || st.Allowed[fam] != uint64(2*rate) {
 				t.Errorf("allowlisted %s: %d of %d delivered, %d counted as allowed", tt.allowed, total(tt.allowed), 2*rate, st.Allowed[fam])
@@ -143,11 +149,12 @@ func TestAllowlist(t *testing.T) {
 				t.Errorf("%s beside it: %d of %d delivered, want the limit", tt.other, got, 2*rate)
 			}
 			// Removing the entry puts the source back under the limit.
-			if err := f.SetOptions(Options{}); err != nil {
+			c.Allow = nil
+			if err := f.Configure(c); err != nil {
 				t.Fatal(err)
 			}
-			if f.objs.Allowlist.Iterate().Next(new(rakelimitAllowKey), new(uint8)) {
-				t.Errorf("allowlist not empty after clearing it")
+			if n := countAllow(t, f); n != 0 {
+				t.Errorf("allowlist holds %d entries after clearing it", n)
 			}
 			t.Logf("allowlisted %s: %d of %d delivered; %s: %d", tt.allowed, total(tt.allowed), 2*rate, tt.other, total(tt.other))
 		})
@@ -159,7 +166,7 @@ func TestAllowlist(t *testing.T) {
 // expires once the flood stops.
 func TestStreamEvents(t *testing.T) {
 	const limit = 25
-	f := loadTest(t, sketch.Config{Limit: limit, Window: time.Second}, loadOptions{})
+	f := loadTest(t, limits(limit), loadOptions{})
 	events, err := f.Events()
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +209,7 @@ func TestStreamEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dropped := sum(st.Dropped[FamilyIndex(sketch.IPv4)])
+	dropped := sum(st.Dropped[0][datagram.FamilyIndex(sketch.IPv4)])
 	// Sampling one drop in 16: the estimate is within a few percent.
 	if d := float64(streams[0].Drops); d < 0.9*float64(dropped) || d > 1.1*float64(dropped) {
 		t.Errorf("stream's drops estimated at %v, the counters say %d", d, dropped)

@@ -1,12 +1,15 @@
 //go:build ignore
 
-// rakelimit.c: the hierarchical fair-share rate limiter as a BPF socket filter.
+// rakelimit.c: the hierarchical fair-share rate limiter as a BPF socket filter,
+// for the UDP socket of an HTTP/3 server.
 //
-// The program performs, operation for operation, what Limiter.Decide in
-// internal/sketch does; the algorithm, its parameters and error bounds are
-// documented there. Tests run one packet trace through both and compare the
-// verdicts and every sketch cell bit for bit, so any change here must be made
-// there too (and the other way round).
+// The program performs, operation for operation, what Filter.Decide in
+// internal/datagram does: the allowlist, the QUIC class of the datagram
+// (internal/quicclass), then the version negotiation cap or the class's
+// limiter (Limiter.Decide in internal/sketch, where the algorithm, its
+// parameters and error bounds are documented). Tests run packet traces through
+// both and compare verdicts, counters and every sketch cell bit for bit, so any
+// change here must be made there too (and the other way round).
 //
 // On a real UDP socket skb->data points at the UDP header; under
 // BPF_PROG_TEST_RUN it points at the IP header. Every header is therefore read
@@ -20,37 +23,83 @@
 #include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
+#include <linux/udp.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 // Fixed point and time, as in internal/sketch/fixed.go and config.go.
-#define FRAC_BITS 24
-#define LOW24 ((1ULL << FRAC_BITS) - 1)
+#define FRAC_BITS 8
+#define WEIGHT_BITS 24
 #define LOW32 0xffffffffULL
+#define U32_MAX 0xffffffffU
 #define EPOCH_SHIFT 20
 #define SLOT_SHIFT 12
 #define SLOTS (1 << (EPOCH_SHIFT - SLOT_SHIFT))
 #define DECAY_BITS 9
 #define DECAY_ENTRIES (1 << DECAY_BITS)
 #define DECAY_MASK (DECAY_ENTRIES - 1)
-#define DECAY_HORIZON (1ULL << (3 * DECAY_BITS))
+#define DECAY_HORIZON (1U << (3 * DECAY_BITS))
+// A cell's 32-bit epoch may be up to SKEW_EPOCHS ahead of a packet's (another
+// CPU moved it on): an idle time above SKEW_WRAP is such a packet, not a wrap.
+#define SKEW_EPOCHS (1U << 10)
+#define SKEW_WRAP (U32_MAX - SKEW_EPOCHS)
+#define PERIOD_SHIFT 32
+#define THRESH_UNLIMITED U32_MAX
+// The fair total (sketch.FairStep, FairSlack, FairUnbounded).
+#define FAIR_STEP 8
+#define FAIR_SLACK 2
+#define FAIR_UNBOUNDED ((1ULL << 48) - 1)
+#define FAIR_ONE (1ULL << 16)
 
 // Lattice and sketch dimensions, as in internal/sketch.
+#define NUM_CLASSES 2
 #define MAX_PREFIXES 4
 #define MAX_NODES (MAX_PREFIXES * 4)
 #define MAX_LEVELS (MAX_PREFIXES + 2)
 #define DEPTH 2
-#define WIDTH_BITS 12
-#define WIDTH (1 << WIDTH_BITS)
+#define CELLS_PER_LINE 3
 #define HASH_WORDS 6
 #define PORT_WORD (HASH_WORDS - 1)
+#define MIX_MUL 0x9E3779B97F4A7C15ULL
+
+// QUIC, as in internal/quicclass: classes, reasons and wire format.
+#define CLASS_OPENING 0
+#define CLASS_ESTABLISHED 1
+#define CLASS_NEGOTIATION 2
+#define CLASS_INVALID 3
+#define REASON_NONE 0
+#define REASON_EMPTY 1
+#define REASON_SOURCE_PORT 2
+#define REASON_FIXED_BIT 3
+#define REASON_TRUNCATED 4
+#define REASON_CID_LENGTH 5
+#define REASON_SMALL_INITIAL 6
+#define REASON_SMALL_UNKNOWN_VERSION 7
+#define REASON_SERVER_ONLY 8
+#define REASON_UNPARSED 9
+#define NUM_REASONS 10
+#define PROBE_BYTES 27
+#define MAX_CID_LEN 20
+#define MIN_INITIAL_DATAGRAM 1200
+#define MIN_SHORT_HEADER_PACKET 21
+#define HEADER_FORM 0x80
+#define FIXED_BIT 0x40
+#define LONG_TYPE_MASK 0x30
+#define LONG_TYPE_SHIFT 4
+#define LONG_FIXED_LEN 7
+#define QUIC_V1 0x00000001
+#define QUIC_V2 0x6b3343cf
+#define LONG_TYPE_INITIAL 0
+#define LONG_TYPE_RETRY 3
 
 // Stream tracking: only a sample of drops (config.track_mask) looks up the
 // tracking map, which keeps the drop path's cost flat under a flood.
 #define MAX_TRACKED_STREAMS 1024
 #define EVENTS_BYTES (64 * 1024)
+// The stream key's node of an invalid datagram's source.
+#define INVALID_NODE 0xff
 #define MAX_ALLOW 1024
 // The allowlist's quick-reject filter: 2^10 buckets per family, keyed by a
 // multiplicative hash of the address's top 16 (IPv4) or 32 (IPv6) bits.
@@ -58,8 +107,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define ALLOW_FILTER_BITS (1 << ALLOW_FILTER_SHIFT)
 #define ALLOW_HASH_MUL 0x9E3779B1U
 
-#define CLASS_CLEAN 0
-#define CLASS_LIMITED 1
+// Budgets within a cell.
+#define BUDGET_CLEAN 0
+#define BUDGET_LIMITED 1
 
 // Families as the limiter names them, and their index in struct stats.
 #define FAMILY_UNKNOWN 0
@@ -75,33 +125,54 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define IPV6_EXT_UNIT 8
 #define IPV6_AH_UNIT 4
 #define IPV6_FRAG_HDR_LEN 8
-// Extension headers walked before the parser gives up looking for UDP.
+#define UDP_HDR_LEN 8
+// Extension headers walked before the parser gives up looking for UDP. No
+// QUIC client sends any; a datagram behind more is invalid (unparsed) when
+// the filter classifies, and counted at the port-wildcard nodes when not.
 #define IPV6_MAX_EXT 6
+
+// Negotiation counters: passed, dropped, over the cap in a dry run.
+#define NEG_PASSED 0
+#define NEG_DROPPED 1
+#define NEG_WOULD_DROP 2
 
 // One count-min cell: see Cell in internal/sketch/limiter.go.
 struct counter {
-	__u64 offered;
-	__u64 forwarded;
+	__u32 offered;
+	__u32 forwarded;
 };
 
 struct cell {
-	__u64 epoch;
-	struct counter class[2];
+	__u32 epoch;
+	struct counter budget[2];
 };
 
-// The compiled configuration (sketch.Params) and the hash key. Userspace
-// writes the inactive one of two copies and then flips active_config, so a
-// packet never sees half an update.
+// Three cells in a 64-byte cache line: no cell straddles two lines.
+struct line {
+	struct cell cells[CELLS_PER_LINE];
+	__u32 pad;
+};
+
+// The compiled configuration (datagram.Config, sketch.Params) and the hash
+// keys. Userspace writes the inactive one of two copies and then flips
+// active_config, so a packet never sees half an update.
 struct config {
-	__u64 thresh[MAX_NODES];
-	__u64 over[MAX_NODES];
+	__u32 thresh[NUM_CLASSES][MAX_NODES];
+	__u32 over[NUM_CLASSES][MAX_NODES];
+	// Each node's rows: their length in lines and the first line's index.
+	__u32 lines[NUM_CLASSES][MAX_NODES];
+	__u32 base[NUM_CLASSES][MAX_NODES];
 	__u64 g[SLOTS];
+	__u32 w[SLOTS];
 	__u64 ginv[SLOTS];
 	__u64 d0[DECAY_ENTRIES];
 	__u64 d1[DECAY_ENTRIES];
 	__u64 d2[DECAY_ENTRIES];
 	__u64 hash_a[DEPTH][HASH_WORDS];
 	__u64 hash_b[DEPTH];
+	// The rank of a source at the fair total.
+	__u64 rank_a[HASH_WORDS];
+	__u64 rank_b;
 	// By family (0 IPv4, 1 IPv6) and prefix slot: the family word hashed
 	// (0 for a /0 prefix) and the mask of each address word.
 	__u64 family_word[2][MAX_PREFIXES];
@@ -110,9 +181,13 @@ struct config {
 	// that an allowlisted prefix covers. A packet whose bucket is clear is
 	// not in the allowlist, and the trie is not looked up.
 	__u64 allow_filter[2][ALLOW_FILTER_BITS / 64];
+	// Blocked source ports, a bit per port.
+	__u64 blocked_ports[65536 / 64];
+	// The version negotiation pacer: one datagram per vn_interval ns, a
+	// burst tolerance of vn_tau ns; vn_interval 0 drops them all.
+	__u64 vn_interval;
+	__u64 vn_tau;
 	__u8 nodes[MAX_NODES];
-	__u8 prefix4[MAX_PREFIXES];
-	__u8 prefix6[MAX_PREFIXES];
 	__u8 num_nodes;
 	__u8 num_prefixes;
 	__u8 per_dport;
@@ -123,34 +198,52 @@ struct config {
 	// allow_always, by family: an allowlisted prefix is too short for
 	// allow_filter, so every packet of the family is looked up.
 	__u8 allow_always[2];
+	// classify: sort datagrams into QUIC classes; otherwise every datagram
+	// is of class 0.
+	__u8 classify;
+	// The fair total's node and its network node, or 0xff for none.
+	__u8 fair_node;
+	__u8 fair_source;
+	__u8 pad[2];
 	// A drop is tracked when a random number has none of these bits set:
 	// 2^k - 1 tracks one drop in 2^k, 0 every drop.
 	__u32 track_mask;
 };
 
-// Per-CPU packet counters by family (unknown, IPv4, IPv6). limited counts
-// packets that passed although a node at that level found their stream over
-// its limit; dropped counts drops by the level of the node that dropped.
+// Per-CPU datagram counters (datagram.Stats), by class of the limiter and
+// family (unknown, IPv4, IPv6). limited counts packets that passed although a
+// node at that level found their stream over its limit; dropped counts drops
+// by the level of the node that dropped.
 struct stats {
-	__u64 passed[FAMILY_SLOTS];
-	__u64 limited[FAMILY_SLOTS][MAX_LEVELS];
-	__u64 dropped[FAMILY_SLOTS][MAX_LEVELS];
-	// would_drop: drops a dry run delivered; allowed: allowlisted packets,
-	// not counted by the limiter.
-	__u64 would_drop[FAMILY_SLOTS][MAX_LEVELS];
+	__u64 passed[NUM_CLASSES][FAMILY_SLOTS];
+	__u64 limited[NUM_CLASSES][FAMILY_SLOTS][MAX_LEVELS];
+	__u64 dropped[NUM_CLASSES][FAMILY_SLOTS][MAX_LEVELS];
+	// would_drop: drops a dry run delivered.
+	__u64 would_drop[NUM_CLASSES][FAMILY_SLOTS][MAX_LEVELS];
+	__u64 negotiation[FAMILY_SLOTS][3];
+	// invalid, by dry run (0 dropped, 1 delivered), family and reason.
+	__u64 invalid[2][FAMILY_SLOTS][NUM_REASONS];
+	// allowed: allowlisted packets, not counted by the limiter.
 	__u64 allowed[FAMILY_SLOTS];
 	__u64 errors;
 };
 
+// The fair share of the total, by class and budget (sketch.admitFair).
+struct fair {
+	__u64 share[NUM_CLASSES][2];
+};
+
 // A stream as a lattice node sees it: the packet's key reduced to what the
-// node counts (address masked to the node's prefix, wildcard ports zero).
+// node counts (address masked to the node's prefix, wildcard ports zero), or
+// for an invalid datagram its source address (node INVALID_NODE).
 struct stream_key {
 	__u32 words[4];
 	__u16 sport;
 	__u16 dport;
 	__u8 family;
 	__u8 node;
-	__u8 pad[2];
+	__u8 class;
+	__u8 pad;
 };
 
 // What the kernel remembers of a stream it has dropped packets of.
@@ -160,11 +253,12 @@ struct stream_state {
 	// sampled_drops counts the drops that were sampled (track_mask).
 	__u64 sampled_drops;
 	// estimate is the node's rate estimate at the last sampled drop, a
-	// decayed count per window, Q24.
+	// decayed count per window.
 	__u64 estimate;
 	__u8 level;
 	__u8 dry_run;
-	__u8 pad[6];
+	__u8 reason;
+	__u8 pad[5];
 };
 
 // The event sent to userspace when the kernel starts tracking a stream.
@@ -173,37 +267,51 @@ struct stream_event {
 	struct stream_state state;
 };
 
-// Allowlist key: prefix length, then the address, IPv4 mapped into
-// ::ffff:0:0/96 so that one trie serves both families.
-struct allow_key {
+// Allowlist keys: one trie per family, so that no IPv6 prefix (::/0 among
+// them) covers an IPv4 source.
+struct allow4_key {
+	__u32 prefixlen;
+	__u8 addr[4];
+};
+
+struct allow6_key {
 	__u32 prefixlen;
 	__u8 addr[16];
 };
 
-// The last verdict, written in test mode only.
+// The last verdict, written in test mode only. drop is the decision before a
+// dry run delivers the datagram anyway.
 struct verdict {
 	__u8 drop;
 	__u8 limited;
 	__u8 level;
 	__u8 node;
-	__u32 pad;
+	__u8 class;
+	__u8 reason;
+	__u8 paced;
+	__u8 allowlisted;
 	__u64 estimate;
 };
 
+// What the filter reads of a datagram: the key of the limiter (as
+// sketch.Key), the UDP payload's length and its first bytes.
 struct key {
 	__u32 words[4];
 	__u16 sport;
 	__u16 dport;
 	__u8 family;
 	__u8 has_ports;
+	__u16 length;
+	__u8 probe[PROBE_BYTES];
+	__u8 pad[5];
 };
 
-// Sized by the loader: one sketch per lattice node.
+// Sized by the loader: the lines of every node's rows, for every class.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, struct cell);
-	__uint(max_entries, MAX_NODES * DEPTH * WIDTH);
+	__type(value, struct line);
+	__uint(max_entries, 1);
 } cells SEC(".maps");
 
 struct {
@@ -227,6 +335,21 @@ struct {
 	__uint(max_entries, 1);
 } counters SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct fair);
+	__uint(max_entries, 1);
+} fair_shares SEC(".maps");
+
+// The version negotiation pacer's theoretical arrival time (ns).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} pacer SEC(".maps");
+
 // Streams with recent drops. The key dedups: only a stream's first sampled
 // drop creates an entry and an event, however fast it floods. Userspace
 // expires quiet entries; LRU eviction only matters past max_entries
@@ -245,11 +368,19 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__type(key, struct allow_key);
+	__type(key, struct allow4_key);
 	__type(value, __u8);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MAX_ALLOW);
-} allowlist SEC(".maps");
+} allow4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct allow6_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_ALLOW);
+} allow6 SEC(".maps");
 
 // Per-CPU xorshift state, seeded with random non-zero values by the loader.
 struct {
@@ -282,16 +413,22 @@ static __always_inline __u64 mulq32(__u64 a, __u64 b)
 	return (a >> 32) * b + (((a & LOW32) * b) >> 32);
 }
 
-static __always_inline __u64 mulq24(__u64 a, __u64 b)
+// scale: a count scaled by a Q24 slot weight (sketch.scale).
+static __always_inline __u64 scale(__u32 c, __u64 g)
 {
-	return (a >> FRAC_BITS) * b + (((a & LOW24) * b) >> FRAC_BITS);
+	return ((__u64)c * g) >> WEIGHT_BITS;
 }
 
-static __always_inline __u64 sat_add(__u64 a, __u64 b)
+static __always_inline __u32 sat_add(__u32 a, __u32 b)
 {
-	__u64 s = a + b;
+	__u32 s = a + b;
 
-	return s < a ? ~0ULL : s;
+	return s < a ? U32_MAX : s;
+}
+
+static __always_inline __u32 min32(__u32 a, __u32 b)
+{
+	return a < b ? a : b;
 }
 
 static __always_inline __u64 min64(__u64 a, __u64 b)
@@ -318,36 +455,64 @@ static __always_inline int is_udp(__u8 proto)
 	return proto == IPPROTO_UDP || proto == IPPROTO_UDPLITE;
 }
 
-// load_head reads, from the network header on, full_len bytes (the header
-// and the UDP ports right after it) or, when the packet is shorter, hdr_len
-// bytes (the header alone). Returns 1, 0, or -1 when not even the header is
-// there. One load is the common case; a short packet costs a second.
-static __always_inline int load_head(struct __sk_buff *skb, void *buf, __u32 hdr_len, __u32 full_len)
-{
-	if (bpf_skb_load_bytes_relative(skb, 0, buf, full_len, BPF_HDR_START_NET) == 0)
-		return 1;
-	return bpf_skb_load_bytes_relative(skb, 0, buf, hdr_len, BPF_HDR_START_NET) == 0 ? 0 : -1;
-}
-
-static __always_inline void set_ports(struct key *k, __be16 sport, __be16 dport)
+// set_udp fills the ports and the payload length from a UDP header found at
+// off in a packet whose IP datagram is ip_len bytes long. The length comes
+// from the IP header, which means the same for UDP-Lite.
+static __always_inline void set_udp(struct key *k, const struct udphdr *udp, __u32 off, __u32 ip_len)
 {
 	k->has_ports = 1;
-	k->sport = bpf_ntohs(sport);
-	k->dport = bpf_ntohs(dport);
+	k->sport = bpf_ntohs(udp->source);
+	k->dport = bpf_ntohs(udp->dest);
+	k->length = ip_len > off + UDP_HDR_LEN ? ip_len - off - UDP_HDR_LEN : 0;
+}
+
+// load_probe reads the first bytes of the UDP payload at off (the UDP
+// header's offset) when the one load of the headers could not: the payload
+// is shorter than the probe.
+static __always_inline void load_probe(struct __sk_buff *skb, struct key *k, __u32 off)
+{
+	__u32 n = k->length;
+
+	// The verifier wants the length of a load bounded and non-zero.
+	if (n == 0)
+		return;
+	if (n > PROBE_BYTES)
+		n = PROBE_BYTES;
+	bpf_skb_load_bytes_relative(skb, off + UDP_HDR_LEN, k->probe, n, BPF_HDR_START_NET);
+}
+
+// load_udp reads the UDP header at off and the probe after it.
+static __always_inline void load_udp(struct __sk_buff *skb, struct key *k, __u32 off, __u32 ip_len)
+{
+	struct {
+		struct udphdr udp;
+		__u8 probe[PROBE_BYTES];
+	} h;
+
+	if (bpf_skb_load_bytes_relative(skb, off, &h, sizeof(h), BPF_HDR_START_NET) == 0) {
+		set_udp(k, &h.udp, off, ip_len);
+		__builtin_memcpy(k->probe, h.probe, PROBE_BYTES);
+		return;
+	}
+	if (bpf_skb_load_bytes_relative(skb, off, &h.udp, sizeof(h.udp), BPF_HDR_START_NET) < 0)
+		return;
+	set_udp(k, &h.udp, off, ip_len);
+	load_probe(skb, k, off);
 }
 
 // parse_ipv4 fills the key from an IPv4 packet. One load covers the header
-// without options and the UDP ports; options or a short packet cost a second.
+// without options, the UDP header and the probe; options or a short packet
+// cost more.
 static __always_inline void parse_ipv4(struct __sk_buff *skb, struct key *k)
 {
 	struct {
 		struct iphdr ip;
-		__be16 sport;
-		__be16 dport;
+		struct udphdr udp;
+		__u8 probe[PROBE_BYTES];
 	} h;
-	int full = load_head(skb, &h, sizeof(h.ip), sizeof(h));
+	int full = bpf_skb_load_bytes_relative(skb, 0, &h, sizeof(h), BPF_HDR_START_NET) == 0;
 
-	if (full < 0)
+	if (!full && bpf_skb_load_bytes_relative(skb, 0, &h.ip, sizeof(h.ip), BPF_HDR_START_NET) < 0)
 		return; // no address: counted as unknown
 	k->family = FAMILY_IPV4;
 	k->words[0] = bpf_ntohl(h.ip.saddr);
@@ -355,40 +520,32 @@ static __always_inline void parse_ipv4(struct __sk_buff *skb, struct key *k)
 	if (!is_udp(h.ip.protocol) || (h.ip.frag_off & bpf_htons(IPV4_FRAG_OFFSET_MASK)))
 		return;
 	__u32 off = h.ip.ihl * 4;
-	if (off != IPV4_MIN_HDR_LEN) {
-		if (off < IPV4_MIN_HDR_LEN ||
-		    bpf_skb_load_bytes_relative(skb, off, &h.sport, 2 * sizeof(__be16), BPF_HDR_START_NET) < 0)
-			return;
-	} else if (!full) {
+	__u32 ip_len = bpf_ntohs(h.ip.tot_len);
+	if (off < IPV4_MIN_HDR_LEN)
+		return;
+	if (off == IPV4_MIN_HDR_LEN && full) {
+		set_udp(k, &h.udp, off, ip_len);
+		__builtin_memcpy(k->probe, h.probe, PROBE_BYTES);
 		return;
 	}
-	set_ports(k, h.sport, h.dport);
+	load_udp(skb, k, off, ip_len);
 }
 
 // parse_ipv6 fills the key from an IPv6 packet, walking up to IPV6_MAX_EXT
 // extension headers to the UDP header.
 static __always_inline void parse_ipv6(struct __sk_buff *skb, struct key *k)
 {
-	struct {
-		struct ipv6hdr ip;
-		__be16 sport;
-		__be16 dport;
-	} h;
-	int full = load_head(skb, &h, sizeof(h.ip), sizeof(h));
+	struct ipv6hdr ip;
 
-	if (full < 0)
+	if (bpf_skb_load_bytes_relative(skb, 0, &ip, sizeof(ip), BPF_HDR_START_NET) < 0)
 		return;
 	k->family = FAMILY_IPV6;
 #pragma unroll
 	for (int i = 0; i < 4; i++)
-		k->words[i] = bpf_ntohl(h.ip.saddr.in6_u.u6_addr32[i]);
+		k->words[i] = bpf_ntohl(ip.saddr.in6_u.u6_addr32[i]);
 
-	__u8 next = h.ip.nexthdr;
-	if (is_udp(next)) {
-		if (full)
-			set_ports(k, h.sport, h.dport);
-		return;
-	}
+	__u32 ip_len = IPV6_HDR_LEN + bpf_ntohs(ip.payload_len);
+	__u8 next = ip.nexthdr;
 	__u32 off = IPV6_HDR_LEN;
 #pragma unroll
 	for (int i = 0; i < IPV6_MAX_EXT; i++) {
@@ -415,17 +572,14 @@ static __always_inline void parse_ipv6(struct __sk_buff *skb, struct key *k)
 		}
 		next = ext.next;
 	}
-	if (!is_udp(next) ||
-	    bpf_skb_load_bytes_relative(skb, off, &h.sport, 2 * sizeof(__be16), BPF_HDR_START_NET) < 0)
-		return;
-	set_ports(k, h.sport, h.dport);
+	if (is_udp(next))
+		load_udp(skb, k, off, ip_len);
 }
 
-// addr_hash: the address part of row r's hash for prefix slot s, over the
-// first `words` address words (a constant, so that the loop unrolls).
 // parse fills the key from the packet's headers; a field it cannot read is
 // left zero (family unknown, no ports). A global function, so that the
-// verifier walks its many paths once instead of the node loop once for each.
+// verifier walks its many paths once instead of once for each path of the
+// rest of the program.
 __noinline int parse(struct __sk_buff *skb, struct key *k)
 {
 	if (!k)
@@ -437,6 +591,68 @@ __noinline int parse(struct __sk_buff *skb, struct key *k)
 	return 0;
 }
 
+static __always_inline int invalid(int reason)
+{
+	return CLASS_INVALID | reason << 8;
+}
+
+// long_type returns the v1 number of a long header's packet type field of
+// version v: v2 (RFC 9369) numbers Initial 1, 0-RTT 2, Handshake 3, Retry 0.
+static __always_inline __u8 long_type(__u8 field, __u32 v)
+{
+	return v == QUIC_V2 ? (field + 3) & 3 : field;
+}
+
+// classify: quicclass.Classify. Returns the class, and for an invalid
+// datagram the reason in bits 8-15. A global function: verified once.
+__noinline int classify(const struct key *k, const struct config *cfg)
+{
+	if (!k || !cfg)
+		return invalid(REASON_UNPARSED);
+	if (!k->has_ports)
+		return invalid(REASON_UNPARSED);
+	__u32 len = k->length;
+	if (len == 0)
+		return invalid(REASON_EMPTY);
+	if ((cfg->blocked_ports[k->sport / 64] >> (k->sport % 64)) & 1)
+		return invalid(REASON_SOURCE_PORT);
+	__u8 b0 = k->probe[0];
+	if (!(b0 & HEADER_FORM)) {
+		if (!(b0 & FIXED_BIT))
+			return invalid(REASON_FIXED_BIT);
+		if (len < MIN_SHORT_HEADER_PACKET)
+			return invalid(REASON_TRUNCATED);
+		return CLASS_ESTABLISHED;
+	}
+	if (len < LONG_FIXED_LEN)
+		return invalid(REASON_TRUNCATED);
+	__u32 v = (__u32)k->probe[1] << 24 | (__u32)k->probe[2] << 16 | (__u32)k->probe[3] << 8 | k->probe[4];
+	if (v == 0)
+		return invalid(REASON_SERVER_ONLY);
+	if (v != QUIC_V1 && v != QUIC_V2)
+		return len < MIN_INITIAL_DATAGRAM ? invalid(REASON_SMALL_UNKNOWN_VERSION) : CLASS_NEGOTIATION;
+	if (!(b0 & FIXED_BIT))
+		return invalid(REASON_FIXED_BIT);
+	__u32 dcil = k->probe[5];
+	if (dcil > MAX_CID_LEN)
+		return invalid(REASON_CID_LENGTH);
+	if (len < LONG_FIXED_LEN + dcil)
+		return invalid(REASON_TRUNCATED);
+	__u32 scil = k->probe[6 + dcil];
+	if (scil > MAX_CID_LEN)
+		return invalid(REASON_CID_LENGTH);
+	if (len < LONG_FIXED_LEN + dcil + scil)
+		return invalid(REASON_TRUNCATED);
+	__u8 type = long_type((b0 & LONG_TYPE_MASK) >> LONG_TYPE_SHIFT, v);
+	if (type == LONG_TYPE_RETRY)
+		return invalid(REASON_SERVER_ONLY);
+	if (type == LONG_TYPE_INITIAL && len < MIN_INITIAL_DATAGRAM)
+		return invalid(REASON_SMALL_INITIAL);
+	return CLASS_OPENING;
+}
+
+// addr_hash: the address part of row r's hash for prefix slot s, over the
+// first `words` address words (a constant, so that the loop unrolls).
 static __always_inline __u64 addr_hash(const struct config *cfg, const struct key *k, int fi, int s, int r,
 				       const int words)
 {
@@ -460,6 +676,24 @@ static __always_inline void addr_hashes(const struct config *cfg, const struct k
 		else
 			ah[r] = addr_hash(cfg, k, 0, s, r, 1);
 	}
+}
+
+// mix: sketch.mix, which spreads keys in arithmetic progression.
+static __always_inline __u64 mix(__u64 h)
+{
+	h ^= h >> 32;
+	return h * MIX_MUL;
+}
+
+// rank: the rank of the packet's source in the current period.
+static __always_inline __u32 rank(const struct config *cfg, const struct key *k, __u64 period)
+{
+	__u64 h = cfg->rank_a[0] * period + cfg->rank_a[PORT_WORD] * (__u64)k->sport + cfg->rank_b;
+
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		h += cfg->rank_a[1 + i] * (__u64)k->words[i];
+	return mix(h) >> 32;
 }
 
 static __always_inline int node_prefix(__u8 n)
@@ -500,7 +734,7 @@ static __always_inline __u64 port_word(const struct config *cfg, __u8 n, const s
 	return w;
 }
 
-static __always_inline __u64 decay(const struct config *cfg, __u64 k)
+static __always_inline __u64 decay(const struct config *cfg, __u32 k)
 {
 	if (k < DECAY_ENTRIES)
 		return cfg->d0[k];
@@ -511,7 +745,8 @@ static __always_inline __u64 decay(const struct config *cfg, __u64 k)
 }
 
 // rescale brings a cell last touched in an older epoch to `epoch`, decaying
-// its counters by the idle time. It is a global function on purpose: the
+// its counters by the idle time; a reading older than the cell's own epoch
+// (SKEW_WRAP) leaves it alone. It is a global function on purpose: the
 // verifier checks it once instead of at every call site in every iteration
 // of the node loop (which kept verification near the kernel's limit of a
 // million instructions), and the hot path, a cell already touched in this
@@ -519,45 +754,226 @@ static __always_inline __u64 decay(const struct config *cfg, __u64 k)
 //
 // Two CPUs may find the same cell stale at once; the compare-and-swap on the
 // epoch lets only one of them decay it.
-__noinline int rescale(struct cell *c, const struct config *cfg, __u64 epoch)
+__noinline int rescale(struct cell *c, const struct config *cfg, __u32 epoch)
 {
 	if (!c || !cfg)
 		return 0;
-	__u64 last = c->epoch;
-	if (last == epoch || __sync_val_compare_and_swap(&c->epoch, last, epoch) != last)
+	__u32 last = c->epoch;
+	__u32 idle = epoch - last;
+	if (idle == 0 || idle > SKEW_WRAP || __sync_val_compare_and_swap(&c->epoch, last, epoch) != last)
 		return 0;
-	__u64 d = decay(cfg, epoch - last);
-	c->class[0].offered = mulq32(c->class[0].offered, d);
-	c->class[0].forwarded = mulq32(c->class[0].forwarded, d);
-	c->class[1].offered = mulq32(c->class[1].offered, d);
-	c->class[1].forwarded = mulq32(c->class[1].forwarded, d);
+	__u64 d = decay(cfg, idle);
+	c->budget[0].offered = mulq32(c->budget[0].offered, d);
+	c->budget[0].forwarded = mulq32(c->budget[0].forwarded, d);
+	c->budget[1].offered = mulq32(c->budget[1].offered, d);
+	c->budget[1].forwarded = mulq32(c->budget[1].forwarded, d);
 	return 0;
 }
 
-static __always_inline void set_verdict(struct verdict *v, int drop, int level, __u8 n, __u64 estimate)
+// admit_fair: sketch.admitFair, for a packet whose rank times its network's
+// rate is want (BPF functions take at most five arguments). Returns 1 to
+// admit the packet; moves the share. A global function: verified once, and
+// only reached by packets of a flood over the total's limit.
+__noinline int admit_fair(__u64 *share, __u64 want, __u32 total, __u32 forwarded, __u64 thr)
+{
+	if (!share || total == 0)
+		return 1;
+	__u64 s = *share;
+	__u64 bar = s;
+	__u64 slack = thr >> FAIR_SLACK;
+	if (forwarded > thr && slack > 0)
+		bar = (bar * (((thr + slack - min64(forwarded, thr + slack)) << 16) / slack)) >> 16;
+	__u64 f = (thr << 16) / total;
+	__u64 step = (s >> FAIR_STEP) + 1;
+	if (want <= s << 16)
+		*share = s - ((step * (FAIR_ONE - f)) >> 16);
+	else
+		*share = min64(s + ((step * f) >> 16) + 1, FAIR_UNBOUNDED);
+	return want <= bar << 16;
+}
+
+// set_verdict records the node that limits the packet. The level is
+// computed from the node, not taken from the node loop's variable: the
+// counters are indexed by it, which makes the verifier track its exact value,
+// and a loop variable tracked exactly keeps the loop's states apart.
+static __always_inline void set_verdict(struct verdict *v, int drop, __u8 n, __u64 estimate)
 {
 	v->drop = drop;
 	v->limited = 1;
-	v->level = level;
+	v->level = node_level(n);
 	v->node = n;
 	v->estimate = estimate;
 }
 
-// decide: Limiter.Decide. Returns 1 to drop, 0 to pass, -1 when the sketch
-// cannot be reached; fills v.
-static __always_inline int decide(const struct config *cfg, const struct key *k, __u64 now, __u32 rnd,
+// node_work is what decide and the functions it calls for each node share
+// about one packet and one node. The node loop calls global functions
+// (verified once each, whatever the loop's state) and keeps little state of
+// its own: the verifier would otherwise walk the loop once for every
+// combination of values its variables can take, past its limit.
+struct node_work {
+	// Set by decide for the packet.
+	__u64 now;
+	__u64 g;
+	__u32 epoch;
+	__u32 slot;
+	__u32 w;
+	__u32 dither;
+	__u32 class;
+	// Set by decide for the node.
+	__u32 node;
+	__u32 budget;
+	__u32 lines;
+	__u32 base;
+	__u32 pad;
+	__u64 hash[DEPTH];
+	// Set by count_node: the offered and forwarded minima over the rows,
+	// and the line and cell of each row.
+	__u32 omin;
+	__u32 fmin;
+	__u32 line[DEPTH];
+	__u32 cell[DEPTH];
+	// Set by judge_node: the network's estimate (carried from the
+	// network node to the total) and the node's estimate of the stream.
+	__u32 network;
+	__u32 pad2;
+	__u64 estimate;
+};
+
+// Verdicts of judge_node.
+#define JUDGE_PASS 0
+#define JUDGE_OVER 1
+#define JUDGE_DROP 2
+
+// node_cell returns the counter of row r that count_node found, or NULL.
+static __always_inline struct counter *node_cell(const struct node_work *nw, int r)
+{
+	__u32 idx = nw->line[r];
+	struct line *ln = bpf_map_lookup_elem(&cells, &idx);
+
+	if (!ln)
+		return NULL;
+	__u32 c = nw->cell[r];
+	// c is below 3 by construction; the verifier cannot tell through the
+	// multiplication that made it.
+	if (c >= CELLS_PER_LINE)
+		c = CELLS_PER_LINE - 1;
+	return &ln->cells[c].budget[nw->budget & 1];
+}
+
+// count_node counts the packet at one node: in each row, the cell its hash
+// selects is brought to this epoch and its offered count of the packet's
+// budget grows by the packet's weight. Returns -1 when a cell cannot be
+// reached.
+__noinline int count_node(const struct config *cfg, struct node_work *nw)
+{
+	if (!cfg || !nw)
+		return -1;
+	nw->omin = U32_MAX;
+	nw->fmin = U32_MAX;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		__u64 t = (mix(nw->hash[r]) >> 32) * nw->lines;
+		__u32 idx = nw->base + r * nw->lines + (__u32)(t >> 32);
+		__u32 c = ((t & LOW32) * CELLS_PER_LINE) >> 32;
+		struct line *ln = bpf_map_lookup_elem(&cells, &idx);
+		if (!ln)
+			return -1;
+		// See node_cell.
+		if (c >= CELLS_PER_LINE)
+			c = CELLS_PER_LINE - 1;
+		nw->line[r] = idx;
+		nw->cell[r] = c;
+		struct cell *cl = &ln->cells[c];
+		if (cl->epoch != nw->epoch)
+			rescale(cl, cfg, nw->epoch);
+		struct counter *ctr = &cl->budget[nw->budget & 1];
+		ctr->offered = sat_add(ctr->offered, nw->w);
+		nw->omin = min32(nw->omin, ctr->offered);
+		nw->fmin = min32(nw->fmin, ctr->forwarded);
+	}
+	return 0;
+}
+
+// judge_node compares what count_node found with the node's limit: under it
+// the packet passes (JUDGE_PASS); over it, it passes counted as limited
+// (JUDGE_OVER) until the node enforces its limit, which lets it through only
+// while the forwarded count is under the dithered threshold or, at the fair
+// total, when its source is admitted (JUDGE_DROP otherwise).
+__noinline int judge_node(const struct config *cfg, const struct key *k, struct node_work *nw)
+{
+	__u32 zero = 0;
+	struct fair *fs = bpf_map_lookup_elem(&fair_shares, &zero);
+
+	if (!cfg || !k || !nw || !fs)
+		return JUDGE_PASS;
+	__u32 i = nw->node & (MAX_NODES - 1);
+	__u32 class = nw->class & (NUM_CLASSES - 1);
+	__u32 budget = nw->budget & 1;
+	__u32 omin = nw->omin, fmin = nw->fmin;
+	if (i == cfg->fair_source)
+		nw->network = omin;
+	__u32 thr = cfg->thresh[class][i];
+	int enforcing = thr != THRESH_UNLIMITED && omin > scale(cfg->over[class][i], nw->g);
+	int fair = i == cfg->fair_node;
+	if (fair && !enforcing && fs->share[class][budget] != FAIR_UNBOUNDED)
+		fs->share[class][budget] = FAIR_UNBOUNDED;
+	if (thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g))
+		return JUDGE_PASS;
+	__u32 slot = nw->slot & (SLOTS - 1);
+	nw->estimate = mulq32(omin, cfg->ginv[slot]);
+	if (!enforcing)
+		return JUDGE_OVER;
+	int drop;
+	if (fair && nw->network)
+		drop = !admit_fair(&fs->share[class][budget],
+				   (__u64)rank(cfg, k, nw->now >> PERIOD_SHIFT) * nw->network, omin, fmin,
+				   scale(thr, nw->g));
+	else
+		drop = fmin >= scale(thr - nw->dither, nw->g);
+	return drop ? JUDGE_DROP : JUDGE_OVER;
+}
+
+// forward_node counts a forwarded packet in the cells count_node found.
+// Over the limit the forwarded count decides, so no increment may be lost to
+// another CPU: atomic adds it atomically. It stays near the threshold then,
+// far from overflowing, so the saturating add would give the same sum.
+__noinline int forward_node(struct node_work *nw, int atomic)
+{
+	if (!nw)
+		return -1;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		struct counter *ctr = node_cell(nw, r);
+		if (!ctr)
+			return -1;
+		if (atomic)
+			__sync_fetch_and_add(&ctr->forwarded, nw->w);
+		else
+			ctr->forwarded = sat_add(ctr->forwarded, nw->w);
+	}
+	return 0;
+}
+
+// decide: Limiter.Decide for class `class`. Returns 1 to drop, 0 to pass, -1
+// when the sketch cannot be reached; fills v.
+static __always_inline int decide(const struct config *cfg, int class, const struct key *k, __u64 now, __u32 rnd,
 				  struct verdict *v)
 {
-	__u64 epoch = now >> EPOCH_SHIFT;
 	__u32 slot = (now >> SLOT_SHIFT) & (SLOTS - 1);
-	__u64 g = cfg->g[slot];
-	__u64 dither = rnd >> (32 - FRAC_BITS);
+	struct node_work nw = {
+		.now = now,
+		.g = cfg->g[slot],
+		.epoch = now >> EPOCH_SHIFT,
+		.slot = slot,
+		.w = cfg->w[slot],
+		.dither = rnd >> (32 - FRAC_BITS),
+		.class = class,
+	};
 	// The address hashes of the prefix slot last used: nodes come in
 	// prefix order, so each slot is hashed once, and only if the packet
 	// gets that far.
 	__u64 ah[DEPTH] = {};
 	int hashed = -1;
-	int class = CLASS_CLEAN, pending = 0, level = 0;
 
 	// A real loop, not unrolled: unrolling all MAX_NODES iterations makes
 	// the program several times larger, and a socket filter's size is
@@ -567,11 +983,11 @@ static __always_inline int decide(const struct config *cfg, const struct key *k,
 		if (i >= cfg->num_nodes)
 			break;
 		__u8 n = cfg->nodes[i];
-		if (node_level(n) != level) {
-			level = node_level(n);
-			if (pending)
-				class = CLASS_LIMITED;
-		}
+		// Limited from the level after the first node over its limit
+		// (the most specific, which v records) on; nodes come in level
+		// order. Derived from v rather than kept in variables of the
+		// loop, which would multiply the verifier's states.
+		nw.budget = v->limited && node_level(n) > v->level ? BUDGET_LIMITED : BUDGET_CLEAN;
 		if (!applies(cfg, n, k))
 			continue;
 
@@ -581,48 +997,42 @@ static __always_inline int decide(const struct config *cfg, const struct key *k,
 			addr_hashes(cfg, k, p, ah);
 			hashed = p;
 		}
-		struct counter *rows[DEPTH];
-		__u64 omin = ~0ULL, fmin = ~0ULL;
-#pragma unroll
-		for (int r = 0; r < DEPTH; r++) {
-			__u64 h = ah[r] + cfg->hash_a[r][PORT_WORD] * pw + cfg->hash_b[r];
-			__u32 idx = (i * DEPTH + r) * WIDTH + (__u32)(h >> (64 - WIDTH_BITS));
-			struct cell *c = bpf_map_lookup_elem(&cells, &idx);
-			// The loader sizes the map for every node; a miss means a
-			// broken load. Count it and let the packet through.
-			if (!c)
-				return -1;
-			if (c->epoch != epoch)
-				rescale(c, cfg, epoch);
-			struct counter *ctr = &c->class[class];
-			ctr->offered = sat_add(ctr->offered, g);
-			omin = min64(omin, ctr->offered);
-			fmin = min64(fmin, ctr->forwarded);
-			rows[r] = ctr;
-		}
-		__u64 thr = cfg->thresh[i];
-		if (thr != ~0ULL && omin > mulq24(thr, g)) {
-			if (omin > mulq24(cfg->over[i], g) && fmin >= mulq24(thr - dither, g)) {
-				set_verdict(v, 1, level, n, mulq32(omin, cfg->ginv[slot]));
-				return 1;
-			}
-			if (!v->limited)
-				set_verdict(v, 0, level, n, mulq32(omin, cfg->ginv[slot]));
-			pending = 1;
-			// Over the limit the forwarded count decides, so no
-			// increment may be lost to another CPU: add atomically.
-			// It stays near the threshold, far from overflowing, so
-			// the saturating add below would give the same sum.
-#pragma unroll
-			for (int r = 0; r < DEPTH; r++)
-				__sync_fetch_and_add(&rows[r]->forwarded, g);
-			continue;
-		}
 #pragma unroll
 		for (int r = 0; r < DEPTH; r++)
-			rows[r]->forwarded = sat_add(rows[r]->forwarded, g);
+			nw.hash[r] = ah[r] + cfg->hash_a[r][PORT_WORD] * pw + cfg->hash_b[r];
+		nw.node = i;
+		nw.lines = cfg->lines[class][i];
+		nw.base = cfg->base[class][i];
+		if (count_node(cfg, &nw) < 0)
+			return -1;
+		int j = judge_node(cfg, k, &nw);
+		if (j == JUDGE_DROP) {
+			set_verdict(v, 1, n, nw.estimate);
+			return 1;
+		}
+		if (j == JUDGE_OVER && !v->limited)
+			set_verdict(v, 0, n, nw.estimate);
+		if (forward_node(&nw, j == JUDGE_OVER) < 0)
+			return -1;
 	}
 	return 0;
+}
+
+// pace: the version negotiation cap (datagram.Pacing.Admit). Returns 1 when
+// the datagram conforms. Two CPUs racing for one slot: the loser's
+// compare-and-swap fails and its datagram is refused.
+static __always_inline int pace(const struct config *cfg, __u64 now)
+{
+	__u32 zero = 0;
+	__u64 *tat = bpf_map_lookup_elem(&pacer, &zero);
+
+	if (!tat || cfg->vn_interval == 0)
+		return 0;
+	__u64 t = *tat;
+	if (t > now + cfg->vn_tau)
+		return 0;
+	__u64 next = (t > now ? t : now) + cfg->vn_interval;
+	return __sync_val_compare_and_swap(tat, t, next) == t;
 }
 
 // allow_candidate consults the quick-reject filter: 0 means the address is
@@ -639,55 +1049,73 @@ static __always_inline int allow_candidate(const struct config *cfg, const struc
 	return (cfg->allow_filter[fi][b / 64] >> (b % 64)) & 1;
 }
 
-// allowlisted looks the source address up in the allowlist.
+// allowlisted looks the source address up in its family's allowlist.
 static __always_inline int allowlisted(const struct key *k)
 {
-	struct allow_key ak = {.prefixlen = 128};
-
 	if (k->family == FAMILY_IPV4) {
-		ak.addr[10] = 0xff;
-		ak.addr[11] = 0xff;
-		*(__u32 *)&ak.addr[12] = bpf_htonl(k->words[0]);
-	} else if (k->family == FAMILY_IPV6) {
+		struct allow4_key ak = {.prefixlen = 32};
+
+		*(__u32 *)ak.addr = bpf_htonl(k->words[0]);
+		return bpf_map_lookup_elem(&allow4, &ak) != NULL;
+	}
+	if (k->family == FAMILY_IPV6) {
+		struct allow6_key ak = {.prefixlen = 128};
+
 #pragma unroll
 		for (int i = 0; i < 4; i++)
 			*(__u32 *)&ak.addr[4 * i] = bpf_htonl(k->words[i]);
-	} else {
-		return 0;
+		return bpf_map_lookup_elem(&allow6, &ak) != NULL;
 	}
-	return bpf_map_lookup_elem(&allowlist, &ak) != NULL;
+	return 0;
 }
 
-// track records a drop of the stream that node v->node saw, and tells
-// userspace when the stream is new.
-static __always_inline void track(const struct config *cfg, const struct key *k, const struct verdict *v,
-				  __u64 now)
+// record remembers a drop of the stream sk and tells userspace when the
+// stream is new.
+static __always_inline void record(struct stream_key *sk, const struct stream_state *init, __u64 now)
+{
+	struct stream_state *st = bpf_map_lookup_elem(&streams, sk);
+	if (st) {
+		st->last_ns = now;
+		st->sampled_drops++;
+		st->estimate = init->estimate;
+		return;
+	}
+	struct stream_event ev = {.key = *sk, .state = *init};
+	// Only the CPU that creates the entry reports it.
+	if (bpf_map_update_elem(&streams, sk, init, BPF_NOEXIST) == 0)
+		bpf_ringbuf_output(&events, &ev, sizeof(ev), 0);
+}
+
+// track records a drop of the stream that node v->node saw.
+static __always_inline void track(const struct config *cfg, int class, const struct key *k,
+				  const struct verdict *v, __u64 now)
 {
 	__u8 n = v->node;
 	int fi = k->family == FAMILY_IPV6;
 	int p = node_prefix(n) & (MAX_PREFIXES - 1);
-	struct stream_key sk = {.family = k->family, .node = n, .dport = k->dport};
+	struct stream_key sk = {.family = k->family, .node = n, .class = class, .dport = k->dport};
 
 #pragma unroll
 	for (int i = 0; i < 4; i++)
 		sk.words[i] = k->words[i] & cfg->mask[fi][p][i];
 	if (!node_sport_any(n))
 		sk.sport = k->sport;
-	struct stream_state *st = bpf_map_lookup_elem(&streams, &sk);
-	if (st) {
-		st->last_ns = now;
-		st->sampled_drops++;
-		st->estimate = v->estimate;
-		return;
-	}
-	struct stream_event ev = {
-		.key = sk,
-		.state = {.first_ns = now, .last_ns = now, .sampled_drops = 1, .estimate = v->estimate,
-			  .level = v->level, .dry_run = cfg->dry_run},
-	};
-	// Only the CPU that creates the entry reports it.
-	if (bpf_map_update_elem(&streams, &sk, &ev.state, BPF_NOEXIST) == 0)
-		bpf_ringbuf_output(&events, &ev, sizeof(ev), 0);
+	struct stream_state init = {.first_ns = now, .last_ns = now, .sampled_drops = 1, .estimate = v->estimate,
+				    .level = v->level, .dry_run = cfg->dry_run};
+	record(&sk, &init, now);
+}
+
+// track_invalid records an invalid datagram from the packet's source.
+static __always_inline void track_invalid(const struct config *cfg, const struct key *k, int reason, __u64 now)
+{
+	struct stream_key sk = {.family = k->family, .node = INVALID_NODE, .class = CLASS_INVALID, .dport = k->dport};
+
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		sk.words[i] = k->words[i];
+	struct stream_state init = {.first_ns = now, .last_ns = now, .sampled_drops = 1, .reason = reason,
+				    .dry_run = cfg->dry_run};
+	record(&sk, &init, now);
 }
 
 static __always_inline int family_slot(__u8 family)
@@ -711,11 +1139,16 @@ int rakelimit(struct __sk_buff *skb)
 
 	struct key k = {};
 	parse(skb, &k);
-	// The family's counter index is computed where it is used, after the
-	// node loop: kept live across it, each of its three values would make
-	// the verifier walk the loop once more.
+	struct verdict v = {.paced = 1};
+	// The family's counter index is computed where it is used: kept live
+	// across the node loop, each of its three values would make the
+	// verifier walk the loop once more.
 	if (cfg->allow_any && allow_candidate(cfg, &k) && allowlisted(&k)) {
 		st->allowed[family_slot(k.family)]++;
+		if (test_mode) {
+			v.allowlisted = 1;
+			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
+		}
 		return skb->len;
 	}
 
@@ -731,8 +1164,38 @@ int rakelimit(struct __sk_buff *skb)
 	if (bench_random_source)
 		k.words[0] ^= next_random(rng);
 
-	struct verdict v = {};
-	int drop = decide(cfg, &k, now, rnd, &v);
+	int class = CLASS_OPENING;
+	if (cfg->classify) {
+		int c = classify(&k, cfg);
+		class = c & 0xff;
+		v.reason = c >> 8;
+	}
+	v.class = class;
+	int dry = cfg->dry_run != 0;
+	if (class == CLASS_INVALID) {
+		__u32 reason = v.reason;
+		if (reason >= NUM_REASONS) // cannot happen; bounds the index for the verifier
+			reason = REASON_UNPARSED;
+		st->invalid[dry][family_slot(k.family)][reason]++;
+		if ((next_random(rng) & cfg->track_mask) == 0)
+			track_invalid(cfg, &k, reason, now);
+		v.drop = 1;
+		if (test_mode)
+			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
+		return dry ? skb->len : 0;
+	}
+	if (class == CLASS_NEGOTIATION) {
+		v.paced = pace(cfg, now);
+		int neg = v.paced ? NEG_PASSED : dry ? NEG_WOULD_DROP : NEG_DROPPED;
+		st->negotiation[family_slot(k.family)][neg]++;
+		v.drop = !v.paced;
+		if (test_mode)
+			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
+		return neg == NEG_DROPPED ? 0 : skb->len;
+	}
+
+	class &= NUM_CLASSES - 1; // opening (0) or established (1); bounds the index for the verifier
+	int drop = decide(cfg, class, &k, now, rnd, &v);
 	if (drop < 0) {
 		st->errors++;
 		drop = 0;
@@ -745,16 +1208,16 @@ int rakelimit(struct __sk_buff *skb)
 		bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
 	if (drop) {
 		if ((next_random(rng) & cfg->track_mask) == 0)
-			track(cfg, &k, &v, now);
-		if (cfg->dry_run) {
-			st->would_drop[fam][lvl]++;
+			track(cfg, class, &k, &v, now);
+		if (dry) {
+			st->would_drop[class][fam][lvl]++;
 			return skb->len;
 		}
-		st->dropped[fam][lvl]++;
+		st->dropped[class][fam][lvl]++;
 		return 0;
 	}
-	st->passed[fam]++;
+	st->passed[class][fam]++;
 	if (v.limited)
-		st->limited[fam][lvl]++;
+		st->limited[class][fam][lvl]++;
 	return skb->len;
 }

@@ -13,58 +13,83 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type rakelimitAllowKey struct {
+type rakelimitAllow4Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [4]uint8
+}
+
+type rakelimitAllow6Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	Addr      [16]uint8
 }
 
-type rakelimitCell struct {
-	_     structs.HostLayout
-	Epoch uint64
-	Class [2]struct {
-		_         structs.HostLayout
-		Offered   uint64
-		Forwarded uint64
-	}
+type rakelimitConfig struct {
+	_            structs.HostLayout
+	Thresh       [2][16]uint32
+	Over         [2][16]uint32
+	Lines        [2][16]uint32
+	Base         [2][16]uint32
+	G            [256]uint64
+	W            [256]uint32
+	Ginv         [256]uint64
+	D0           [512]uint64
+	D1           [512]uint64
+	D2           [512]uint64
+	HashA        [2][6]uint64
+	HashB        [2]uint64
+	RankA        [6]uint64
+	RankB        uint64
+	FamilyWord   [2][4]uint64
+	Mask         [2][4][4]uint32
+	AllowFilter  [2][16]uint64
+	BlockedPorts [1024]uint64
+	VnInterval   uint64
+	VnTau        uint64
+	Nodes        [16]uint8
+	NumNodes     uint8
+	NumPrefixes  uint8
+	PerDport     uint8
+	DryRun       uint8
+	AllowAny     uint8
+	AllowAlways  [2]uint8
+	Classify     uint8
+	FairNode     uint8
+	FairSource   uint8
+	Pad          [2]uint8
+	TrackMask    uint32
 }
 
-type rakelimitConfig struct {
-	_           structs.HostLayout
-	Thresh      [16]uint64
-	Over        [16]uint64
-	G           [256]uint64
-	Ginv        [256]uint64
-	D0          [512]uint64
-	D1          [512]uint64
-	D2          [512]uint64
-	HashA       [2][6]uint64
-	HashB       [2]uint64
-	FamilyWord  [2][4]uint64
-	Mask        [2][4][4]uint32
-	AllowFilter [2][16]uint64
-	Nodes       [16]uint8
-	Prefix4     [4]uint8
-	Prefix6     [4]uint8
-	NumNodes    uint8
-	NumPrefixes uint8
-	PerDport    uint8
-	DryRun      uint8
-	AllowAny    uint8
-	AllowAlways [2]uint8
-	_           [1]byte
-	TrackMask   uint32
-	_           [4]byte
+type rakelimitFair struct {
+	_     structs.HostLayout
+	Share [2][2]uint64
+}
+
+type rakelimitLine struct {
+	_     structs.HostLayout
+	Cells [3]struct {
+		_      structs.HostLayout
+		Epoch  uint32
+		Budget [2]struct {
+			_         structs.HostLayout
+			Offered   uint32
+			Forwarded uint32
+		}
+	}
+	Pad uint32
 }
 
 type rakelimitStats struct {
-	_         structs.HostLayout
-	Passed    [3]uint64
-	Limited   [3][6]uint64
-	Dropped   [3][6]uint64
-	WouldDrop [3][6]uint64
-	Allowed   [3]uint64
-	Errors    uint64
+	_           structs.HostLayout
+	Passed      [2][3]uint64
+	Limited     [2][3][6]uint64
+	Dropped     [2][3][6]uint64
+	WouldDrop   [2][3][6]uint64
+	Negotiation [3][3]uint64
+	Invalid     [2][3][10]uint64
+	Allowed     [3]uint64
+	Errors      uint64
 }
 
 type rakelimitStreamKey struct {
@@ -74,7 +99,8 @@ type rakelimitStreamKey struct {
 	Dport  uint16
 	Family uint8
 	Node   uint8
-	Pad    [2]uint8
+	Class  uint8
+	Pad    uint8
 }
 
 type rakelimitStreamState struct {
@@ -85,17 +111,21 @@ type rakelimitStreamState struct {
 	Estimate     uint64
 	Level        uint8
 	DryRun       uint8
-	Pad          [6]uint8
+	Reason       uint8
+	Pad          [5]uint8
 }
 
 type rakelimitVerdict struct {
-	_        structs.HostLayout
-	Drop     uint8
-	Limited  uint8
-	Level    uint8
-	Node     uint8
-	Pad      uint32
-	Estimate uint64
+	_           structs.HostLayout
+	Drop        uint8
+	Limited     uint8
+	Level       uint8
+	Node        uint8
+	Class       uint8
+	Reason      uint8
+	Paced       uint8
+	Allowlisted uint8
+	Estimate    uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -103,11 +133,14 @@ type rakelimitVerdict struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	rakelimitMapActiveConfig      = "active_config"
-	rakelimitMapAllowlist         = "allowlist"
+	rakelimitMapAllow4            = "allow4"
+	rakelimitMapAllow6            = "allow6"
 	rakelimitMapCells             = "cells"
 	rakelimitMapConfigs           = "configs"
 	rakelimitMapCounters          = "counters"
 	rakelimitMapEvents            = "events"
+	rakelimitMapFairShares        = "fair_shares"
+	rakelimitMapPacer             = "pacer"
 	rakelimitMapPrng              = "prng"
 	rakelimitMapStreams           = "streams"
 	rakelimitMapTestVerdict       = "test_verdict"
@@ -166,11 +199,14 @@ type rakelimitProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type rakelimitMapSpecs struct {
 	ActiveConfig *ebpf.MapSpec `ebpf:"active_config"`
-	Allowlist    *ebpf.MapSpec `ebpf:"allowlist"`
+	Allow4       *ebpf.MapSpec `ebpf:"allow4"`
+	Allow6       *ebpf.MapSpec `ebpf:"allow6"`
 	Cells        *ebpf.MapSpec `ebpf:"cells"`
 	Configs      *ebpf.MapSpec `ebpf:"configs"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	Events       *ebpf.MapSpec `ebpf:"events"`
+	FairShares   *ebpf.MapSpec `ebpf:"fair_shares"`
+	Pacer        *ebpf.MapSpec `ebpf:"pacer"`
 	Prng         *ebpf.MapSpec `ebpf:"prng"`
 	Streams      *ebpf.MapSpec `ebpf:"streams"`
 	TestVerdict  *ebpf.MapSpec `ebpf:"test_verdict"`
@@ -205,11 +241,14 @@ func (o *rakelimitObjects) Close() error {
 // It can be passed to loadRakelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type rakelimitMaps struct {
 	ActiveConfig *ebpf.Map `ebpf:"active_config"`
-	Allowlist    *ebpf.Map `ebpf:"allowlist"`
+	Allow4       *ebpf.Map `ebpf:"allow4"`
+	Allow6       *ebpf.Map `ebpf:"allow6"`
 	Cells        *ebpf.Map `ebpf:"cells"`
 	Configs      *ebpf.Map `ebpf:"configs"`
 	Counters     *ebpf.Map `ebpf:"counters"`
 	Events       *ebpf.Map `ebpf:"events"`
+	FairShares   *ebpf.Map `ebpf:"fair_shares"`
+	Pacer        *ebpf.Map `ebpf:"pacer"`
 	Prng         *ebpf.Map `ebpf:"prng"`
 	Streams      *ebpf.Map `ebpf:"streams"`
 	TestVerdict  *ebpf.Map `ebpf:"test_verdict"`
@@ -218,11 +257,14 @@ type rakelimitMaps struct {
 func (m *rakelimitMaps) Close() error {
 	return _RakelimitClose(
 		m.ActiveConfig,
-		m.Allowlist,
+		m.Allow4,
+		m.Allow6,
 		m.Cells,
 		m.Configs,
 		m.Counters,
 		m.Events,
+		m.FairShares,
+		m.Pacer,
 		m.Prng,
 		m.Streams,
 		m.TestVerdict,

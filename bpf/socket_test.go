@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -99,11 +100,13 @@ func sender(t *testing.T, src netip.AddrPort) *net.UDPConn {
 }
 
 // touchedCells returns the indexes of the sketch cells that have been used.
-func touchedCells(cells []rakelimitCell) []int {
+func touchedCells(lines []sketch.Line) []int {
 	var out []int
-	for i, c := range cells {
-		if c.Epoch != 0 {
-			out = append(out, i)
+	for i, l := range lines {
+		for j, c := range l.Cells {
+			if c.Epoch != 0 {
+				out = append(out, i*sketch.CellsPerLine+j)
+			}
 		}
 	}
 	return out
@@ -131,9 +134,9 @@ func TestSocketProbes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			hk := fixedKey(9)
-			c := sketch.Config{Limit: sketch.MaxLimit, Window: time.Second}
+			c := limits(1_000_000)
 			f := loadTest(t, c, loadOptions{hashKey: &hk})
-			twin, err := sketch.New(c, hk)
+			twin, err := sketch.New(c.Limiter, hk)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -160,7 +163,7 @@ func TestSocketProbes(t *testing.T) {
 						}
 						sent++
 						k := sketch.KeyFrom(netip.AddrPortFrom(netip.MustParseAddr(src), port), dport)
-						twin.Decide(&k, start, 0)
+						twin.Decide(&k, 0, start, 0)
 					}
 					s.Close()
 				}
@@ -171,21 +174,16 @@ func TestSocketProbes(t *testing.T) {
 				t.Fatal(err)
 			}
 			var dropped uint64
-			for fam := range Families {
+			for fam := range datagram.Families {
 				for l := range sketch.MaxLevels {
-					dropped += st.Dropped[fam][l]
+					dropped += st.Dropped[0][fam][l]
 				}
 			}
 			if r.total != sent || dropped != 0 {
 				t.Fatalf("sent %d probes, received %d, filter dropped %d", sent, r.total, dropped)
 			}
-			var want []int
-			for i, cell := range twin.Cells() {
-				if cell.Epoch != 0 {
-					want = append(want, i)
-				}
-			}
-			if got := touchedCells(f.cells(t)); !slices.Equal(got, want) {
+			want := touchedCells(twin.Lines())
+			if got := touchedCells(f.lines(t)); !slices.Equal(got, want) {
 				t.Fatalf("the filter keyed the probes differently from the Go limiter: cells %v, want %v", got, want)
 			}
 			t.Logf("%d probes from %d sources, all received", sent, len(tt.sources))
@@ -260,7 +258,7 @@ func TestSocketFlood(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := loadTest(t, sketch.Config{Limit: limit, Window: time.Second}, loadOptions{})
+			f := loadTest(t, limits(limit), loadOptions{})
 			conn := listen(t, tt.network, tt.listen)
 			if err := f.Attach(conn); err != nil {
 				t.Fatal(err)
@@ -313,7 +311,7 @@ func TestSocketConcurrentFlood(t *testing.T) {
 	if cpus < 2 {
 		skipOrFail(t, "needs two CPUs, have %d", cpus)
 	}
-	f := loadTest(t, sketch.Config{Limit: limit, Window: time.Second}, loadOptions{})
+	f := loadTest(t, limits(limit), loadOptions{})
 	conn := listen(t, "udp4", "127.0.0.1:0")
 	if err := f.Attach(conn); err != nil {
 		t.Fatal(err)
@@ -433,7 +431,7 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := loadTest(t, sketch.Config{Limit: limit, Window: time.Second}, loadOptions{})
+			f := loadTest(t, limits(limit), loadOptions{})
 			var conn, legit *net.UDPConn
 			var floods []*net.UDPConn
 			ns.do(t, func() {
@@ -487,14 +485,14 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			v6 := FamilyIndex(sketch.IPv6)
-			for l, d := range st.Dropped[v6] {
+			v6 := datagram.FamilyIndex(sketch.IPv6)
+			for l, d := range st.Dropped[0][v6] {
 				if (l == tt.level) != (d > 0) {
-					t.Errorf("dropped by level %v, want drops at level %d only", st.Dropped[v6], tt.level)
+					t.Errorf("dropped by level %v, want drops at level %d only", st.Dropped[0][v6], tt.level)
 					break
 				}
 			}
-			t.Logf("flood per second %v, dropped by level %v, legit %d of %d", perSecond, st.Dropped[v6], legitGot, legitSent)
+			t.Logf("flood per second %v, dropped by level %v, legit %d of %d", perSecond, st.Dropped[0][v6], legitGot, legitSent)
 		})
 	}
 }
@@ -504,7 +502,7 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 // capability and how to grant it.
 func TestLoadWithoutCapBPF(t *testing.T) {
 	if os.Getenv("RAKELIMIT_CHILD") == "load" {
-		_, err := Load(sketch.Config{Limit: 10, Window: time.Second})
+		_, err := Load(limits(10))
 		fmt.Printf("LOAD-RESULT: %v\n", err)
 		return
 	}

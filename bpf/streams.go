@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -22,52 +23,73 @@ import (
 // one drop in 2^4 looks the stream up in the kernel's tracking map.
 const DefaultTrackShift = 4
 
-// Options are the filter's settings beyond the limiter's. They change what
-// happens to the limiter's verdicts, not how it reaches them.
-type Options struct {
-	// DryRun delivers every packet; drops are counted (Stats.WouldDrop)
-	// and tracked, not applied.
-	DryRun bool
-	// Allow exempts these source prefixes from limiting and counting.
-	Allow []netip.Prefix
-	// TrackShift samples one drop in 2^TrackShift for stream tracking;
-	// 0 tracks every drop.
-	TrackShift uint8
+// allowEntry is an allowlist prefix as one of the two tries keys it.
+type allowEntry struct {
+	v6   bool
+	bits uint32
+	addr [16]byte
 }
 
-// SetOptions applies o to the live filter. Allowlist entries are added
-// before the switch and removed after it, so that a prefix in both the old
-// and the new list is never limited in between.
-func (f *Filter) SetOptions(o Options) error {
-	if o.TrackShift > 31 {
-		return fmt.Errorf("track shift %d out of range [0, 31]", o.TrackShift)
+// allowSet is a set of allowlist entries.
+type allowSet map[allowEntry]bool
+
+func newAllowSet(prefixes []netip.Prefix) allowSet {
+	s := allowSet{}
+	for _, p := range prefixes {
+		p = p.Masked()
+		s[allowEntry{v6: p.Addr().Is6(), bits: uint32(p.Bits()), addr: p.Addr().As16()}] = true
 	}
-	next := map[rakelimitAllowKey]bool{}
-	for _, p := range o.Allow {
-		next[allowKey(p)] = true
+	return s
+}
+
+func (e allowEntry) prefix() netip.Prefix {
+	a := netip.AddrFrom16(e.addr)
+	if !e.v6 {
+		a = a.Unmap()
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for k := range next {
-		if !f.allow[k] {
-			if err := f.objs.Allowlist.Update(k, uint8(1), ebpf.UpdateAny); err != nil {
-				return fmt.Errorf("adding to the allowlist: %w", err)
-			}
+	return netip.PrefixFrom(a, int(e.bits))
+}
+
+// checkAllowCapacity refuses more prefixes of a family than its trie holds.
+func checkAllowCapacity(prefixes []netip.Prefix) error {
+	var n [2]int
+	for p := range newAllowSet(prefixes) {
+		if p.v6 {
+			n[1]++
+		} else {
+			n[0]++
 		}
 	}
-	prev := f.allow
-	f.opts, f.allow = o, next
-	if err := f.applyLocked(f.params); err != nil {
-		return err
-	}
-	for k := range prev {
-		if !next[k] {
-			if err := f.objs.Allowlist.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("removing from the allowlist: %w", err)
-			}
+	for fi, fam := range []string{"IPv4", "IPv6"} {
+		if n[fi] > MaxAllow {
+			return fmt.Errorf("allow: %d %s prefixes, more than the filter holds (at most %d per family)", n[fi], fam, MaxAllow)
 		}
 	}
 	return nil
+}
+
+func (f *Filter) allowAdd(e allowEntry) error {
+	if e.v6 {
+		return f.objs.Allow6.Update(rakelimitAllow6Key{Prefixlen: e.bits, Addr: e.addr}, uint8(1), ebpf.UpdateAny)
+	}
+	var a [4]byte
+	copy(a[:], e.addr[12:])
+	return f.objs.Allow4.Update(rakelimitAllow4Key{Prefixlen: e.bits, Addr: a}, uint8(1), ebpf.UpdateAny)
+}
+
+func (f *Filter) allowDelete(e allowEntry) error {
+	var err error
+	if e.v6 {
+		err = f.objs.Allow6.Delete(rakelimitAllow6Key{Prefixlen: e.bits, Addr: e.addr})
+	} else {
+		var a [4]byte
+		copy(a[:], e.addr[12:])
+		err = f.objs.Allow4.Delete(rakelimitAllow4Key{Prefixlen: e.bits, Addr: a})
+	}
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	}
+	return err
 }
 
 // The allowlist's quick-reject filter, as in rakelimit.c: a bit per bucket
@@ -115,25 +137,23 @@ func allowFilter(prefixes []netip.Prefix) (filter [2][allowFilterBits / 64]uint6
 	return filter, always
 }
 
-// allowKey is the allowlist key of a prefix: IPv4 mapped into ::ffff:0:0/96.
-func allowKey(p netip.Prefix) rakelimitAllowKey {
-	p = p.Masked()
-	bits := p.Bits()
-	if p.Addr().Is4() {
-		bits += 96
-	}
-	return rakelimitAllowKey{Prefixlen: uint32(bits), Addr: p.Addr().As16()}
-}
-
-// Stream is a stream the filter has recently dropped packets of, as the
-// lattice node that dropped them counts it.
+// Stream is a stream the filter has recently dropped packets of: as the
+// lattice node that dropped them counts it, or the source of invalid
+// datagrams.
 type Stream struct {
-	// Node and Level are the lattice node that dropped the packets.
+	// Class is the stream's class: quicclass.Opening or Established (or
+	// Opening for every datagram when the filter does not classify), or
+	// quicclass.Invalid, and then Reason says why.
+	Class  quicclass.Class
+	Reason quicclass.Reason
+	// Node and Level are the lattice node that dropped the packets (not
+	// for invalid datagrams).
 	Node  sketch.Node
 	Level int
 	// Key is the stream: the packet's key reduced to the node (address
 	// masked to its prefix, ports the node ignores set to zero; the
-	// destination port is kept).
+	// destination port is kept), or an invalid datagram's source address
+	// (without its port).
 	Key sketch.Key
 	// First and Last are the first and the latest sampled drop.
 	First, Last time.Time
@@ -141,26 +161,32 @@ type Stream struct {
 	// sampling rate.
 	Drops uint64
 	// Estimate is the node's rate estimate at the latest sampled drop, a
-	// decayed count per window, Q24 (sketch.Limiter.PPS converts it).
+	// decayed count per window (sketch.Params.PPS converts it).
 	Estimate uint64
 	// DryRun is true when the drops were not applied.
 	DryRun bool
 }
 
+// invalidNode is the stream key's node of invalid datagrams (INVALID_NODE).
+const invalidNode = 0xff
+
 // stream converts the kernel's record.
 func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono monoClock) Stream {
-	key := sketch.Key{Family: sketch.Family(k.Family), Words: k.Words, SrcPort: k.Sport, DstPort: k.Dport,
-		HasPorts: true}
-	return Stream{
+	s := Stream{
+		Class:    quicclass.Class(k.Class),
 		Node:     sketch.Node(k.Node),
 		Level:    int(st.Level),
-		Key:      key,
+		Key:      sketch.Key{Family: sketch.Family(k.Family), Words: k.Words, SrcPort: k.Sport, DstPort: k.Dport, HasPorts: true},
 		First:    mono.wall(st.FirstNs),
 		Last:     mono.wall(st.LastNs),
-		Drops:    st.SampledDrops << f.opts.TrackShift,
+		Drops:    st.SampledDrops << f.trackShift,
 		Estimate: st.Estimate,
 		DryRun:   st.DryRun != 0,
 	}
+	if k.Node == invalidNode {
+		s.Class, s.Reason, s.Node, s.Level = quicclass.Invalid, quicclass.Reason(st.Reason), 0, -1
+	}
+	return s
 }
 
 // Streams returns the streams the kernel tracks.

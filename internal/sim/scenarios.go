@@ -75,6 +75,17 @@ func Scenarios() []*Scenario {
 
 	// 65,536 attackers: 10.1.0.0/16 is 256 /24s of 256 addresses.
 	attackers := randomIn("10.1.0.0/16", 0)
+
+	// A total cap of 20,000 pps that a wide flood fills: 256 /24s of 4
+	// sources each (an address and a port), every /24 under its own limit.
+	capped := cfg(1000)
+	capped.LevelLimits = map[int]uint32{top: 20_000}
+	var wide []Source
+	for n := range 256 {
+		for a := range 4 {
+			wide = append(wide, fixed(netip.AddrFrom4([4]byte{10, 2, byte(n), byte(1 + a)}).String(), uint16(30000+n)))
+		}
+	}
 	var clients []Source
 	for c := range 100 {
 		a := netip.AddrFrom4([4]byte{172, 16, byte(c), 10})
@@ -136,6 +147,17 @@ func Scenarios() []*Scenario {
 			Streams: []Stream{
 				{Flood, poisson(1e6, 10), attackers},
 				{Legit, poisson(500, 10), oneOf(clients)},
+			},
+		},
+		{
+			Name: "quiet-network",
+			Description: "1024 sources in 256 /24s, 800 pps per /24 (204,800 pps), fill the socket's total, capped at 20,000 pps; " +
+				"a client in a quiet /24 opens connections, 50 pps from random ports; limit 1000",
+			Config:  capped,
+			Seconds: 10,
+			Streams: []Stream{
+				{Flood, poisson(204_800, 10), oneOf(wide)},
+				{Legit, poisson(50, 10), randomIn("192.0.2.10/32", 0)},
 			},
 		},
 		{

@@ -25,7 +25,20 @@ const (
 	DecayEntries = 1 << decayBits
 	// decayHorizon is the first idle time, in epochs, that the tables do not
 	// cover (2^27 epochs, about 39 h); such a cell is zeroed.
-	decayHorizon = uint64(1) << (3 * decayBits)
+	decayHorizon = 1 << (3 * decayBits)
+
+	// A cell keeps its epoch in 32 bits, which wrap after 2^32 epochs
+	// (about 52 days). A clock reading up to SkewEpochs epochs older than
+	// the cell's (another CPU's clock, or a packet that read the clock
+	// before another CPU moved the cell on) is taken as the cell's own
+	// epoch: no decay, no change of epoch. A reading further behind is
+	// taken as a cell idle so long that its epoch wrapped: it is forgotten.
+	// Sweep keeps cells from ever idling that long.
+	SkewEpochs = 1 << 10
+
+	// PeriodShift sets how long a source keeps its rank at the fair total:
+	// sources are ranked anew every 2^PeriodShift ns (about 4.3 s).
+	PeriodShift = 32
 )
 
 // Bounds on the configuration, enforced by Validate.
@@ -41,10 +54,21 @@ const (
 	MinWindow = 10 * time.Millisecond
 	MaxWindow = time.Hour
 	// MaxLimit is the largest limit in packets per second: more than one
-	// socket can receive, and small enough for the fixed-point arithmetic.
+	// socket can receive.
 	MaxLimit = 10_000_000
+	// MaxBurst bounds limit x window, in packets: the counters are 32-bit
+	// with FracBits fractional bits, and a count must reach well past
+	// the threshold (its noise margin, the weight of a late slot, the
+	// reported rate of a flood) without saturating.
+	MaxBurst = 1 << 23
 	// Unlimited, as a level limit, lifts the limit of that level.
 	Unlimited = ^uint32(0)
+
+	// NumClasses is the number of traffic classes with a lattice of their
+	// own: class 0 counts connection-opening packets (or every datagram
+	// when the filter does not classify), class 1 established-connection
+	// packets.
+	NumClasses = 2
 )
 
 // Default prefixes, most specific first.
@@ -57,7 +81,7 @@ var (
 // Window are required; WithDefaults fills the prefixes.
 type Config struct {
 	// Limit is the rate, in packets per second, that every lattice node
-	// may forward unless LevelLimits says otherwise.
+	// of class 0 may forward unless LevelLimits says otherwise.
 	Limit uint32
 	// Window is the smoothing period of the rate estimate. A stream that
 	// has been quiet for a few windows may send a burst of Limit*Window
@@ -67,6 +91,9 @@ type Config struct {
 	// Params.Levels for the numbering). Unlimited lifts a level's limit;
 	// lifting the top level removes the cap on the socket's total.
 	LevelLimits map[int]uint32
+	// Established are the limits of class 1. Left zero, class 1 has the
+	// limits of class 0.
+	Established Limits
 	// IPv4Prefixes and IPv6Prefixes are the source prefix lengths, most
 	// specific first, strictly decreasing and ending with 0. Both lists
 	// must have the same length: level i is prefix i of either family.
@@ -78,6 +105,24 @@ type Config struct {
 	// the dimension would only double the work.
 	PerDstPort bool
 }
+
+// Limits are one class's limits, in packets per second: Limit for every
+// level, LevelLimits for whole levels (Unlimited lifts a level's limit).
+type Limits struct {
+	Limit       uint32
+	LevelLimits map[int]uint32
+}
+
+// Class returns the limits of class c (0 or 1).
+func (c Config) Class(class int) Limits {
+	if class == 1 && c.Established.Limit != 0 {
+		return c.Established
+	}
+	return Limits{Limit: c.Limit, LevelLimits: c.LevelLimits}
+}
+
+// classField prefixes the configuration field names of class 1 in errors.
+var classField = [NumClasses]string{"", "established_"}
 
 // WithDefaults returns c with empty prefix lists replaced by the defaults.
 func (c Config) WithDefaults() Config {
@@ -101,11 +146,13 @@ func (c Config) Levels() int {
 
 // Validate reports the first thing wrong with c, naming the field and value.
 func (c Config) Validate() error {
-	if err := checkLimit("limit", c.Limit, c.Window); err != nil {
-		return err
-	}
 	if c.Window < MinWindow || c.Window > MaxWindow {
 		return fmt.Errorf("window %v out of range [%v, %v]", c.Window, MinWindow, MaxWindow)
+	}
+	for class := range NumClasses {
+		if err := c.validateClass(class); err != nil {
+			return err
+		}
 	}
 	if err := checkPrefixes("ipv4_prefixes", c.IPv4Prefixes, 32); err != nil {
 		return err
@@ -117,14 +164,25 @@ func (c Config) Validate() error {
 		return fmt.Errorf("ipv4_prefixes %v and ipv6_prefixes %v must have the same length: level i is prefix i of either family",
 			c.IPv4Prefixes, c.IPv6Prefixes)
 	}
-	for lvl, lim := range c.LevelLimits {
-		if lvl < 0 || lvl >= c.Levels() {
-			return fmt.Errorf("level_limits: level %d does not exist: levels are 0 to %d", lvl, c.Levels()-1)
+	return nil
+}
+
+// validateClass checks the limits of one class.
+func (c Config) validateClass(class int) error {
+	lim := c.Class(class)
+	prefix := classField[class]
+	if err := checkLimit(prefix+"limit", lim.Limit, c.Window); err != nil {
+		return err
+	}
+	levels := c.WithDefaults().Levels()
+	for lvl, l := range lim.LevelLimits {
+		if lvl < 0 || lvl >= levels {
+			return fmt.Errorf("%slevel_limits: level %d does not exist: levels are 0 to %d", prefix, lvl, levels-1)
 		}
-		if lim == Unlimited {
+		if l == Unlimited {
 			continue
 		}
-		if err := checkLimit(fmt.Sprintf("level_limits[%d]", lvl), lim, c.Window); err != nil {
+		if err := checkLimit(fmt.Sprintf("%slevel_limits[%d]", prefix, lvl), l, c.Window); err != nil {
 			return err
 		}
 	}
@@ -135,9 +193,17 @@ func checkLimit(field string, lim uint32, window time.Duration) error {
 	if lim == 0 || lim > MaxLimit {
 		return fmt.Errorf("%s %d out of range [1, %d] packets per second", field, lim, MaxLimit)
 	}
-	if window > 0 && float64(lim)*window.Seconds() < 1 {
+	if window <= 0 {
+		return nil
+	}
+	burst := float64(lim) * window.Seconds()
+	if burst < 1 {
 		return fmt.Errorf("%s %d with window %v allows a burst of less than one packet (limit x window must be at least 1)",
 			field, lim, window)
+	}
+	if burst > MaxBurst {
+		return fmt.Errorf("%s %d with window %v: limit x window is %.0f packets, more than the counters hold (at most %d); "+
+			"shorten the window or lower the limit", field, lim, window, burst, MaxBurst)
 	}
 	return nil
 }
@@ -168,12 +234,23 @@ type Params struct {
 	// specific first. A node's position in this list is also where its
 	// sketch lives.
 	Nodes []Node
-	// Thresh is each node's limit as a count per window, Q24, or
-	// math.MaxUint64 when the node is unlimited.
-	Thresh []uint64
+	// Thresh is each class's limit at each node as a count per window
+	// (FracBits fractional bits), or ThreshUnlimited.
+	Thresh [NumClasses][MaxNodes]uint32
 	// Over is the count above which a node is over its limit: Thresh plus
-	// the noise margin sqrt(2*Thresh) packets, Q24 (see the package doc).
-	Over []uint64
+	// the noise margin sqrt(2*Thresh) packets (see the package doc).
+	Over [NumClasses][MaxNodes]uint32
+	// Lines is the length of each node's rows, in lines, by class, and
+	// Base the index of its first line in the sketch memory: the rows of
+	// a node follow one another, nodes follow in order, class 0 first.
+	// TotalLines is the size of the sketch memory in lines.
+	Lines, Base [NumClasses][MaxNodes]uint32
+	TotalLines  int
+	// FairNode is the index of the last node (the socket's total), whose
+	// cap is shared max-min fairly among the streams of FairSource, the
+	// node of the level below that counts networks (/24, /48). Both are
+	// -1 when there is no such level (a single prefix).
+	FairNode, FairSource int
 	// Prefix4 and Prefix6 are the prefix lengths by prefix slot.
 	Prefix4, Prefix6 [MaxPrefixes]uint8
 	// NumPrefixes is the number of prefix slots in use.
@@ -183,8 +260,12 @@ type Params struct {
 	// WindowNanos is the window in nanoseconds.
 	WindowNanos uint64
 	// G[s] = exp(s*2^SlotShift/window), Q24: the weight of a packet that
-	// arrives in slot s of an epoch, relative to the epoch's start.
+	// arrives in slot s of an epoch, relative to the epoch's start. It
+	// scales thresholds to the slot.
 	G [Slots]uint64
+	// W[s] is G[s] as a count (FracBits fractional bits): what a packet in
+	// slot s adds to a counter.
+	W [Slots]uint32
 	// GInv[s] = exp(-s*2^SlotShift/window), Q32: turns a weighted sum back
 	// into a count as of now.
 	GInv [Slots]uint64
@@ -198,6 +279,9 @@ type Params struct {
 	Mask       [2][MaxPrefixes][4]uint32
 }
 
+// ThreshUnlimited marks an unlimited node in Params.Thresh and Over.
+const ThreshUnlimited = ^uint32(0)
+
 // Compile validates c (after WithDefaults) and computes its Params.
 func Compile(c Config) (*Params, error) {
 	c = c.WithDefaults()
@@ -208,6 +292,8 @@ func Compile(c Config) (*Params, error) {
 		NumPrefixes: len(c.IPv4Prefixes),
 		PerDstPort:  c.PerDstPort,
 		WindowNanos: uint64(c.Window.Nanoseconds()),
+		FairNode:    -1,
+		FairSource:  -1,
 	}
 	copy(p.Prefix4[:], c.IPv4Prefixes)
 	copy(p.Prefix6[:], c.IPv6Prefixes)
@@ -226,19 +312,49 @@ func Compile(c Config) (*Params, error) {
 			}
 		}
 	}
-	for _, n := range p.Nodes {
-		lim := c.Limit
-		if l, ok := c.LevelLimits[n.Level()]; ok {
-			lim = l
+	for class := range NumClasses {
+		lim := c.Class(class)
+		for i, n := range p.Nodes {
+			l := lim.Limit
+			if ll, ok := lim.LevelLimits[n.Level()]; ok {
+				l = ll
+			}
+			t := threshold(l, p.WindowNanos)
+			p.Thresh[class][i] = t
+			p.Over[class][i] = overThreshold(t)
 		}
-		t := threshold(lim, p.WindowNanos)
-		p.Thresh = append(p.Thresh, t)
-		p.Over = append(p.Over, overThreshold(t))
+	}
+	for i := len(p.Nodes); i < MaxNodes; i++ {
+		for class := range NumClasses {
+			p.Thresh[class][i], p.Over[class][i] = ThreshUnlimited, ThreshUnlimited
+		}
+	}
+	if p.NumPrefixes > 1 {
+		total := NewNode(p.NumPrefixes-1, true, true)
+		networks := NewNode(p.NumPrefixes-2, true, true)
+		if !c.PerDstPort {
+			total, networks = total&^1, networks&^1
+		}
+		p.FairNode, p.FairSource = slices.Index(p.Nodes, total), slices.Index(p.Nodes, networks)
+	}
+	for class := range NumClasses {
+		for i := range p.Nodes {
+			lines := uint32(OpeningLines)
+			switch {
+			case i == len(p.Nodes)-1 && (!c.PerDstPort || p.Nodes[i].DstPortAny()):
+				lines = 1 // the socket's total: one stream
+			case class == 1:
+				lines = EstablishedLines
+			}
+			p.Lines[class][i], p.Base[class][i] = lines, uint32(p.TotalLines)
+			p.TotalLines += Depth * int(lines)
+		}
 	}
 	w := float64(p.WindowNanos)
 	for s := range Slots {
 		t := float64(uint64(s) << SlotShift)
 		p.G[s] = uint64(math.Round(math.Exp(t/w) * oneQ24f))
+		p.W[s] = uint32(math.Round(math.Exp(t/w) * oneF))
 		p.GInv[s] = uint64(math.Round(math.Exp(-t/w) * oneQ32f))
 	}
 	for j := range DecayEntries {
@@ -250,34 +366,34 @@ func Compile(c Config) (*Params, error) {
 	return p, nil
 }
 
-// threshold converts a limit in packets per second into a Q24 count per
-// window: floor(limit * window_ns * 2^24 / 1e9).
-func threshold(limit uint32, windowNanos uint64) uint64 {
+// threshold converts a limit in packets per second into a count per window:
+// floor(limit * window_ns * 2^FracBits / 1e9).
+func threshold(limit uint32, windowNanos uint64) uint32 {
 	if limit == Unlimited {
-		return maxU64
+		return ThreshUnlimited
 	}
 	t := new(big.Int).SetUint64(uint64(limit))
 	t.Mul(t, new(big.Int).SetUint64(windowNanos))
 	t.Lsh(t, FracBits)
 	t.Quo(t, big.NewInt(1e9))
-	return t.Uint64()
+	return uint32(t.Uint64())
 }
 
-// overThreshold adds the noise margin to a threshold t (Q24): two standard
+// overThreshold adds the noise margin to a threshold t: two standard
 // deviations, sqrt(t/2) packets each, of the decayed count of a Poisson stream
 // whose rate is exactly the limit.
-func overThreshold(t uint64) uint64 {
-	if t == maxU64 {
-		return maxU64
+func overThreshold(t uint32) uint32 {
+	if t == ThreshUnlimited {
+		return ThreshUnlimited
 	}
-	packets := float64(t) / oneQ24f
-	return t + uint64(math.Round(math.Sqrt(2*packets)*oneQ24f))
+	packets := float64(t) / oneF
+	return t + uint32(math.Round(math.Sqrt(2*packets)*oneF))
 }
 
-// PPS converts an estimate (a decayed count over one window, Q24) to packets
-// per second.
+// PPS converts an estimate (a decayed count over one window, FracBits
+// fractional bits) to packets per second.
 func (p *Params) PPS(estimate uint64) float64 {
-	return float64(estimate) / oneQ24f / (float64(p.WindowNanos) / 1e9)
+	return float64(estimate) / oneF / (float64(p.WindowNanos) / 1e9)
 }
 
 // PrefixLen returns the length of prefix slot s for family fam.
@@ -289,7 +405,7 @@ func (p *Params) PrefixLen(fam Family, s int) int {
 }
 
 // decay returns exp(-k epochs / window) as a Q32 fraction.
-func (p *Params) decay(k uint64) uint64 {
+func (p *Params) decay(k uint32) uint64 {
 	if k < DecayEntries {
 		return p.D0[k]
 	}
@@ -301,7 +417,7 @@ func (p *Params) decay(k uint64) uint64 {
 }
 
 // SameShape reports whether q can replace p on a live limiter: the sketch
-// layout (the node list) must not change.
+// layout (the node list, and so the rows) must not change.
 func (p *Params) SameShape(q *Params) bool {
-	return slices.Equal(p.Nodes, q.Nodes)
+	return slices.Equal(p.Nodes, q.Nodes) && p.Lines == q.Lines
 }

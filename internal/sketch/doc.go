@@ -3,6 +3,19 @@
 // the same integer operations in the same order; tests feed both one packet
 // trace and compare verdicts and state bit for bit.
 //
+// # Classes
+//
+// The limiter keeps two lattices of sketches with limits of their own, one
+// per traffic class (package quicclass sorts datagrams): class 0 counts
+// packets that open QUIC connections (Initial, 0-RTT, Handshake), or every
+// datagram when the filter does not classify; class 1 counts packets of
+// established connections (short headers). What costs a server is a new
+// connection, and what its users need is that established ones keep
+// flowing: class 0 has limits near a client's connection rate, class 1 limits
+// hundreds of times a client's packet rate, so that an upload or download at
+// a gigabit a second passes untouched while one source flooding short-header
+// junk is still held. A flood of one class never takes the other's budget.
+//
 // # The lattice
 //
 // A packet's key is its address family, source address, source port and
@@ -44,35 +57,50 @@
 // packets per second as the operator sees it, and limit*window is also the
 // burst a fresh stream may send. Reported rates are count/window.
 //
-// BPF has no floating point, so the arithmetic is fixed point (Q24 counts,
-// Q32 fractions) and the exponential comes from tables computed once per
-// configuration (Compile). To avoid an exponential per cell and packet, the
-// counters use forward decay: time is cut into epochs of 2^20 ns (1.05 ms)
-// and slots of 2^12 ns (4.1 µs); a cell stores its counts scaled to the start
-// of its epoch, a packet in slot s adds G[s] = exp(s*2^12 ns/window), and a
-// count is compared with threshold*G[s] instead of being decayed to now. Only
-// a cell last touched in an older epoch is rescaled, by a decay factor looked
-// up in three 512-entry tables (idle times up to 2^27 epochs, 39 h; older
-// cells are zeroed). Because epochs are absolute time, a new window (a
-// reload) keeps every count valid. Errors: table entries are rounded to half
-// a unit (2^-25 relative for G, 2^-33 for decay factors; a composed decay
-// factor is within 4 units of 2^-32, see TestTables), each product is
-// floored (one unit of 2^-24 packets), and a packet weighs as if it arrived
-// at the start of its 4.1 µs slot (relative error at most 4.1 µs/window).
-// TestEstimateTracksExactRate checks the estimate against the exact decayed
-// count in floating point within 10^-6 relative.
+// BPF has no floating point, so the arithmetic is fixed point and the
+// exponential comes from tables computed once per configuration (Compile).
+// Counts are 32-bit with FracBits = 8 fractional bits (a 256th of a packet,
+// up to 2^24 packets), which bounds limit*window to MaxBurst = 2^23 packets;
+// weights are Q24 and decay factors Q32. To avoid an exponential per cell and
+// packet, the counters use forward decay: time is cut into epochs of 2^20 ns
+// (1.05 ms) and slots of 2^12 ns (4.1 µs); a cell stores its counts scaled to
+// the start of its epoch, a packet in slot s adds W[s], exp(s*2^12 ns/window)
+// as a count, and a count is compared with threshold*G[s] instead of being
+// decayed to now. Only a cell last touched in an older epoch is rescaled, by a
+// decay factor looked up in three 512-entry tables (idle times up to 2^27
+// epochs, 39 h; older cells are zeroed). Because epochs are absolute time, a
+// new window (a reload) keeps every count valid.
+//
+// Errors: a packet weighs its slot's weight rounded to 1/256 (at most 0.2%
+// off), a packet weighs as if it arrived at the start of its 4.1 µs slot
+// (relative error at most 4.1 µs/window), decay factors are within 4 units of
+// 2^-32 (TestTables), and each rescale floors a count by less than 1/256 of a
+// packet. So an estimate is never more than 0.5% under a stream's exact
+// decayed count (TestEstimateTracksExactRate sees 0.04% to 0.24%), and a cell
+// rescaled in every epoch is under its exact count by at most window/epoch
+// 256ths of a packet in all (3.7 packets at a 1 s window). A stream is held at
+// its limit within 0.2% (TestBurst).
+//
+// A cell keeps the low 32 bits of its epoch, which wrap after 52 days. A
+// clock reading up to SkewEpochs (about 1 s) older than a cell's epoch, which
+// happens when another CPU moved the cell on first, is taken as the cell's
+// own epoch: no decay and no change of epoch (the packet weighs at most a
+// factor exp(epoch/window) too much, 0.1% at 1 s). Anything further behind is
+// an idle time long enough to forget the cell. Sweep, run daily by the
+// filter's owner, resets the cells idle for 39 h or more, so that none
+// idles the 52 days its epoch would need to wrap round to look recent.
 //
 // # The decision
 //
-// The packet walks the nodes by level, most specific first. At each node it
-// is counted in one of two classes of that node's cell:
+// The packet walks the nodes of its class by level, most specific first. At
+// each node it is counted in one of two budgets of that node's cell:
 //
 //   - clean: traffic that no more specific node has found over its limit;
 //   - limited: survivors of a node below that found their stream over its
 //     limit.
 //
-// The classes have separate counts and separate budgets of `limit` each. A
-// node compares the count of the packet's class with the limit:
+// The budgets have separate counts and separate limits of `limit` each. A
+// node compares the count of the packet's budget with the limit:
 //
 //  1. count <= threshold: the packet passes this node.
 //  2. count > threshold: the stream is over its limit (Verdict.Limited).
@@ -81,10 +109,11 @@
 //  3. count > threshold + margin, margin = sqrt(2*threshold) packets (two
 //     standard deviations of the count of a Poisson stream at exactly the
 //     limit): the node enforces the limit. It keeps a second count per
-//     class, of the packets it forwarded, and lets a packet through only
+//     budget, of the packets it forwarded, and lets a packet through only
 //     while that count is below the threshold, with the threshold dithered
 //     down by a uniform random fraction of one packet. A dropped packet is
-//     not counted at more general levels.
+//     not counted at more general levels. The socket's total decides
+//     differently, by sources (the fair total, below).
 //
 // Why each piece:
 //
@@ -129,27 +158,71 @@
 // its packets count as clean up there only until its own node reaches the
 // limit, not the limit plus the margin.
 //
+// # The fair total
+//
+// At every node but the last, a stream over its limit is one source, one
+// network or one port, and holding it at the limit is the point. The last
+// node, the socket's total, is everyone: dropping the same share of every
+// packet there would make a quiet network's new connections fail as often as
+// a flood's. So the total's cap is shared max-min fairly among the streams of
+// the level below it that count networks (/24, /48): a network that sends
+// less than the fair share loses nothing, and the ones above it are cut to
+// it. And a capped total drops whole sources rather than a random share of
+// everyone's packets (RFC 9312, section 4.4): a QUIC handshake needs several
+// packets, so 50% loss for every source serves none of them, while serving
+// half the sources fully serves half.
+//
+// When the total enforces its cap, a packet passes only if its source (its
+// address and port) is admitted: rank * network <= share, where rank is a
+// keyed hash of the source and the current period of 2^32 ns (about 4.3 s),
+// uniform in [0, 1), network is the estimated rate of the packet's network
+// and share the fair share. A network sending r is admitted at min(r, share),
+// by whole sources, chosen afresh every period. Core-stateless fair queueing
+// (Stoica, Shenker and Zhang, SIGCOMM 1998) estimates the fair share from
+// the accepted rate; here it is found by stochastic approximation from the
+// packets themselves: the share should admit the fraction f = cap/total of
+// what arrives, so every admitted packet shrinks it by 1/256 of itself times
+// 1 - f and every refused one grows it by 1/256 times f, which balance when
+// the admitted fraction is f (see admitFair). While a flood starts, its
+// offered rate is still ramping up and the share admits too much; the
+// forwarded count then scales the share down, to nothing at 1.25 times the
+// cap, which holds the total near the cap and is itself a max-min fair share.
+// In scenario quiet-network, 204,800 pps from 256 /24s against a cap of
+// 20,000, a client in a quiet /24 loses a few packets in the first second and
+// none after (495 to 516 of 499 to 516 over seeds 1-3), and the flood is held
+// at 19,990 to 20,430 pps; with the cap shared by one drop rate for everyone,
+// the client keeps 10 to 11% of its packets.
+//
 // # The sketches
 //
-// Every node has a count-min sketch of Depth rows by Width cells; a cell
-// holds an epoch and the offered and forwarded counts of both classes (40
-// bytes). A stream's count is the minimum over its cells in the rows, and
-// all its cells are updated. Columns come from strongly universal
-// multiply-add-shift hashing of the key's 32-bit words under a HashKey drawn
-// from crypto/rand per limiter (see HashKey), so collisions cannot be
-// computed offline.
+// Every node has a count-min sketch of Depth = 2 rows per class; a cell holds
+// the low bits of its epoch and the offered and forwarded counts of both
+// budgets, 20 bytes, and three cells share a 64-byte line, so that no cell
+// straddles two cache lines. A stream's count is the minimum over its cells
+// in the rows, and all its cells are updated. Columns come from strongly
+// universal multiply-add-shift hashing of the key's 32-bit words under a
+// HashKey drawn from crypto/rand per limiter (see HashKey), so collisions
+// cannot be computed offline, followed by a fixed mixing step that keeps keys
+// in arithmetic progression (consecutive /24s, ports) from crowding into a
+// few columns.
 //
-// Width 4096 and depth 2 give the classic count-min bound: an estimate
-// exceeds the true count by more than epsilon*N, epsilon = e/4096 = 0.066% of
-// the node's total count N, with probability at most delta = e^-2 = 13.5%
+// A row of class 0 has OpeningWidth = 4140 cells: an estimate exceeds the
+// true count by more than epsilon*N, epsilon = e/4140 = 0.066% of the node's
+// total count N, with probability at most delta = e^-2 = 13.5%
 // (TestSketchAccuracyZipf). The bound that matters for losses is sharper: a
-// legit stream is over-counted only if each of its cells collides with a heavy
-// stream, probability (1 - (1 - 1/4096)^K)^2 for K heavy streams. In scenario
-// distributed, K = 256 flooding /24s at 3,900 pps each against a limit of
-// 1000: 0.37% of legit /24s collide twice, where the reference
-// implementation's 2 x 512 sketch collides for 15%. The sketches take
-// 6 nodes x 2 x 4096 x 40 bytes = 1.9 MiB with the default lattice (up to
-// 5 MiB for 16 nodes; see Limiter.MemoryBytes).
+// legit stream is over-counted only if each of its cells collides with a
+// heavy stream, probability (1 - (1 - 1/4140)^K)^2 for K heavy streams. In
+// scenario distributed, K = 256 flooding /24s: 0.36% of legit /24s collide
+// twice, where the reference implementation's 2 x 512 sketch collides for
+// 15%; a flood from 1024 ports of one address (many-ports) shares both cells
+// of a legit stream's port with probability 4.8%. A row of class 1 has 768
+// cells: its limits are hundreds of times a client's rate, so cells shared
+// with a few other clients change nothing, and a single flooding source
+// shares both of a client's cells with probability 1/768^2. The socket's
+// total counts one stream and has one line per row. With the default
+// lattice the sketches of both classes take (5 x 1380 + 5 x 256 + 2) x 2 x
+// 64 = 1,047,296 bytes, under 1 MiB (Params.TotalLines); the 16-node lattice
+// takes 3.0 MiB.
 //
 // # Determinism
 //

@@ -11,10 +11,22 @@ import (
 const (
 	// Depth is the number of rows (independent hash functions) per sketch.
 	Depth = 2
-	// WidthBits is log2 of the number of cells per row.
-	WidthBits = 12
-	// Width is the number of cells per row.
-	Width = 1 << WidthBits
+	// CellsPerLine is the number of cells in a 64-byte line.
+	CellsPerLine = 3
+	// Rows are made of lines; their length depends on the class. A row
+	// of class 0 (connection-opening packets, or every datagram) has
+	// OpeningLines lines (OpeningWidth = 4140 cells), where a flood of
+	// many sources must not crowd out a legitimate one. A row of class 1
+	// (established connections) has EstablishedLines (768 cells): its
+	// limits are hundreds of times a client's rate, so sharing a cell with
+	// a few other sources changes nothing. The socket's total node counts
+	// a single stream and has one line per row. With the default lattice
+	// (6 nodes) the sketches of both classes take
+	// (5 x 1380 + 5 x 256 + 2) x 2 x 64 bytes = 1,047,296 bytes, under
+	// 1 MiB.
+	OpeningLines     = 1380
+	EstablishedLines = 256
+	OpeningWidth     = OpeningLines * CellsPerLine
 	// HashWords is the number of 32-bit words a node's key is hashed from:
 	// the family, four address words and one port word.
 	HashWords = 6
@@ -23,13 +35,19 @@ const (
 // HashKey is the secret of one limiter instance: the multipliers and offsets
 // of Depth multiply-add-shift hash functions (Dietzfelbinger; Thorup, "High
 // Speed Hashing for Integers and Strings"). For words x_i < 2^32 and A, B
-// drawn uniformly, h(x) = (sum A_i*x_i + B) mod 2^64 >> (64-WidthBits) is
+// drawn uniformly, the top bits of h(x) = (sum A_i*x_i + B) mod 2^64 are
 // strongly universal: two distinct keys collide in a row with probability
-// 1/Width, whatever the keys, as long as the secret is unknown. An attacker
-// therefore cannot compute colliding sources offline.
+// one over the row's width, whatever the keys, as long as the secret is
+// unknown. An attacker therefore cannot compute colliding sources offline.
+//
+// R and RB are a further such function, over the source address and port
+// and a time period, that ranks the sources at the fair total (see
+// Limiter.Decide).
 type HashKey struct {
-	A [Depth][HashWords]uint64
-	B [Depth]uint64
+	A  [Depth][HashWords]uint64
+	B  [Depth]uint64
+	R  [HashWords]uint64
+	RB uint64
 }
 
 // NewHashKey draws a hash key from r, or from crypto/rand when r is nil.
@@ -37,7 +55,7 @@ func NewHashKey(r io.Reader) (HashKey, error) {
 	if r == nil {
 		r = rand.Reader
 	}
-	var buf [Depth * (HashWords + 1) * 8]byte
+	var buf [(Depth + 1) * (HashWords + 1) * 8]byte
 	if _, err := io.ReadFull(r, buf[:]); err != nil {
 		return HashKey{}, fmt.Errorf("drawing hash key: %w", err)
 	}
@@ -54,6 +72,10 @@ func NewHashKey(r io.Reader) (HashKey, error) {
 		}
 		k.B[r] = next()
 	}
+	for i := range HashWords {
+		k.R[i] = next()
+	}
+	k.RB = next()
 	return k, nil
 }
 
@@ -102,5 +124,39 @@ func portWord(n Node, k *Key, perDstPort bool) uint64 {
 	return w
 }
 
-// column maps a full hash to a cell of a row.
-func column(h uint64) uint64 { return h >> (64 - WidthBits) }
+// mixMul is an odd 64-bit constant (2^64 divided by the golden ratio).
+const mixMul = 0x9E3779B97F4A7C15
+
+// mix breaks the linear structure of a multiply-add hash before its top bits
+// are used. Keys in arithmetic progression, such as 256 consecutive /24s or
+// ports, make a linear hash an arithmetic progression too; for one draw in
+// seven or so of the secret, its step is close to a fraction with a small
+// denominator and the keys crowd into a few columns (up to 244 of 256
+// colliding in a row of 2046, against 16 for random columns). Folding the
+// high half into the low half and multiplying is a fixed bijection, so two
+// keys still collide only when their hashes did or by chance, and
+// progressions spread like random keys (TestHashSpreadsProgressions).
+func mix(h uint64) uint64 {
+	h ^= h >> 32
+	return h * mixMul
+}
+
+// column maps a full hash to a cell of a row of lines lines: the top 32
+// bits of the mixed hash, scaled to [0, lines*CellsPerLine), give the line
+// (the integer part over lines) and the cell in the line (the fraction, times
+// CellsPerLine). This is floor(x*lines*CellsPerLine/2^32) split in two
+// without a division.
+func column(h uint64, lines uint32) (line, cell uint64) {
+	t := (mix(h) >> 32) * uint64(lines)
+	return t >> 32, (t & low32) * CellsPerLine >> 32
+}
+
+// rank is the rank of k's source (address and port) in period: uniform in
+// [0, 2^32) and independent of other sources' under a secret key.
+func (hk *HashKey) rank(k *Key, period uint64) uint32 {
+	h := hk.R[0]*period + hk.R[HashWords-1]*uint64(k.SrcPort) + hk.RB
+	for i, w := range k.Words {
+		h += hk.R[1+i] * uint64(w)
+	}
+	return uint32(mix(h) >> 32)
+}

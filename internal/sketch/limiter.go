@@ -5,32 +5,47 @@ import (
 	"unsafe"
 )
 
-// Traffic classes within a cell. A packet is clean until it survives a node
-// that is over its limit; from the next level on it is limited.
+// Budgets within a cell. A packet is clean until it survives a node that is
+// over its limit; from the next level on it is counted as limited, against a
+// budget of its own.
 const (
 	Clean   = 0
 	Limited = 1
 )
 
-// Counter is a pair of exponentially decayed packet counts, Q24, each a
-// weighted sum relative to the start of the cell's epoch (see Cell).
+// Counter is a pair of exponentially decayed packet counts (FracBits
+// fractional bits), each a weighted sum relative to the start of the cell's
+// epoch (see Cell).
 type Counter struct {
-	// Offered counts every packet of the class that reached the node.
-	Offered uint64
+	// Offered counts every packet of the budget that reached the node.
+	Offered uint32
 	// Forwarded counts the packets the node let through.
-	Forwarded uint64
+	Forwarded uint32
 }
 
 // Cell is one count-min cell. Its counters are scaled to the start of epoch
-// Epoch: the count as of time t is counter * GInv[slot(t)] once the cell has
-// been brought to t's epoch. The layout matches struct cell in the C program.
+// Epoch (the low 32 bits of the epoch number): the count as of time t is
+// counter * GInv[slot(t)] once the cell has been brought to t's epoch. The
+// layout matches struct cell in the C program.
 type Cell struct {
-	Epoch uint64
-	Class [2]Counter
+	Epoch  uint32
+	Budget [2]Counter
 }
 
-// CellBytes is the size of one cell.
-const CellBytes = int(unsafe.Sizeof(Cell{}))
+// Line is the unit of a sketch row in memory: three cells in one 64-byte
+// cache line, so that no cell straddles two lines.
+type Line struct {
+	Cells [CellsPerLine]Cell
+	_     uint32
+}
+
+// Sizes of the sketch memory, shared with the C program.
+const (
+	// CellBytes is the size of one cell.
+	CellBytes = int(unsafe.Sizeof(Cell{}))
+	// LineBytes is the size of one line.
+	LineBytes = int(unsafe.Sizeof(Line{}))
+)
 
 // Verdict is the limiter's decision on one packet.
 type Verdict struct {
@@ -44,16 +59,20 @@ type Verdict struct {
 	Level int
 	Node  Node
 	// Estimate is the node's estimated rate for the packet's stream as a
-	// decayed count over one window, Q24 (see Limiter.PPS).
+	// decayed count over one window (see Limiter.PPS).
 	Estimate uint64
 }
 
-// Limiter is the hierarchical fair-share limiter. It is deterministic: time
-// and randomness are arguments. It is not safe for concurrent use.
+// Limiter is the hierarchical fair-share limiter, with one lattice of
+// sketches per traffic class. It is deterministic: time and randomness are
+// arguments. It is not safe for concurrent use.
 type Limiter struct {
 	p     *Params
 	hk    HashKey
-	cells []Cell
+	lines []Line
+	// fair is the fair share of the total, by class and budget (see
+	// admitFair).
+	fair [NumClasses][2]uint64
 }
 
 // New returns a limiter for c with hash key hk.
@@ -62,7 +81,11 @@ func New(c Config, hk HashKey) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{p: p, hk: hk, cells: make([]Cell, len(p.Nodes)*Depth*Width)}, nil
+	l := &Limiter{p: p, hk: hk, lines: make([]Line, p.TotalLines)}
+	for c := range l.fair {
+		l.fair[c] = [2]uint64{FairUnbounded, FairUnbounded}
+	}
+	return l, nil
 }
 
 // Update replaces the configuration and keeps every count. The lattice shape
@@ -83,22 +106,30 @@ func (l *Limiter) Update(c Config) error {
 // Params returns the compiled configuration.
 func (l *Limiter) Params() *Params { return l.p }
 
-// MemoryBytes is the size of the sketches.
-func (l *Limiter) MemoryBytes() int { return len(l.cells) * CellBytes }
+// MemoryBytes is the size of the sketches of all classes.
+func (l *Limiter) MemoryBytes() int { return len(l.lines) * LineBytes }
 
-// Cells exposes the sketches, node by node in Params.Nodes order, then row,
-// then column; for tests that compare state with the BPF program.
-func (l *Limiter) Cells() []Cell { return l.cells }
+// Lines exposes the sketches, class by class, then node by node in
+// Params.Nodes order, then row, then line; for tests that compare state with
+// the BPF program.
+func (l *Limiter) Lines() []Line { return l.lines }
 
-// PPS converts an estimate (a decayed count over one window, Q24) to packets
-// per second.
+// FairShares returns the fair shares of the total, by class and budget;
+// for tests that compare state with the BPF program.
+func (l *Limiter) FairShares() [NumClasses][2]uint64 { return l.fair }
+
+// PPS converts an estimate (a decayed count over one window) to packets per
+// second.
 func (l *Limiter) PPS(estimate uint64) float64 { return l.p.PPS(estimate) }
 
-// cell returns the cell of row r of the sketch of the i-th node for a key
-// whose address hash in that row is ah and whose port word is pw.
-func (l *Limiter) cell(i, r int, ah, pw uint64) *Cell {
+// cell returns the cell of row r of the sketch of the i-th node of class
+// class for a key whose address hash in that row is ah and whose port word
+// is pw.
+func (l *Limiter) cell(class, i, r int, ah, pw uint64) *Cell {
 	h := ah + l.hk.A[r][HashWords-1]*pw + l.hk.B[r]
-	return &l.cells[(i*Depth+r)*Width+int(column(h))]
+	lines := l.p.Lines[class][i]
+	line, slot := column(h, lines)
+	return &l.lines[l.p.Base[class][i]+uint32(r)*lines+uint32(line)].Cells[slot]
 }
 
 // applies reports whether node n counts packets with key k: a packet without
@@ -111,48 +142,106 @@ func applies(p *Params, n Node, k *Key) bool {
 	return k.Family != Unknown || n.Prefix() == p.NumPrefixes-1
 }
 
-// refresh brings cell c to epoch e, decaying its counters by the idle time.
-func refresh(p *Params, c *Cell, e uint64) {
-	if c.Epoch == e {
+// refresh brings cell c to epoch e (the low 32 bits of the epoch number),
+// decaying its counters by the idle time. A reading slightly older than the
+// cell's epoch leaves the cell alone (see SkewEpochs).
+func refresh(p *Params, c *Cell, e uint32) {
+	idle := e - c.Epoch
+	if idle == 0 || idle > maxU32-SkewEpochs {
 		return
 	}
-	d := p.decay(e - c.Epoch) // a clock going backwards wraps to "long idle"
-	for i := range c.Class {
-		c.Class[i].Offered = mulQ32(c.Class[i].Offered, d)
-		c.Class[i].Forwarded = mulQ32(c.Class[i].Forwarded, d)
+	d := p.decay(idle)
+	for i := range c.Budget {
+		c.Budget[i].Offered = uint32(mulQ32(uint64(c.Budget[i].Offered), d))
+		c.Budget[i].Forwarded = uint32(mulQ32(uint64(c.Budget[i].Forwarded), d))
 	}
 	c.Epoch = e
 }
 
-// Decide counts a packet with key k arriving at time now (nanoseconds on a
-// monotonic clock) and decides its fate. rnd is a uniformly random 32-bit
-// number; its top 24 bits dither the forwarding threshold.
+// The fair total. When the socket's total enforces its limit, a packet
+// passes only if its source (address and port, ranked anew every period) is
+// admitted: rank * network <= share * 2^16, where network is the rate of the
+// packet's network (/24, /48) as a count, rank is uniform in [0, 2^32), and
+// share is the fair share as a count times 2^16. A network sending r is so
+// admitted at min(r, fair share): max-min fairness. Core-stateless fair
+// queueing finds the fair share from the accepted rate; here it is found
+// from the packets themselves, by stochastic approximation: the share
+// should admit the fraction f = thr/total of what arrives (total, the
+// total's offered rate, thr its limit), so every admitted packet shrinks it
+// by 1/2^FairStep of itself times 1 - f, and every refused one grows it by
+// 1/2^FairStep times f; the two balance exactly when the admitted fraction
+// is f. Below the limit the share is FairUnbounded. A network under the fair
+// share loses nothing, and over it whole sources are refused rather than a
+// random share of everyone's packets, so that the handshakes let through
+// complete (RFC 9312, section 4.4).
+const FairStep = 8
+
+// FairUnbounded is the fair share that admits every packet.
+const FairUnbounded = 1<<48 - 1
+
+// admitFair decides a packet at the fair total, whose offered count is
+// total and limit thr (both scaled to the packet's slot, thr < total), and
+// moves the share. forwarded is the total's forwarded count.
+func admitFair(share *uint64, rank, network, total, forwarded uint32, thr uint64) bool {
+	want := uint64(rank) * uint64(network)
+	bar := *share
+	if fwd, slack := uint64(forwarded), thr>>FairSlack; fwd > thr && slack > 0 {
+		bar = bar * ((thr + slack - min(fwd, thr+slack)) << 16 / slack) >> 16
+	}
+	// The share learns from whether it admits the packet, not from what
+	// the forwarded count makes of that.
+	f := thr << 16 / uint64(total)
+	step := *share>>FairStep + 1
+	if want <= *share<<16 {
+		*share -= step * (1<<16 - f) >> 16
+	} else {
+		*share = min(*share+step*f>>16+1, FairUnbounded)
+	}
+	return want <= bar<<16
+}
+
+// FairSlack bounds the fair total while its share settles: as a flood
+// starts, the offered rate is still ramping up and the share admits too
+// much. Once the forwarded count is over the limit, the share admits less in
+// proportion, down to nothing at thr + thr/2^FairSlack. The forwarded count
+// settles where what is admitted fills the limit, which is a max-min fair
+// share too: the flood's sources are cut, a quiet network's still pass.
+const FairSlack = 2
+
+// Decide counts a packet of class class (0 or 1) with key k arriving at time
+// now (nanoseconds on a monotonic clock) and decides its fate. rnd is a
+// uniformly random 32-bit number; its top FracBits bits dither the
+// forwarding threshold.
 //
 // Walking the lattice from the most specific level to the most general, each
-// node counts the packet in its class (clean or limited) and compares the
-// class's offered rate with the node's limit. Over the limit, the node
+// node counts the packet in its budget (clean or limited) and compares the
+// budget's offered rate with the node's limit. Over the limit, the node
 // forwards only while its forwarded count is below the limit: the packet is
 // dropped, and not counted further up, or it survives and is counted as
-// limited from the next level on.
-func (l *Limiter) Decide(k *Key, now int64, rnd uint32) Verdict {
+// limited from the next level on. At the socket's total the limit is shared
+// max-min fairly among networks, and whole sources rather than random
+// packets are dropped (see the package doc).
+func (l *Limiter) Decide(k *Key, class int, now int64, rnd uint32) Verdict {
 	p := l.p
 	t := uint64(now)
-	epoch := t >> EpochShift
+	epoch := uint32(t >> EpochShift)
 	slot := (t >> SlotShift) & (Slots - 1)
-	g := p.G[slot]
-	dither := uint64(rnd >> (32 - FracBits))
+	g, w := p.G[slot], p.W[slot]
+	dither := rnd >> (32 - FracBits)
 
 	// Nodes come in prefix order: hash each prefix once, when first needed.
 	var ah [Depth]uint64
 	hashed := -1
+	// The estimate of the packet's network, for the fair total.
+	var network uint32
 
 	v := Verdict{Level: -1}
-	class, pending, level := Clean, false, 0
+	budget, pending, level := Clean, false, 0
 	for i, n := range p.Nodes {
 		if n.Level() != level {
 			level = n.Level()
 			if pending {
-				class = Limited
+				budget = Limited
 			}
 		}
 		if !applies(p, n, k) {
@@ -164,22 +253,35 @@ func (l *Limiter) Decide(k *Key, now int64, rnd uint32) Verdict {
 		}
 		pw := portWord(n, k, p.PerDstPort)
 		var rows [Depth]*Counter
-		omin, fmin := maxU64, maxU64
+		omin, fmin := maxU32, maxU32
 		for r := range Depth {
-			c := l.cell(i, r, ah[r], pw)
+			c := l.cell(class, i, r, ah[r], pw)
 			refresh(p, c, epoch)
-			ctr := &c.Class[class]
-			ctr.Offered = satAdd(ctr.Offered, g)
+			ctr := &c.Budget[budget]
+			ctr.Offered = satAdd(ctr.Offered, w)
 			omin = min(omin, ctr.Offered)
 			fmin = min(fmin, ctr.Forwarded)
 			rows[r] = ctr
 		}
-		thr := p.Thresh[i]
-		if thr != maxU64 && omin > mulQ24(thr, g) {
-			over := Verdict{Limited: true, Level: level, Node: n, Estimate: mulQ32(omin, p.GInv[slot])}
-			if omin > mulQ24(p.Over[i], g) && fmin >= mulQ24(thr-dither, g) {
-				over.Drop = true
-				return over
+		if i == p.FairSource {
+			network = omin
+		}
+		thr := p.Thresh[class][i]
+		enforcing := thr != ThreshUnlimited && uint64(omin) > scale(p.Over[class][i], g)
+		if i == p.FairNode && !enforcing && l.fair[class][budget] != FairUnbounded {
+			l.fair[class][budget] = FairUnbounded
+		}
+		if thr != ThreshUnlimited && uint64(omin) > scale(thr, g) {
+			over := Verdict{Limited: true, Level: level, Node: n, Estimate: mulQ32(uint64(omin), p.GInv[slot])}
+			if enforcing {
+				if i == p.FairNode && network != 0 {
+					over.Drop = !admitFair(&l.fair[class][budget], l.hk.rank(k, t>>PeriodShift), network, omin, fmin, scale(thr, g))
+				} else {
+					over.Drop = uint64(fmin) >= scale(thr-dither, g)
+				}
+				if over.Drop {
+					return over
+				}
 			}
 			if !v.Limited {
 				v = over
@@ -187,16 +289,16 @@ func (l *Limiter) Decide(k *Key, now int64, rnd uint32) Verdict {
 			pending = true
 		}
 		for _, ctr := range rows {
-			ctr.Forwarded = satAdd(ctr.Forwarded, g)
+			ctr.Forwarded = satAdd(ctr.Forwarded, w)
 		}
 	}
 	return v
 }
 
 // Estimate returns node n's current estimate for key k's stream in class
-// class without counting a packet: the minimum over the rows of the decayed
-// offered count, Q24 per window.
-func (l *Limiter) Estimate(k *Key, n Node, class int, now int64) uint64 {
+// class and budget budget without counting a packet: the minimum over the
+// rows of the decayed offered count.
+func (l *Limiter) Estimate(k *Key, class int, n Node, budget int, now int64) uint64 {
 	p := l.p
 	i := -1
 	for j, m := range p.Nodes {
@@ -208,15 +310,42 @@ func (l *Limiter) Estimate(k *Key, n Node, class int, now int64) uint64 {
 		return 0
 	}
 	t := uint64(now)
-	epoch, slot := t>>EpochShift, (t>>SlotShift)&(Slots-1)
+	epoch, slot := uint32(t>>EpochShift), (t>>SlotShift)&(Slots-1)
 	var ah [Depth]uint64
 	l.hk.addrHashes(p, k, n.Prefix(), &ah)
 	pw := portWord(n, k, p.PerDstPort)
 	est := maxU64
 	for r := range Depth {
-		c := *l.cell(i, r, ah[r], pw) // a copy: estimating changes nothing
+		c := *l.cell(class, i, r, ah[r], pw) // a copy: estimating changes nothing
 		refresh(p, &c, epoch)
-		est = min(est, mulQ32(c.Class[class].Offered, p.GInv[slot]))
+		est = min(est, mulQ32(uint64(c.Budget[budget].Offered), p.GInv[slot]))
 	}
 	return est
+}
+
+// Sweep forgets the cells idle for the decay horizon or longer (about 39 h;
+// their counts have decayed to nothing) and moves them to now's epoch, so
+// that no cell idles long enough for its 32-bit epoch to wrap. Run it at
+// least once a day; the BPF filter's owner does the same to the kernel's
+// cells (bpf.Filter.Sweep). It returns the number of cells swept.
+func (l *Limiter) Sweep(now int64) int {
+	epoch := uint32(uint64(now) >> EpochShift)
+	n := 0
+	for i := range l.lines {
+		for j := range l.lines[i].Cells {
+			c := &l.lines[i].Cells[j]
+			if Stale(c.Epoch, epoch) {
+				*c = Cell{Epoch: epoch}
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Stale reports whether a cell last moved to epoch cell is, at epoch now, idle
+// for the decay horizon or longer (and not merely ahead of now by clock skew).
+func Stale(cell, now uint32) bool {
+	idle := now - cell
+	return idle >= decayHorizon && idle <= maxU32-SkewEpochs
 }

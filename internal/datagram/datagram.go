@@ -1,0 +1,290 @@
+// Package datagram decides the fate of one UDP datagram the way the BPF
+// socket filter's entry point (rakelimit() in bpf/rakelimit.c) does: the
+// allowlist, the QUIC class (package quicclass), then the version negotiation
+// cap or the class's hierarchical limiter (package sketch), and the counters.
+// It is deterministic (time and randomness are arguments) and not safe for
+// concurrent use. The BPF tests run packet traces through both and compare
+// verdicts, counters and sketch state; the userspace mode runs it on
+// datagrams quic-go reads.
+package datagram
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+// Config is the whole decision's configuration.
+type Config struct {
+	// Limiter configures the limiter: class 0 limits connection-opening
+	// packets (or every datagram when Classify is off), class 1 packets of
+	// established connections.
+	Limiter sketch.Config
+	// Classify sorts datagrams into QUIC classes. Off, every datagram is
+	// counted alike, in class 0: nothing is invalid.
+	Classify bool
+	// BlockedPorts are source ports whose datagrams are invalid (nil:
+	// none). Used only when classifying.
+	BlockedPorts *quicclass.Ports
+	// Negotiation is how many datagrams with an unknown QUIC version (and
+	// so a Version Negotiation reply) pass per second, for the whole
+	// socket, with a burst of as many; 0 drops them all.
+	Negotiation uint32
+	// DryRun delivers every datagram: drops are counted, not applied.
+	DryRun bool
+	// Allow exempts source prefixes from everything but their own count.
+	Allow []netip.Prefix
+}
+
+// MaxNegotiation bounds Config.Negotiation: a Version Negotiation reply
+// is for the rare client with a version quic-go lacks.
+const MaxNegotiation = 1_000_000
+
+// Validate reports the first thing wrong with c.
+func (c *Config) Validate() error {
+	if c.Negotiation > MaxNegotiation {
+		return fmt.Errorf("version_negotiation %d out of range [0, %d] datagrams per second", c.Negotiation, MaxNegotiation)
+	}
+	return c.Limiter.WithDefaults().Validate()
+}
+
+// Pacing is the version negotiation cap compiled for the pacer: a GCRA
+// (generic cell rate algorithm) with one datagram per Interval nanoseconds
+// and a burst tolerance of Tau nanoseconds. Interval 0 lets nothing through.
+type Pacing struct {
+	Interval, Tau uint64
+}
+
+// NewPacing compiles a rate in datagrams per second, with a burst of as
+// many.
+func NewPacing(rate uint32) Pacing {
+	if rate == 0 {
+		return Pacing{}
+	}
+	iv := uint64(time.Second) / uint64(rate)
+	return Pacing{Interval: iv, Tau: iv * uint64(rate-1)}
+}
+
+// Admit decides whether a datagram at now conforms to the pacing, given the
+// pacer's theoretical arrival time tat, and returns the new one. The C
+// program does the same with a compare-and-swap on tat.
+func (p Pacing) Admit(tat, now uint64) (bool, uint64) {
+	if p.Interval == 0 || tat > now+p.Tau {
+		return false, tat
+	}
+	return true, max(tat, now) + p.Interval
+}
+
+// Datagram is what the filter reads of a datagram.
+type Datagram struct {
+	// Key is the source and the ports; Key.HasPorts is false when the UDP
+	// header could not be found.
+	Key sketch.Key
+	// Length is the UDP payload's length in bytes.
+	Length int
+	// Probe is the start of the payload, at most quicclass.ProbeBytes.
+	Probe []byte
+}
+
+// Outcome is the decision on one datagram.
+type Outcome struct {
+	// Drop is true when the datagram is dropped (never in a dry run).
+	Drop bool
+	// Allowlisted datagrams skip everything else.
+	Allowlisted bool
+	// Class and Reason are the datagram's QUIC class (Opening when not
+	// classifying) and, for an invalid one, why.
+	Class  quicclass.Class
+	Reason quicclass.Reason
+	// Verdict is the limiter's, for the Opening and Established classes;
+	// Verdict.Drop is the drop a dry run does not apply.
+	Verdict sketch.Verdict
+	// Paced is false for a negotiation datagram over the cap.
+	Paced bool
+}
+
+// Families is the number of families the counters keep apart: 0 counts
+// datagrams without a readable network header, 1 IPv4, 2 IPv6.
+const Families = 3
+
+// FamilyIndex returns the counters' index of a family.
+func FamilyIndex(f sketch.Family) int {
+	switch f {
+	case sketch.IPv4:
+		return 1
+	case sketch.IPv6:
+		return 2
+	}
+	return 0
+}
+
+// Stats are the datagram counters, as the BPF filter keeps them per CPU.
+type Stats struct {
+	// Passed counts datagrams of each limiter class let through, by
+	// family; Limited those of them over a limit somewhere, by the level
+	// of the most specific such node.
+	Passed  [sketch.NumClasses][Families]uint64
+	Limited [sketch.NumClasses][Families][sketch.MaxLevels]uint64
+	// Dropped counts drops by the level of the node that dropped;
+	// WouldDrop the same in a dry run, where they are delivered.
+	Dropped   [sketch.NumClasses][Families][sketch.MaxLevels]uint64
+	WouldDrop [sketch.NumClasses][Families][sketch.MaxLevels]uint64
+	// Negotiation counts datagrams with an unknown version: passed
+	// (index 0), dropped over the cap (1), or over it in a dry run (2).
+	Negotiation [Families][3]uint64
+	// Invalid counts invalid datagrams by reason: dropped (index 0) or, in
+	// a dry run, delivered (1).
+	Invalid [2][Families][quicclass.NumReasons]uint64
+	// Allowed counts allowlisted datagrams.
+	Allowed [Families]uint64
+	// Errors counts datagrams passed because the filter could not reach
+	// its state (only the BPF program has such errors).
+	Errors uint64
+}
+
+// Unlimited counts the datagrams of a class and family that passed under
+// every limit: those passed less those limited somewhere.
+func (s *Stats) Unlimited(class, fam int) uint64 {
+	n := s.Passed[class][fam]
+	for _, l := range s.Limited[class][fam] {
+		n -= l
+	}
+	return n
+}
+
+// Add adds o to s.
+func (s *Stats) Add(o *Stats) {
+	for c := range sketch.NumClasses {
+		for f := range Families {
+			s.Passed[c][f] += o.Passed[c][f]
+			for l := range sketch.MaxLevels {
+				s.Limited[c][f][l] += o.Limited[c][f][l]
+				s.Dropped[c][f][l] += o.Dropped[c][f][l]
+				s.WouldDrop[c][f][l] += o.WouldDrop[c][f][l]
+			}
+		}
+	}
+	for f := range Families {
+		for i := range s.Negotiation[f] {
+			s.Negotiation[f][i] += o.Negotiation[f][i]
+		}
+		for d := range s.Invalid {
+			for r := range s.Invalid[d][f] {
+				s.Invalid[d][f][r] += o.Invalid[d][f][r]
+			}
+		}
+		s.Allowed[f] += o.Allowed[f]
+	}
+	s.Errors += o.Errors
+}
+
+// Filter is the whole decision with its state: the limiter's sketches, the
+// negotiation pacer and the counters.
+type Filter struct {
+	cfg    Config
+	pacing Pacing
+	lim    *sketch.Limiter
+	allow  allowlist
+	// tat is the negotiation pacer's theoretical arrival time.
+	tat   uint64
+	stats Stats
+}
+
+// New returns a filter for c with the limiter's hash key hk.
+func New(c Config, hk sketch.HashKey) (*Filter, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	lim, err := sketch.New(c.Limiter, hk)
+	if err != nil {
+		return nil, err
+	}
+	return &Filter{cfg: c, pacing: NewPacing(c.Negotiation), lim: lim, allow: newAllowlist(c.Allow)}, nil
+}
+
+// Update applies a new configuration and keeps the state; the lattice's
+// shape must not change.
+func (f *Filter) Update(c Config) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if err := f.lim.Update(c.Limiter); err != nil {
+		return err
+	}
+	f.cfg, f.pacing, f.allow = c, NewPacing(c.Negotiation), newAllowlist(c.Allow)
+	return nil
+}
+
+// Limiter returns the class limiter.
+func (f *Filter) Limiter() *sketch.Limiter { return f.lim }
+
+// PacerTAT returns the negotiation pacer's theoretical arrival time; for
+// tests that compare state with the BPF program.
+func (f *Filter) PacerTAT() uint64 { return f.tat }
+
+// Stats returns the counters.
+func (f *Filter) Stats() Stats { return f.stats }
+
+// Decide decides the fate of d at time now (nanoseconds, monotonic) with
+// the random number rnd, and counts it.
+func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
+	fam := FamilyIndex(d.Key.Family)
+	if f.allow.has(&d.Key) {
+		f.stats.Allowed[fam]++
+		return Outcome{Allowlisted: true, Paced: true}
+	}
+	out := Outcome{Paced: true}
+	dry := 0
+	if f.cfg.DryRun {
+		dry = 1
+	}
+	if f.cfg.Classify {
+		out.Class, out.Reason = f.classify(d)
+	}
+	switch out.Class {
+	case quicclass.Invalid:
+		f.stats.Invalid[dry][fam][out.Reason]++
+		out.Drop = !f.cfg.DryRun
+	case quicclass.Negotiation:
+		out.Paced, f.tat = f.pacing.Admit(f.tat, uint64(now))
+		switch {
+		case out.Paced:
+			f.stats.Negotiation[fam][0]++
+		case f.cfg.DryRun:
+			f.stats.Negotiation[fam][2]++
+		default:
+			f.stats.Negotiation[fam][1]++
+			out.Drop = true
+		}
+	default:
+		class := int(out.Class)
+		v := f.lim.Decide(&d.Key, class, now, rnd)
+		out.Verdict = v
+		lvl := max(v.Level, 0)
+		switch {
+		case v.Drop && f.cfg.DryRun:
+			f.stats.WouldDrop[class][fam][lvl]++
+		case v.Drop:
+			f.stats.Dropped[class][fam][lvl]++
+			out.Drop = true
+		default:
+			f.stats.Passed[class][fam]++
+			if v.Limited {
+				f.stats.Limited[class][fam][lvl]++
+			}
+		}
+	}
+	return out
+}
+
+// classify is quicclass.Classify on what the filter read of d; a datagram
+// without a readable UDP header is invalid.
+func (f *Filter) classify(d *Datagram) (quicclass.Class, quicclass.Reason) {
+	if !d.Key.HasPorts {
+		return quicclass.Invalid, quicclass.Unparsed
+	}
+	return quicclass.Classify(f.cfg.BlockedPorts, d.Key.SrcPort, d.Probe, d.Length)
+}
