@@ -80,6 +80,8 @@ func Scenarios() []*Scenario {
 	// sources each (an address and a port), every /24 under its own limit.
 	capped := cfg(1000)
 	capped.LevelLimits = map[int]uint32{top: 20_000}
+	proportional := capped
+	proportional.ProportionalTotal = true
 	var wide []Source
 	for n := range 256 {
 		for a := range 4 {
@@ -154,6 +156,17 @@ func Scenarios() []*Scenario {
 			Description: "1024 sources in 256 /24s, 800 pps per /24 (204,800 pps), fill the socket's total, capped at 20,000 pps; " +
 				"a client in a quiet /24 opens connections, 50 pps from random ports; limit 1000",
 			Config:  capped,
+			Seconds: 10,
+			Streams: []Stream{
+				{Flood, poisson(204_800, 10), oneOf(wide)},
+				{Legit, poisson(50, 10), randomIn("192.0.2.10/32", 0)},
+			},
+		},
+		{
+			Name: "quiet-network-proportional",
+			Description: "1024 sources in 256 /24s, 800 pps per /24 (204,800 pps), fill the socket's total, capped at 20,000 pps; " +
+				"a client in a quiet /24 opens connections, 50 pps from random ports; limit 1000; the total drops the same share of everyone (for comparison)",
+			Config:  proportional,
 			Seconds: 10,
 			Streams: []Stream{
 				{Flood, poisson(204_800, 10), oneOf(wide)},

@@ -110,6 +110,12 @@ func TestScenarios(t *testing.T) {
 			perSecond(Flood, 0, 1, 0, 2.2*20_000),
 			perSecond(Flood, 1, 10, 0.9*20_000, 1.1*20_000),
 		},
+		// For comparison: one drop rate for everyone at the total costs the
+		// quiet client most of its packets.
+		"quiet-network-proportional": {
+			perSecond(Legit, 1, 10, 0, 15),
+			perSecond(Flood, 1, 10, 0.9*20_000, 1.1*20_000),
+		},
 		"new-client-burst": {lossless(Legit)},
 		// Each phase (/64, then /48) is held from its second second on.
 		"ipv6-rotation": {

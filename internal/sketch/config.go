@@ -94,6 +94,10 @@ type Config struct {
 	// Established are the limits of class 1. Left zero, class 1 has the
 	// limits of class 0.
 	Established Limits
+	// ProportionalTotal turns the fair total off: the socket's total then
+	// drops the same share of everyone's packets, as every other node
+	// does. For comparisons (rakesim's quiet-network-proportional).
+	ProportionalTotal bool
 	// IPv4Prefixes and IPv6Prefixes are the source prefix lengths, most
 	// specific first, strictly decreasing and ending with 0. Both lists
 	// must have the same length: level i is prefix i of either family.
@@ -329,7 +333,7 @@ func Compile(c Config) (*Params, error) {
 			p.Thresh[class][i], p.Over[class][i] = ThreshUnlimited, ThreshUnlimited
 		}
 	}
-	if p.NumPrefixes > 1 {
+	if p.NumPrefixes > 1 && !c.ProportionalTotal {
 		total := NewNode(p.NumPrefixes-1, true, true)
 		networks := NewNode(p.NumPrefixes-2, true, true)
 		if !c.PerDstPort {
