@@ -172,7 +172,7 @@ func TestStreamEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer events.Close()
-	got := make(chan Stream, 100)
+	got := make(chan datagram.Stream, 100)
 	go func() {
 		for {
 			s, err := events.Read()
@@ -193,7 +193,7 @@ func TestStreamEvents(t *testing.T) {
 	elapsed := time.Since(start)
 	time.Sleep(200 * time.Millisecond)
 	events.Close()
-	var evs []Stream
+	var evs []datagram.Stream
 	for s := range got {
 		evs = append(evs, s)
 	}

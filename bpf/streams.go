@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -137,42 +138,12 @@ func allowFilter(prefixes []netip.Prefix) (filter [2][allowFilterBits / 64]uint6
 	return filter, always
 }
 
-// Stream is a stream the filter has recently dropped packets of: as the
-// lattice node that dropped them counts it, or the source of invalid
-// datagrams.
-type Stream struct {
-	// Class is the stream's class: quicclass.Opening or Established (or
-	// Opening for every datagram when the filter does not classify), or
-	// quicclass.Invalid, and then Reason says why.
-	Class  quicclass.Class
-	Reason quicclass.Reason
-	// Node and Level are the lattice node that dropped the packets (not
-	// for invalid datagrams).
-	Node  sketch.Node
-	Level int
-	// Key is the stream: the packet's key reduced to the node (address
-	// masked to its prefix, ports the node ignores set to zero; the
-	// destination port is kept), or an invalid datagram's source address
-	// (without its port).
-	Key sketch.Key
-	// First and Last are the first and the latest sampled drop.
-	First, Last time.Time
-	// Drops estimates the packets dropped: sampled drops times the
-	// sampling rate.
-	Drops uint64
-	// Estimate is the node's rate estimate at the latest sampled drop, a
-	// decayed count per window (sketch.Params.PPS converts it).
-	Estimate uint64
-	// DryRun is true when the drops were not applied.
-	DryRun bool
-}
-
 // invalidNode is the stream key's node of invalid datagrams (INVALID_NODE).
 const invalidNode = 0xff
 
 // stream converts the kernel's record.
-func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono monoClock) Stream {
-	s := Stream{
+func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono monoClock) datagram.Stream {
+	s := datagram.Stream{
 		Class:    quicclass.Class(k.Class),
 		Node:     sketch.Node(k.Node),
 		Level:    int(st.Level),
@@ -190,9 +161,9 @@ func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono mono
 }
 
 // Streams returns the streams the kernel tracks.
-func (f *Filter) Streams() ([]Stream, error) {
+func (f *Filter) Streams() ([]datagram.Stream, error) {
 	mono := newMonoClock()
-	var out []Stream
+	var out []datagram.Stream
 	var k rakelimitStreamKey
 	var st rakelimitStreamState
 	it := f.objs.Streams.Iterate()
@@ -207,14 +178,14 @@ func (f *Filter) Streams() ([]Stream, error) {
 
 // ExpireStreams forgets the streams without a sampled drop for idle and
 // returns them: they are no longer limited.
-func (f *Filter) ExpireStreams(idle time.Duration) ([]Stream, error) {
+func (f *Filter) ExpireStreams(idle time.Duration) ([]datagram.Stream, error) {
 	mono := newMonoClock()
 	var cutoff uint64
 	if d := uint64(idle.Nanoseconds()); d < mono.now {
 		cutoff = mono.now - d
 	}
 	var keys []rakelimitStreamKey
-	var out []Stream
+	var out []datagram.Stream
 	var k rakelimitStreamKey
 	var st rakelimitStreamState
 	it := f.objs.Streams.Iterate()
@@ -254,20 +225,20 @@ func (f *Filter) Events() (*EventReader, error) {
 
 // Read blocks until the kernel reports a stream it started dropping packets
 // of, or the reader is closed (the error is then ringbuf.ErrClosed).
-func (e *EventReader) Read() (Stream, error) {
+func (e *EventReader) Read() (datagram.Stream, error) {
 	rec, err := e.r.Read()
 	if err != nil {
-		return Stream{}, err
+		return datagram.Stream{}, err
 	}
 	var ev struct {
 		Key   rakelimitStreamKey
 		State rakelimitStreamState
 	}
 	if len(rec.RawSample) < int(unsafe.Sizeof(ev)) {
-		return Stream{}, fmt.Errorf("short event: %d bytes", len(rec.RawSample))
+		return datagram.Stream{}, fmt.Errorf("short event: %d bytes", len(rec.RawSample))
 	}
 	if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev); err != nil {
-		return Stream{}, fmt.Errorf("decoding an event: %w", err)
+		return datagram.Stream{}, fmt.Errorf("decoding an event: %w", err)
 	}
 	return e.f.stream(ev.Key, ev.State, e.mono), nil
 }
