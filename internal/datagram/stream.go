@@ -36,4 +36,3 @@ type Stream struct {
 	// DryRun is true when the drops were not applied.
 	DryRun bool
 }
-
