@@ -413,6 +413,13 @@ static __always_inline __u64 mulq32(__u64 a, __u64 b)
 	return (a >> 32) * b + (((a & LOW32) * b) >> 32);
 }
 
+// decay32 scales a 32-bit count by a Q32 factor (at most 2^32): mulq32 with a
+// high half of zero, in one multiplication, which the product's 64 bits hold.
+static __always_inline __u32 decay32(__u32 c, __u64 d)
+{
+	return ((__u64)c * d) >> 32;
+}
+
 // scale: a count scaled by a Q24 slot weight (sketch.scale).
 static __always_inline __u64 scale(__u32 c, __u64 g)
 {
@@ -746,28 +753,22 @@ static __always_inline __u64 decay(const struct config *cfg, __u32 k)
 
 // rescale brings a cell last touched in an older epoch to `epoch`, decaying
 // its counters by the idle time; a reading older than the cell's own epoch
-// (SKEW_WRAP) leaves it alone. It is a global function on purpose: the
-// verifier checks it once instead of at every call site in every iteration
-// of the node loop (which kept verification near the kernel's limit of a
-// million instructions), and the hot path, a cell already touched in this
+// (SKEW_WRAP) leaves it alone. The hot path, a cell already touched in this
 // epoch, does not call it.
 //
 // Two CPUs may find the same cell stale at once; the compare-and-swap on the
 // epoch lets only one of them decay it.
-__noinline int rescale(struct cell *c, const struct config *cfg, __u32 epoch)
+static __always_inline void rescale(struct cell *c, const struct config *cfg, __u32 epoch)
 {
-	if (!c || !cfg)
-		return 0;
 	__u32 last = c->epoch;
 	__u32 idle = epoch - last;
 	if (idle == 0 || idle > SKEW_WRAP || __sync_val_compare_and_swap(&c->epoch, last, epoch) != last)
-		return 0;
+		return;
 	__u64 d = decay(cfg, idle);
-	c->budget[0].offered = mulq32(c->budget[0].offered, d);
-	c->budget[0].forwarded = mulq32(c->budget[0].forwarded, d);
-	c->budget[1].offered = mulq32(c->budget[1].offered, d);
-	c->budget[1].forwarded = mulq32(c->budget[1].forwarded, d);
-	return 0;
+	c->budget[0].offered = decay32(c->budget[0].offered, d);
+	c->budget[0].forwarded = decay32(c->budget[0].forwarded, d);
+	c->budget[1].offered = decay32(c->budget[1].offered, d);
+	c->budget[1].forwarded = decay32(c->budget[1].forwarded, d);
 }
 
 // admit_fair: sketch.admitFair, for a packet whose rank times its network's
@@ -805,11 +806,11 @@ static __always_inline void set_verdict(struct verdict *v, int drop, __u8 n, __u
 	v->estimate = estimate;
 }
 
-// node_work is what decide and the functions it calls for each node share
-// about one packet and one node. The node loop calls global functions
-// (verified once each, whatever the loop's state) and keeps little state of
-// its own: the verifier would otherwise walk the loop once for every
-// combination of values its variables can take, past its limit.
+// node_work is what decide and visit_node share about one packet and one
+// node. The node loop calls a global function (verified once, whatever the
+// loop's state) and keeps no state of its own: the verifier would otherwise
+// walk the loop once for every combination of values its variables can take,
+// past its limit.
 struct node_work {
 	// Set by decide for the packet.
 	__u64 now;
@@ -821,17 +822,17 @@ struct node_work {
 	__u32 class;
 	// Set by decide for the node.
 	__u32 node;
+	// Set by visit_node: the budget, the node's rows, the address hashes
+	// of prefix slot hashed - 1 (0: none yet) and the node's hashes.
 	__u32 budget;
 	__u32 lines;
 	__u32 base;
-	__u32 pad;
+	__u32 hashed;
+	__u64 ah[DEPTH];
 	__u64 hash[DEPTH];
-	// Set by count_node: the offered and forwarded minima over the rows,
-	// and the line and cell of each row.
+	// Set by count_node: the offered and forwarded minima over the rows.
 	__u32 omin;
 	__u32 fmin;
-	__u32 line[DEPTH];
-	__u32 cell[DEPTH];
 	// Set by judge_node: the network's estimate (carried from the
 	// network node to the total) and the node's estimate of the stream.
 	__u32 network;
@@ -844,30 +845,12 @@ struct node_work {
 #define JUDGE_OVER 1
 #define JUDGE_DROP 2
 
-// node_cell returns the counter of row r that count_node found, or NULL.
-static __always_inline struct counter *node_cell(const struct node_work *nw, int r)
-{
-	__u32 idx = nw->line[r];
-	struct line *ln = bpf_map_lookup_elem(&cells, &idx);
-
-	if (!ln)
-		return NULL;
-	__u32 c = nw->cell[r];
-	// c is below 3 by construction; the verifier cannot tell through the
-	// multiplication that made it.
-	if (c >= CELLS_PER_LINE)
-		c = CELLS_PER_LINE - 1;
-	return &ln->cells[c].budget[nw->budget & 1];
-}
-
 // count_node counts the packet at one node: in each row, the cell its hash
 // selects is brought to this epoch and its offered count of the packet's
-// budget grows by the packet's weight. Returns -1 when a cell cannot be
-// reached.
-__noinline int count_node(const struct config *cfg, struct node_work *nw)
+// budget grows by the packet's weight; rows gets the counters. Returns -1
+// when a cell cannot be reached.
+static __always_inline int count_node(const struct config *cfg, struct node_work *nw, struct counter *rows[DEPTH])
 {
-	if (!cfg || !nw)
-		return -1;
 	nw->omin = U32_MAX;
 	nw->fmin = U32_MAX;
 #pragma unroll
@@ -878,11 +861,10 @@ __noinline int count_node(const struct config *cfg, struct node_work *nw)
 		struct line *ln = bpf_map_lookup_elem(&cells, &idx);
 		if (!ln)
 			return -1;
-		// See node_cell.
+		// c is below 3 by construction; the verifier cannot tell
+		// through the multiplication that made it.
 		if (c >= CELLS_PER_LINE)
 			c = CELLS_PER_LINE - 1;
-		nw->line[r] = idx;
-		nw->cell[r] = c;
 		struct cell *cl = &ln->cells[c];
 		if (cl->epoch != nw->epoch)
 			rescale(cl, cfg, nw->epoch);
@@ -890,6 +872,7 @@ __noinline int count_node(const struct config *cfg, struct node_work *nw)
 		ctr->offered = sat_add(ctr->offered, nw->w);
 		nw->omin = min32(nw->omin, ctr->offered);
 		nw->fmin = min32(nw->fmin, ctr->forwarded);
+		rows[r] = ctr;
 	}
 	return 0;
 }
@@ -899,13 +882,8 @@ __noinline int count_node(const struct config *cfg, struct node_work *nw)
 // (JUDGE_OVER) until the node enforces its limit, which lets it through only
 // while the forwarded count is under the dithered threshold or, at the fair
 // total, when its source is admitted (JUDGE_DROP otherwise).
-__noinline int judge_node(const struct config *cfg, const struct key *k, struct node_work *nw)
+static __always_inline int judge_node(const struct config *cfg, const struct key *k, struct node_work *nw)
 {
-	__u32 zero = 0;
-	struct fair *fs = bpf_map_lookup_elem(&fair_shares, &zero);
-
-	if (!cfg || !k || !nw || !fs)
-		return JUDGE_PASS;
 	__u32 i = nw->node & (MAX_NODES - 1);
 	__u32 class = nw->class & (NUM_CLASSES - 1);
 	__u32 budget = nw->budget & 1;
@@ -914,8 +892,9 @@ __noinline int judge_node(const struct config *cfg, const struct key *k, struct 
 		nw->network = omin;
 	__u32 thr = cfg->thresh[class][i];
 	int enforcing = thr != THRESH_UNLIMITED && omin > scale(cfg->over[class][i], nw->g);
-	int fair = i == cfg->fair_node;
-	if (fair && !enforcing && fs->share[class][budget] != FAIR_UNBOUNDED)
+	__u32 zero = 0;
+	struct fair *fs = i == cfg->fair_node ? bpf_map_lookup_elem(&fair_shares, &zero) : NULL;
+	if (fs && !enforcing && fs->share[class][budget] != FAIR_UNBOUNDED)
 		fs->share[class][budget] = FAIR_UNBOUNDED;
 	if (thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g))
 		return JUDGE_PASS;
@@ -924,7 +903,7 @@ __noinline int judge_node(const struct config *cfg, const struct key *k, struct 
 	if (!enforcing)
 		return JUDGE_OVER;
 	int drop;
-	if (fair && nw->network)
+	if (fs && nw->network)
 		drop = !admit_fair(&fs->share[class][budget],
 				   (__u64)rank(cfg, k, nw->now >> PERIOD_SHIFT) * nw->network, omin, fmin,
 				   scale(thr, nw->g));
@@ -933,24 +912,60 @@ __noinline int judge_node(const struct config *cfg, const struct key *k, struct 
 	return drop ? JUDGE_DROP : JUDGE_OVER;
 }
 
-// forward_node counts a forwarded packet in the cells count_node found.
+// forward_node counts a forwarded packet in the counters count_node found.
 // Over the limit the forwarded count decides, so no increment may be lost to
 // another CPU: atomic adds it atomically. It stays near the threshold then,
 // far from overflowing, so the saturating add would give the same sum.
-__noinline int forward_node(struct node_work *nw, int atomic)
+static __always_inline void forward_node(struct counter *rows[DEPTH], __u32 w, int atomic)
 {
-	if (!nw)
-		return -1;
 #pragma unroll
 	for (int r = 0; r < DEPTH; r++) {
-		struct counter *ctr = node_cell(nw, r);
-		if (!ctr)
-			return -1;
 		if (atomic)
-			__sync_fetch_and_add(&ctr->forwarded, nw->w);
+			__sync_fetch_and_add(&rows[r]->forwarded, w);
 		else
-			ctr->forwarded = sat_add(ctr->forwarded, nw->w);
+			rows[r]->forwarded = sat_add(rows[r]->forwarded, w);
 	}
+}
+
+// visit_node walks the packet through node i: it hashes the packet's key
+// for the node (the address part once per prefix slot, kept in nw), counts
+// it in the budget v says (limited from the level after the first node over
+// its limit, which v records), judges it against the node's limit, records
+// in v the most specific node over its limit, and counts it forwarded unless
+// it is dropped. Returns 1 to drop, 0 to go on, -1 when a cell cannot be
+// reached. A global function: the verifier checks it once, and the node loop
+// that calls it keeps no state of its own that could multiply the loop's
+// states past the verifier's limit.
+__noinline int visit_node(const struct config *cfg, const struct key *k, struct node_work *nw, struct verdict *v)
+{
+	if (!cfg || !k || !nw || !v)
+		return -1;
+	__u32 i = nw->node & (MAX_NODES - 1);
+	__u8 n = cfg->nodes[i];
+	nw->budget = v->limited && node_level(n) > v->level ? BUDGET_LIMITED : BUDGET_CLEAN;
+	int p = node_prefix(n) & (MAX_PREFIXES - 1);
+	if (p + 1 != nw->hashed) {
+		addr_hashes(cfg, k, p, nw->ah);
+		nw->hashed = p + 1;
+	}
+	__u64 pw = port_word(cfg, n, k);
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++)
+		nw->hash[r] = nw->ah[r] + cfg->hash_a[r][PORT_WORD] * pw + cfg->hash_b[r];
+	__u32 class = nw->class & (NUM_CLASSES - 1);
+	nw->lines = cfg->lines[class][i];
+	nw->base = cfg->base[class][i];
+	struct counter *rows[DEPTH];
+	if (count_node(cfg, nw, rows) < 0)
+		return -1;
+	int j = judge_node(cfg, k, nw);
+	if (j == JUDGE_DROP) {
+		set_verdict(v, 1, n, nw->estimate);
+		return 1;
+	}
+	if (j == JUDGE_OVER && !v->limited)
+		set_verdict(v, 0, n, nw->estimate);
+	forward_node(rows, nw->w, j == JUDGE_OVER);
 	return 0;
 }
 
@@ -969,11 +984,6 @@ static __always_inline int decide(const struct config *cfg, int class, const str
 		.dither = rnd >> (32 - FRAC_BITS),
 		.class = class,
 	};
-	// The address hashes of the prefix slot last used: nodes come in
-	// prefix order, so each slot is hashed once, and only if the packet
-	// gets that far.
-	__u64 ah[DEPTH] = {};
-	int hashed = -1;
 
 	// A real loop, not unrolled: unrolling all MAX_NODES iterations makes
 	// the program several times larger, and a socket filter's size is
@@ -982,38 +992,12 @@ static __always_inline int decide(const struct config *cfg, int class, const str
 	for (int i = 0; i < MAX_NODES; i++) {
 		if (i >= cfg->num_nodes)
 			break;
-		__u8 n = cfg->nodes[i];
-		// Limited from the level after the first node over its limit
-		// (the most specific, which v records) on; nodes come in level
-		// order. Derived from v rather than kept in variables of the
-		// loop, which would multiply the verifier's states.
-		nw.budget = v->limited && node_level(n) > v->level ? BUDGET_LIMITED : BUDGET_CLEAN;
-		if (!applies(cfg, n, k))
+		if (!applies(cfg, cfg->nodes[i], k))
 			continue;
-
-		__u64 pw = port_word(cfg, n, k);
-		int p = node_prefix(n) & (MAX_PREFIXES - 1);
-		if (p != hashed) {
-			addr_hashes(cfg, k, p, ah);
-			hashed = p;
-		}
-#pragma unroll
-		for (int r = 0; r < DEPTH; r++)
-			nw.hash[r] = ah[r] + cfg->hash_a[r][PORT_WORD] * pw + cfg->hash_b[r];
 		nw.node = i;
-		nw.lines = cfg->lines[class][i];
-		nw.base = cfg->base[class][i];
-		if (count_node(cfg, &nw) < 0)
-			return -1;
-		int j = judge_node(cfg, k, &nw);
-		if (j == JUDGE_DROP) {
-			set_verdict(v, 1, n, nw.estimate);
-			return 1;
-		}
-		if (j == JUDGE_OVER && !v->limited)
-			set_verdict(v, 0, n, nw.estimate);
-		if (forward_node(&nw, j == JUDGE_OVER) < 0)
-			return -1;
+		int drop = visit_node(cfg, k, &nw, v);
+		if (drop)
+			return drop;
 	}
 	return 0;
 }
