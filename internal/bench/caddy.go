@@ -169,8 +169,9 @@ func validateVariant(ctx context.Context, bin, dir string, s site, v Variant) er
 }
 
 // startCaddy starts Caddy with a variant's configuration (written by
-// validateVariant) and waits until the site answers over HTTP/3.
-func startCaddy(ctx context.Context, bin, dir string, s site, v Variant, tag string) (*caddyProc, error) {
+// validateVariant) and waits up to ready until the site answers over
+// HTTP/3. A Caddy that does not get there is stopped.
+func startCaddy(ctx context.Context, bin, dir string, s site, v Variant, tag string, ready time.Duration) (*caddyProc, error) {
 	logPath := filepath.Join(dir, "caddy-"+tag+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -183,7 +184,7 @@ func startCaddy(ctx context.Context, bin, dir string, s site, v Variant, tag str
 		return nil, err
 	}
 	c := &caddyProc{process: p, site: s, logPath: logPath}
-	if err := c.waitReady(ctx, 30*time.Second); err != nil {
+	if err := c.waitReady(ctx, ready); err != nil {
 		c.stop(5 * time.Second)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

@@ -57,7 +57,8 @@ func (c barChart) svg() string {
 	if hi == 0 {
 		lo, hi = 1, 1
 	}
-	y := svgchart.NewAxis(lo, hi, padT, chartH-padB)
+	// Half the smallest value: on a log axis the smallest bar stays visible.
+	y := svgchart.NewAxis(lo/2, hi, padT, chartH-padB)
 	if c.fixedHi > 0 {
 		y = svgchart.Axis{Hi: c.fixedHi, Top: padT, Bot: chartH - padB}
 	}

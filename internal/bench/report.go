@@ -48,6 +48,7 @@ const (
 	figGtlsOK      = "gtlsclient.success_pct"
 	figGtlsP50     = "gtlsclient.p50_ms"
 	figCPU         = "server.cpu_pct"
+	figCPUSeconds  = "server.cpu_seconds"
 	figRSS         = "server.peak_rss_mb"
 	figSocketDrops = "server.socket_drops"
 	figRcvbufDrops = "server.rcvbuf_drops"
@@ -88,6 +89,7 @@ func figures(r RunResult) map[string]float64 {
 	legit(r.Established, figEstOK, figEstP50, figEstP99)
 	legit(r.Gtls, figGtlsOK, figGtlsP50, "")
 	f[figCPU] = r.Server.CPUPct
+	f[figCPUSeconds] = r.Server.CPUSeconds
 	f[figRSS] = float64(r.Server.PeakRSSBytes) / 1e6
 	f[figSocketDrops] = float64(r.Server.SocketDrops)
 	f[figRcvbufDrops] = r.Server.RcvbufDrops
@@ -106,7 +108,11 @@ func figures(r RunResult) map[string]float64 {
 		f[transferFigure(t.Name, "seconds")] = t.Seconds
 		f[transferFigure(t.Name, "got_mb")] = float64(t.Got) / 1e6
 	}
+	// A killed Caddy's stop time is the limit, not a measurement.
 	f[figStop] = r.StopSeconds
+	if r.StopTimedOut {
+		f[figStop] = math.NaN()
+	}
 	return f
 }
 
@@ -312,7 +318,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		for _, sc := range floods {
 			for _, v := range rep.Variants {
 				s := summaryOf(rep, sc.Name, v.Name)
-				gt := "not run"
+				gt := rep.Machine.Gtlsclient // not installed, or off
 				if st.GtlsFetches > 0 {
 					gt = cell(s, figGtlsOK, pct)
 				}
@@ -381,10 +387,11 @@ func writeTransfers(w io.Writer, rep *Report) {
 		}
 		fmt.Fprintf(w, "| Caddy's stop | %s | | %s | | %s |\n", v.Name, stopCell(s, rep.Settings.StopTimeoutSeconds), to)
 	}
-	fmt.Fprintf(w, "\n| scenario | variant | Caddy CPU | peak RSS | module |\n|---|---|--:|--:|---|\n")
+	fmt.Fprintf(w, "\n| scenario | variant | Caddy CPU | CPU time | peak RSS | module |\n|---|---|--:|--:|--:|---|\n")
 	for _, v := range rep.Variants {
 		s := summaryOf(rep, "transfers", v.Name)
-		fmt.Fprintf(w, "| transfers | %s | %s | %s | %s |\n", v.Name, cell(s, figCPU, pct), cell(s, figRSS, mb), moduleCell(s))
+		fmt.Fprintf(w, "| transfers | %s | %s | %s | %s | %s |\n", v.Name, cell(s, figCPU, pct), cell(s, figCPUSeconds, secs),
+			cell(s, figRSS, mb), moduleCell(s))
 	}
 }
 

@@ -143,7 +143,7 @@ func TestWriteOutputs(t *testing.T) {
 		"| one-source | plain | 400k | 60.0% | 20.0 ms | 200.0 ms | 100.0% | 5.0 ms | 50.0 ms | 100.0% |",
 		"| one-source | rakelimit | 600k (1.50×) | 100.0% (1.67×) | 2.0 ms (0.10×) | 20.0 ms (0.10×) |",
 		"| one-source | plain | 80.0% | 500 MB | 1M | 1M | 70k | > 10 s, killed (3 of 3) | – |",
-		"| one-source | rakelimit | 20.0% (0.25×) | 200 MB (0.40×) | 6M (6.00×) | 0 (0.00×) | 0 (0.00×) | 0.10 s (0.01×) | dropped 6M (level 0 6M); passed 13k |",
+		"| one-source | rakelimit | 20.0% (0.25×) | 200 MB (0.40×) | 6M (6.00×) | 0 (0.00×) | 0 (0.00×) | 0.10 s (–) | dropped 6M (level 0 6M); passed 13k |",
 		"| upload | rakelimit | 800 (1.00×) | 1.00 s (1.00×) | 100 MB (1.00×) | 1 of 3 |",
 		"| Caddy's stop | plain | | 10.0 ms | | 0 of 3 |",
 		"- rep 3 transfers/rakelimit: upload: no progress for 10s: stalled (got 5 MB of 100 MB)",

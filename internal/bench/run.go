@@ -93,8 +93,10 @@ type RunResult struct {
 
 // ServerStats is Caddy's side of a scenario.
 type ServerStats struct {
-	// CPUPct is Caddy's CPU time over the window, in % of one core.
+	// CPUPct is Caddy's CPU time over the window, in % of one core;
+	// CPUSeconds the time itself.
 	CPUPct       float64 `json:"cpu_pct"`
+	CPUSeconds   float64 `json:"cpu_seconds"`
 	PeakRSSBytes uint64  `json:"peak_rss_bytes"`
 	// SocketDrops is the rise of the drops column of Caddy's UDP socket:
 	// datagrams the filter refused plus those a full receive buffer lost.
@@ -136,7 +138,7 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 		defer os.RemoveAll(dir)
 	}
 	b.dir = dir
-	rep := &Report{Date: began.UTC().Format(time.RFC3339), Command: o.Args, Variants: o.Variants, Scenarios: o.Scenarios, sizes: b.sizes}
+	rep := &Report{Date: began.UTC().Format(time.RFC3339), Command: o.Args, Variants: o.Variants, Scenarios: o.Scenarios}
 	if err := b.setup(ctx, rep); err != nil {
 		return nil, err
 	}
@@ -293,7 +295,7 @@ func machine() Machine {
 // stops it.
 func (b *bench) runOne(ctx context.Context, sc Scenario, v Variant, rep int) (RunResult, error) {
 	res := RunResult{Scenario: sc.Name, Variant: v.Name, Rep: rep}
-	c, err := startCaddy(ctx, b.bin, b.dir, b.site, v, fmt.Sprintf("%s-%s-%d", sc.Name, v.Name, rep))
+	c, err := startCaddy(ctx, b.bin, b.dir, b.site, v, fmt.Sprintf("%s-%s-%d", sc.Name, v.Name, rep), 30*time.Second)
 	if err != nil {
 		return res, err
 	}
@@ -364,7 +366,8 @@ func (w *window) end(ctx context.Context, res *RunResult) error {
 	drops := s1.drops - w.s0.drops
 	res.Seconds = s1.at.Sub(w.start).Seconds()
 	res.Server = ServerStats{
-		CPUPct: cpuPercent(w.s0, s1), PeakRSSBytes: rss, SocketDrops: drops,
+		CPUPct: cpuPercent(w.s0, s1), CPUSeconds: float64(s1.cpuTicks-w.s0.cpuTicks) / clockTicks,
+		PeakRSSBytes: rss, SocketDrops: drops,
 		ModuleRefused: refused, ModuleDelivered: delivered, RcvbufDrops: float64(drops) - refused,
 		Module: groups, Series: series,
 	}
