@@ -7,6 +7,7 @@
 //	go run ./cmd/rakebench                      # make bench: everything, 3 repetitions, docs/bench
 //	go run ./cmd/rakebench -scenarios idle,one-source -reps 1 -out /tmp/bench
 //	go run ./cmd/rakebench -variant 'strict=rakelimit 200' -variants strict
+//	go run ./cmd/rakebench -from docs/bench/results.json -out docs/bench -readme README.md   # render again, no measuring
 //
 // It needs root: the module loads a BPF program, and the benchmark resets
 // Caddy's peak RSS through /proc.
@@ -17,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -37,7 +39,13 @@ func main() {
 	// reaped, every flood stops, before the exit.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if _, err := bench.Run(ctx, opts, os.Stderr); err != nil {
+	run := bench.Run
+	if opts.From != "" {
+		run = func(_ context.Context, o *bench.Options, progress io.Writer) (*bench.Report, error) {
+			return bench.Rerender(o, progress)
+		}
+	}
+	if _, err := run(ctx, opts, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "rakebench:", err)
 		stop()
 		os.Exit(1)

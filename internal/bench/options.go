@@ -67,6 +67,9 @@ type Options struct {
 	Timeout time.Duration
 	// FloodMax bounds the datagrams of one flood.
 	FloodMax uint64
+	// From, when set, is a results.json to render again (results.md, the
+	// charts, Readme) instead of measuring.
+	From string
 	// Keep keeps the temporary directory (Caddy's configurations and logs).
 	Keep bool
 	// Args is the command line, for the report.
@@ -165,6 +168,7 @@ func ParseFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.IntVar(&o.AdminPort, "admin-port", 0, "Caddy's admin port (default: a free one)")
 	gtls := fs.String("gtlsclient", string(GtlsAuto), "gtlsclient fetches: auto (when installed), require, off")
 	fs.DurationVar(&o.Timeout, "timeout", 3*time.Second, "timeout of each legitimate request")
+	fs.StringVar(&o.From, "from", "", "render results.md, the charts and -readme again from this results.json, without measuring")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the temporary directory with Caddy's configurations and logs, and print its path")
 	fs.Uint64Var(&o.FloodMax, "flood-max", 20_000_000, "most datagrams one flood sends")
 	if err := fs.Parse(args); err != nil {

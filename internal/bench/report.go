@@ -276,7 +276,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "- Machine: %s, %d cores, %s\n", m.CPU, m.Cores, m.Kernel)
 	fmt.Fprintf(w, "- Caddy: %s, built with %s", m.Caddy, m.Go)
 	if m.Revision != "" {
-		fmt.Fprintf(w, " from commit %s", m.Revision)
+		fmt.Fprintf(w, " from commit %s", shortRev(m.Revision))
 	}
 	if m.Modules != "" {
 		fmt.Fprintf(w, " (%s)", m.Modules)
@@ -312,7 +312,8 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "\n## Legitimate clients during floods\n\n")
 		fmt.Fprintf(w, "New connection: a new QUIC connection (new socket) per request; established: one connection opened before the flood. ")
 		fmt.Fprintf(w, "Success counts every request started during the flood; latencies are of the successful ones. ")
-		fmt.Fprintf(w, "gtlsclient: %d fetches per run with ngtcp2's client.\n\n", st.GtlsFetches)
+		fmt.Fprintf(w, "gtlsclient: %d fetches per run with ngtcp2's client. ", st.GtlsFetches)
+		fmt.Fprintf(w, "Flood offered: datagrams per second the sender got out over the whole flood, pauses of the pulse included (results.json has the peak rate).\n\n")
 		fmt.Fprintf(w, "| scenario | variant | flood offered (datagrams/s) | new conn. success | new p50 | new p99 | established success | est. p50 | est. p99 | gtlsclient success |\n")
 		fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		for _, sc := range floods {
@@ -408,11 +409,17 @@ func stopCell(s *Summary, limit float64) string {
 	return out
 }
 
+// shortRev abbreviates a commit hash to 12 digits.
+func shortRev(rev string) string { return rev[:min(len(rev), 12)] }
+
 func sizeText(n int64) string {
-	if n >= 1e6 {
-		return fmt.Sprintf("%g MB", float64(n)/1e6)
+	switch {
+	case n >= 1e6 && n%1e6 == 0:
+		return fmt.Sprintf("%d MB", n/1e6)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1f MB", float64(n)/1e6)
 	}
-	return fmt.Sprintf("%d KB", n/1000)
+	return fmt.Sprintf("%d kB", n/1000)
 }
 
 // moduleCell describes the module's counters from the medians of the
@@ -516,7 +523,7 @@ func updateReadme(readme, dir string, rep *Report) error {
 	fmt.Fprintf(&s, "From `%s` on %s: %s, %d cores, %s; %s",
 		strings.Join(rep.Command, " "), rep.Date[:10], m.CPU, m.Cores, m.Kernel, m.Caddy)
 	if m.Revision != "" {
-		fmt.Fprintf(&s, ", commit %s", m.Revision)
+		fmt.Fprintf(&s, ", commit %s", shortRev(m.Revision))
 	}
 	fmt.Fprintf(&s, "; medians of %d repetitions. Tables: [%s/results.md](%s/results.md).\n\n", rep.Settings.Reps, rel, rel)
 	for _, ch := range charts(rep) {

@@ -246,3 +246,30 @@ func TestChartMissingValues(t *testing.T) {
 		t.Errorf("all missing: %d bars", bars)
 	}
 }
+
+// TestRerender: the outputs rendered again from results.json are the
+// outputs of the run.
+func TestRerender(t *testing.T) {
+	rep := fixedReport()
+	first, second := t.TempDir(), t.TempDir()
+	if err := writeOutputs(rep, first, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Rerender(&Options{From: filepath.Join(first, "results.json"), Out: second}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"results.md", "results.json", "legit-success.svg", "legit-p99.svg", "transfers.svg", "caddy-cpu.svg"} {
+		a, _ := os.ReadFile(filepath.Join(first, f))
+		b, err := os.ReadFile(filepath.Join(second, f))
+		if err != nil || len(a) == 0 || string(a) != string(b) {
+			t.Errorf("%s differs when rendered again (%v)", f, err)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "results.json")
+	os.WriteFile(bad, []byte(`{"runs":[]}`), 0o644)
+	for from, want := range map[string]string{bad: "no runs", filepath.Join(second, "missing.json"): "no such file"} {
+		if _, err := Rerender(&Options{From: from, Out: t.TempDir()}, io.Discard); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("-from %s: err = %v, want %q", from, err, want)
+		}
+	}
+}

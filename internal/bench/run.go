@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"debug/buildinfo"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -171,6 +172,29 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 	return rep, nil
 }
 
+// Rerender reads the results.json of an earlier run and writes its
+// results.md, charts and README section again with this version's report
+// code: the figures are the run's, recomputed medians and ratios included.
+func Rerender(o *Options, progress io.Writer) (*Report, error) {
+	b, err := os.ReadFile(o.From)
+	if err != nil {
+		return nil, fmt.Errorf("-from: %w", err)
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("-from %s: %w", o.From, err)
+	}
+	if len(rep.Runs) == 0 || len(rep.Variants) == 0 || rep.Variants[0].Name != Plain {
+		return nil, fmt.Errorf("-from %s: no runs, or no plain variant first", o.From)
+	}
+	rep.Summary = summarizeRuns(rep.Runs, rep.Variants, rep.Scenarios)
+	if err := writeOutputs(&rep, o.Out, o.Readme); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(progress, "rakebench: rendered %s from %s (run of %s)\n", filepath.Join(o.Out, "results.md"), o.From, rep.Date)
+	return &rep, nil
+}
+
 // setup finds or builds Caddy, picks ports, writes the files, starts the
 // upload backend and validates every variant.
 func (b *bench) setup(ctx context.Context, rep *Report) error {
@@ -185,6 +209,11 @@ func (b *bench) setup(ctx context.Context, rep *Report) error {
 		return err
 	}
 	rep.Machine = machine()
+	if o.Caddy == "" {
+		// When go build does not stamp the revision (-buildvcs=false),
+		// ask git.
+		rep.Machine.Revision, rep.Notes = gitRevision(ctx)
+	}
 	if rep.Machine.Caddy, err = caddyVersion(ctx, b.bin); err != nil {
 		return err
 	}
@@ -201,12 +230,9 @@ func (b *bench) setup(ctx context.Context, rep *Report) error {
 			if s.Key == "vcs.revision" {
 				rep.Machine.Revision = s.Value
 			}
-			if s.Key == "vcs.modified" && s.Value == "true" {
-				rep.Notes = append(rep.Notes, "Caddy was built from a work tree with uncommitted changes.")
+			if s.Key == "vcs.modified" && s.Value == "true" && len(rep.Notes) == 0 {
+				rep.Notes = append(rep.Notes, dirtyNote)
 			}
-		}
-		if len(rep.Machine.Revision) > 12 {
-			rep.Machine.Revision = rep.Machine.Revision[:12]
 		}
 	}
 	rep.Machine.Gtlsclient = "off"
@@ -272,6 +298,23 @@ func (b *bench) setup(ctx context.Context, rep *Report) error {
 		rep.Settings.GtlsFetches = 0
 	}
 	return nil
+}
+
+const dirtyNote = "Caddy was built from a work tree with uncommitted changes."
+
+// gitRevision returns the commit of the repository in the working directory
+// and a note when the work tree has changes; nothing when git cannot tell.
+func gitRevision(ctx context.Context) (string, []string) {
+	out, err := exec.CommandContext(ctx, "git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		return "", nil
+	}
+	rev := strings.TrimSpace(string(out))
+	status, err := exec.CommandContext(ctx, "git", "status", "--porcelain", "--untracked-files=no").Output()
+	if err == nil && len(bytes.TrimSpace(status)) > 0 {
+		return rev, []string{dirtyNote}
+	}
+	return rev, nil
 }
 
 // machine describes this machine.
