@@ -11,7 +11,7 @@ export BPF_CLANG BPF_CFLAGS
 # CAP_BPF), gtlsclient (an independent HTTP/3 client).
 DEB_PACKAGES = iproute2 util-linux ngtcp2-client
 
-.PHONY: deps generate run test
+.PHONY: deps generate run test bench bench-quick
 deps:
 	@if ! command -v ip >/dev/null || ! command -v setpriv >/dev/null || ! command -v gtlsclient >/dev/null; then \
 		echo "installing $(DEB_PACKAGES)"; \
@@ -28,3 +28,16 @@ run:
 # BPF tests need root (CAP_BPF, CAP_NET_ADMIN for namespaces).
 test: deps
 	go test ./...
+
+# The end-to-end benchmark (root: BPF): Caddy with and without rakelimit,
+# every scenario, 3 repetitions; writes docs/bench/ and the README's bench
+# section. About 20 minutes. BENCHFLAGS adds flags, e.g.
+# BENCHFLAGS="-variant 'strict=rakelimit 200'".
+bench: deps
+	go run ./cmd/rakebench -out docs/bench -readme README.md $(BENCHFLAGS)
+
+# Every scenario once and short (under 2 minutes), into a temporary
+# directory: the smoke test .ci/run runs. It fails on a broken harness, not
+# on figures.
+bench-quick: deps
+	go run ./cmd/rakebench -scale 0.2 -transfer-scale 0.1 -reps 1 -out $$(mktemp -d /tmp/rakebench-quick.XXXXXX) $(BENCHFLAGS)

@@ -7,6 +7,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/svgchart"
 )
 
 // WriteCSV writes the report with the header second,stream,offered,forwarded.
@@ -57,7 +59,7 @@ func (r *Result) WriteSVG(w io.Writer) error {
 			}
 		}
 	}
-	y := newAxis(lo, hi, padT, chartH-padB)
+	y := svgchart.NewAxis(lo, hi, padT, chartH-padB)
 	secs := float64(r.Scenario.Seconds)
 	xOf := func(s float64) float64 { return padL + s/secs*(chartW-padL-padR) }
 
@@ -65,8 +67,8 @@ func (r *Result) WriteSVG(w io.Writer) error {
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="13">`+"\n",
 		chartW, chartH, chartW, chartH)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%d" y="28" font-size="18" font-weight="bold">%s</text>`+"\n", padL, esc(r.Scenario.Name))
-	fmt.Fprintf(&b, `<text x="%d" y="50">%s</text>`+"\n", padL, esc(r.Scenario.Description))
+	fmt.Fprintf(&b, `<text x="%d" y="28" font-size="18" font-weight="bold">%s</text>`+"\n", padL, svgchart.Esc(r.Scenario.Name))
+	fmt.Fprintf(&b, `<text x="%d" y="50">%s</text>`+"\n", padL, svgchart.Esc(r.Scenario.Description))
 	fmt.Fprintf(&b, `<text x="%d" y="70" fill="#555">limit %d pps, window %v; one point per second</text>`+"\n",
 		padL, r.Scenario.Config.Limit, r.Scenario.Config.Window)
 
@@ -75,10 +77,10 @@ func (r *Result) WriteSVG(w io.Writer) error {
 	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d"/>`, padL, padT, padL, chartH-padB)
 	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d"/>`, padL, chartH-padB, chartW-padR, chartH-padB)
 	fmt.Fprintf(&b, "</g>\n")
-	for _, t := range y.ticks() {
-		py := y.pos(t)
+	for _, t := range y.Ticks() {
+		py := y.Pos(t)
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/>`, padL, py, chartW-padR, py)
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", padL-6, py+4, human(t))
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", padL-6, py+4, svgchart.Human(t))
 	}
 	step := max(1, int(math.Ceil(secs/12)))
 	for s := 0; s <= r.Scenario.Seconds; s += step {
@@ -88,13 +90,13 @@ func (r *Result) WriteSVG(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">time (s)</text>`+"\n", (padL+chartW-padR)/2, chartH-padB+48)
 	ylabel := "packets per second"
-	if y.log {
+	if y.Log {
 		ylabel += " (log scale)"
 	}
 	fmt.Fprintf(&b, `<text transform="translate(24 %d) rotate(-90)" text-anchor="middle">%s</text>`+"\n", (padT+chartH-padB)/2, ylabel)
 
 	// The limit.
-	ly := y.pos(limit)
+	ly := y.Pos(limit)
 	fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#2ca02c" stroke-dasharray="2 4" stroke-width="2"/>`,
 		padL, ly, chartW-padR, ly)
 	fmt.Fprintf(&b, `<text x="%d" y="%.1f" fill="#2ca02c" text-anchor="end">limit</text>`+"\n", chartW-padR-4, ly-6)
@@ -108,7 +110,7 @@ func (r *Result) WriteSVG(w io.Writer) error {
 		}
 		var pts []string
 		for _, row := range rows {
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", xOf(float64(row.Second)+0.5), y.pos(float64(l.value(row)))))
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", xOf(float64(row.Second)+0.5), y.Pos(float64(l.value(row)))))
 		}
 		dash := ""
 		if l.dashed {
@@ -123,74 +125,4 @@ func (r *Result) WriteSVG(w io.Writer) error {
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-// axis maps values to vertical positions, linearly or by decades.
-type axis struct {
-	log      bool
-	lo, hi   float64
-	top, bot float64
-}
-
-func newAxis(lo, hi float64, top, bot float64) axis {
-	a := axis{top: top, bot: bot}
-	if hi/math.Max(lo, 1) > 100 {
-		a.log = true
-		a.lo = math.Pow(10, math.Floor(math.Log10(math.Max(lo, 1))))
-		a.hi = math.Pow(10, math.Ceil(math.Log10(hi)))
-		return a
-	}
-	a.hi = niceCeil(hi * 1.1)
-	return a
-}
-
-func (a axis) pos(v float64) float64 {
-	f := v / a.hi
-	if a.log {
-		v = math.Max(v, a.lo) // zero sits on the axis
-		f = math.Log10(v/a.lo) / math.Log10(a.hi/a.lo)
-	}
-	return a.bot - f*(a.bot-a.top)
-}
-
-func (a axis) ticks() []float64 {
-	var t []float64
-	if a.log {
-		for v := a.lo; v <= a.hi*1.0001; v *= 10 {
-			t = append(t, v)
-		}
-		return t
-	}
-	for i := range 6 {
-		t = append(t, a.hi*float64(i)/5)
-	}
-	return t
-}
-
-// niceCeil rounds v up to 1, 2 or 5 times a power of ten.
-func niceCeil(v float64) float64 {
-	if v <= 0 {
-		return 1
-	}
-	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if m*p >= v {
-			return m * p
-		}
-	}
-	return 10 * p
-}
-
-func human(v float64) string {
-	switch {
-	case v >= 1e6:
-		return strconv.FormatFloat(v/1e6, 'g', 4, 64) + "M"
-	case v >= 1e3:
-		return strconv.FormatFloat(v/1e3, 'g', 4, 64) + "k"
-	}
-	return strconv.FormatFloat(v, 'g', 4, 64)
-}
-
-func esc(s string) string {
-	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace(s)
 }

@@ -1,0 +1,204 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+)
+
+// FloodResult is what one flood sent and what came back to its sockets.
+type FloodResult struct {
+	Kind      PacketKind `json:"kind"`
+	Sockets   int        `json:"sockets"`
+	Addresses int        `json:"addresses"`
+	// Sent and Bytes count datagrams the kernel accepted from the senders.
+	Sent  uint64 `json:"sent"`
+	Bytes uint64 `json:"bytes"`
+	// Seconds is how long the flood ran, pauses of a pulse included.
+	Seconds float64 `json:"seconds"`
+	// OfferedPPS is Sent / Seconds; PeakPPS is Sent over the time spent
+	// sending (equal for a continuous flood).
+	OfferedPPS float64 `json:"offered_pps"`
+	PeakPPS    float64 `json:"peak_pps"`
+	// CountBound is set when the flood stopped at its count, not its time.
+	CountBound bool   `json:"count_bound"`
+	SendErrors uint64 `json:"send_errors"`
+	FirstError string `json:"first_error,omitempty"`
+	// Reflected counts datagrams received on the flood's sockets: what
+	// the server sent back to the sources it was flooded from.
+	Reflected      uint64 `json:"reflected"`
+	ReflectedBytes uint64 `json:"reflected_bytes"`
+}
+
+// batchWriter is ipv4.PacketConn or ipv6.PacketConn: both send a batch with
+// one sendmmsg.
+type batchWriter interface {
+	WriteBatch(ms []ipv4.Message, flags int) (int, error)
+}
+
+// floodBatch is the number of datagrams per sendmmsg.
+const floodBatch = 64
+
+// flood is a set of sockets, each bound to the source address it claims and
+// connected to the target, with a reader per socket counting replies.
+type flood struct {
+	spec    *FloodSpec
+	conns   []*net.UDPConn
+	writers []batchWriter
+	readers sync.WaitGroup
+
+	reflected, reflectedBytes atomic.Uint64
+}
+
+// openFlood binds one socket per source and connects it to dst: the IPv4
+// loopback address 127.0.0.1 for IPv4 sources, ::1 for IPv6 ones. Only
+// loopback sources are accepted.
+func openFlood(spec *FloodSpec, port uint16) (*flood, error) {
+	f := &flood{spec: spec}
+	for _, src := range spec.Sources {
+		if !src.IsLoopback() {
+			f.close()
+			return nil, fmt.Errorf("flood source %v is not a loopback address", src)
+		}
+		dst := netip.AddrPortFrom(netip.IPv6Loopback(), port)
+		if src.Is4() {
+			dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), port)
+		}
+		c, err := net.DialUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)), net.UDPAddrFromAddrPort(dst))
+		if err != nil {
+			f.close()
+			return nil, fmt.Errorf("binding flood source %v: %w", src, err)
+		}
+		f.conns = append(f.conns, c)
+		if src.Is4() {
+			f.writers = append(f.writers, ipv4.NewPacketConn(c))
+		} else {
+			f.writers = append(f.writers, ipv6.NewPacketConn(c))
+		}
+		f.readers.Go(func() { f.read(c) })
+	}
+	return f, nil
+}
+
+// read counts the datagrams that arrive on c until c is closed.
+func (f *flood) read(c *net.UDPConn) {
+	buf := make([]byte, 2048)
+	for {
+		n, err := c.Read(buf)
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err == nil {
+			f.reflected.Add(1)
+			f.reflectedBytes.Add(uint64(n))
+		}
+		// Other errors are ICMP reports of the connected socket
+		// (ECONNREFUSED while the server is down): keep reading.
+	}
+}
+
+// run sends at full rate, round-robin over the sockets in batches, until d
+// has passed, count datagrams are sent or ctx is done; a pulsing flood sends
+// only during the On part of each period.
+func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uint64) FloodResult {
+	res := FloodResult{Kind: f.spec.Kind, Sockets: len(f.conns), Addresses: countAddrs(f.spec.Sources)}
+	gen := newPacketGen(f.spec.Kind, seed)
+	msgs := make([]ipv4.Message, floodBatch)
+	bufs := make([][]byte, floodBatch)
+	for i := range msgs {
+		bufs[i] = gen.newBuffer()
+		msgs[i].Buffers = [][]byte{nil}
+	}
+	start := time.Now()
+	end := start.Add(d)
+	period := f.spec.On + f.spec.Off
+	for i := 0; len(f.writers) > 0; i = (i + 1) % len(f.writers) {
+		now := time.Now()
+		if res.Sent >= count {
+			res.CountBound = true
+			break
+		}
+		if !now.Before(end) || ctx.Err() != nil {
+			break
+		}
+		if f.spec.On > 0 {
+			if phase := now.Sub(start) % period; phase >= f.spec.On {
+				t := time.NewTimer(min(period-phase, end.Sub(now)))
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				t.Stop()
+				continue
+			}
+		}
+		n := int(min(uint64(floodBatch), count-res.Sent))
+		for j := range n {
+			msgs[j].Buffers[0] = gen.next(bufs[j])
+		}
+		k, err := f.writers[i].WriteBatch(msgs[:n], 0)
+		for j := range k {
+			res.Bytes += uint64(len(msgs[j].Buffers[0]))
+		}
+		res.Sent += uint64(max(k, 0))
+		if err != nil {
+			res.SendErrors++
+			if res.FirstError == "" {
+				res.FirstError = err.Error()
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	sending := elapsed
+	if f.spec.On > 0 {
+		sending = onTime(elapsed, f.spec.On, f.spec.Off)
+	}
+	res.Seconds = elapsed.Seconds()
+	if res.Seconds > 0 {
+		res.OfferedPPS = float64(res.Sent) / res.Seconds
+	}
+	if sending > 0 {
+		res.PeakPPS = float64(res.Sent) / sending.Seconds()
+	}
+	return res
+}
+
+// finish waits grace for late replies, closes the sockets and adds the
+// replies counted to res.
+func (f *flood) finish(res *FloodResult, grace time.Duration) {
+	time.Sleep(grace)
+	f.close()
+	res.Reflected = f.reflected.Load()
+	res.ReflectedBytes = f.reflectedBytes.Load()
+}
+
+// close closes every socket and waits for the readers.
+func (f *flood) close() {
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.readers.Wait()
+}
+
+// onTime is the time spent in On phases during the first elapsed of a
+// pulse that starts on.
+func onTime(elapsed, on, off time.Duration) time.Duration {
+	period := on + off
+	return elapsed/period*on + min(elapsed%period, on)
+}
+
+func countAddrs(addrs []netip.Addr) int {
+	seen := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		seen[a] = true
+	}
+	return len(seen)
+}

@@ -1,0 +1,237 @@
+package bench
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// sink is a dual-stack UDP socket on loopback that counts what arrives and
+// when, and echoes the first echo datagrams back to their senders.
+type sink struct {
+	conn     *net.UDPConn
+	got      atomic.Int64
+	echoed   atomic.Int64
+	echo     int64
+	mu       sync.Mutex
+	arrivals []time.Time
+	done     chan struct{}
+}
+
+func newSink(t *testing.T, echo int64) *sink {
+	t.Helper()
+	c, err := net.ListenUDP("udp", &net.UDPAddr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadBuffer(8 << 20)
+	s := &sink{conn: c, echo: echo, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			s.got.Add(1)
+			s.mu.Lock()
+			s.arrivals = append(s.arrivals, time.Now())
+			s.mu.Unlock()
+			if s.echoed.Load() < s.echo {
+				if _, err := c.WriteToUDPAddrPort(buf[:min(n, 40)], from); err == nil {
+					s.echoed.Add(1)
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { c.Close(); <-s.done })
+	return s
+}
+
+func (s *sink) port() uint16 { return uint16(s.conn.LocalAddr().(*net.UDPAddr).Port) }
+
+// waitFor waits up to a second for the sink to have received n.
+func (s *sink) waitFor(n int64) int64 {
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline) && s.got.Load() < n; {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return s.got.Load()
+}
+
+func addrs(t *testing.T, ss ...string) []netip.Addr {
+	t.Helper()
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+func TestFloodStopsAtCount(t *testing.T) {
+	s := newSink(t, 0)
+	f, err := openFlood(&FloodSpec{Sources: addrs(t, "127.99.0.1", "127.99.0.2", "127.99.1.1"), Kind: PacketInitial}, s.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res := f.run(context.Background(), 10*time.Second, 2000, 1)
+	f.finish(&res, 0)
+	if time.Since(start) > 3*time.Second || res.Sent != 2000 || !res.CountBound || res.Bytes != 2000*MaxDatagram {
+		t.Fatalf("after %v: %+v; want 2000 datagrams, bound by the count", time.Since(start), res)
+	}
+	if got := s.waitFor(2000); got != 2000 {
+		t.Errorf("sink received %d, want 2000", got)
+	}
+	if res.Sockets != 3 || res.Addresses != 3 || res.OfferedPPS <= 0 {
+		t.Errorf("result %+v", res)
+	}
+}
+
+func TestFloodStopsAtTime(t *testing.T) {
+	s := newSink(t, 0)
+	f, err := openFlood(&FloodSpec{Sources: onePort(netip.MustParseAddr("127.99.0.3"), 8), Kind: PacketShort}, s.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res := f.run(context.Background(), 300*time.Millisecond, 1<<62, 1)
+	elapsed := time.Since(start)
+	f.finish(&res, 0)
+	if elapsed < 300*time.Millisecond || elapsed > time.Second || res.CountBound || res.Sent == 0 {
+		t.Fatalf("after %v: %+v; want ~300ms, bound by time", elapsed, res)
+	}
+	if res.Sockets != 8 || res.Addresses != 1 {
+		t.Errorf("one address on 8 ports: %+v", res)
+	}
+	time.Sleep(50 * time.Millisecond)
+	n := s.got.Load()
+	time.Sleep(100 * time.Millisecond)
+	if s.got.Load() != n {
+		t.Error("datagrams still arriving after the flood returned")
+	}
+}
+
+func TestFloodCancel(t *testing.T) {
+	s := newSink(t, 0)
+	f, err := openFlood(&FloodSpec{Sources: addrs(t, "127.99.0.4"), Kind: PacketInvalid}, s.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	res := f.run(ctx, 10*time.Second, 1<<62, 1)
+	f.finish(&res, 0)
+	if d := time.Since(start); d > time.Second || res.Sent == 0 {
+		t.Fatalf("cancelled flood returned after %v: %+v", d, res)
+	}
+}
+
+func TestFloodPulse(t *testing.T) {
+	s := newSink(t, 0)
+	const on, off = 100 * time.Millisecond, 300 * time.Millisecond
+	f, err := openFlood(&FloodSpec{Sources: addrs(t, "127.99.0.5"), Kind: PacketInitial, On: on, Off: off}, s.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res := f.run(context.Background(), 900*time.Millisecond, 1<<62, 1)
+	f.finish(&res, 50*time.Millisecond)
+	if res.Sent == 0 || res.PeakPPS < 2*res.OfferedPPS {
+		t.Fatalf("pulse %+v: want a peak rate well above the average", res)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	perPulse := map[int]int{}
+	const slack = 30 * time.Millisecond
+	for _, at := range s.arrivals {
+		since := at.Sub(start)
+		phase := since % (on + off)
+		if phase > on+slack && phase < on+off-slack {
+			t.Fatalf("a datagram arrived %v into the flood, %v into a pause", since, phase-on)
+		}
+		perPulse[int(since/(on+off))]++
+	}
+	for i := range 3 {
+		if perPulse[i] == 0 {
+			t.Errorf("nothing arrived in pulse %d: %v", i, perPulse)
+		}
+	}
+}
+
+func TestFloodCountsReflection(t *testing.T) {
+	s := newSink(t, 300)
+	f, err := openFlood(&FloodSpec{Sources: addrs(t, "127.99.0.6", "127.99.0.7", "::1"), Kind: PacketInitial}, s.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := f.run(context.Background(), 5*time.Second, 1000, 1)
+	f.finish(&res, 200*time.Millisecond)
+	if s.waitFor(1000) != 1000 {
+		t.Fatalf("sink received %d of 1000 (IPv4 and IPv6 sources)", s.got.Load())
+	}
+	if echoed := s.echoed.Load(); echoed != 300 || res.Reflected != uint64(echoed) || res.ReflectedBytes != 300*40 {
+		t.Fatalf("sink echoed %d; flood counted %d replies, %d bytes", echoed, res.Reflected, res.ReflectedBytes)
+	}
+}
+
+func TestFloodRefusesOtherSources(t *testing.T) {
+	for _, src := range []string{"192.0.2.1", "10.0.0.1", "fd00::1"} {
+		_, err := openFlood(&FloodSpec{Sources: addrs(t, "127.99.0.8", src), Kind: PacketInitial}, 9)
+		if err == nil || !strings.Contains(err.Error(), "flood source "+src+" is not a loopback address") {
+			t.Errorf("source %s: err = %v", src, err)
+		}
+	}
+}
+
+func TestScenarioAddresses(t *testing.T) {
+	legit := netip.MustParsePrefix("127.77.0.0/24")
+	transfer := netip.MustParsePrefix("127.78.0.0/16")
+	caddyNet := netip.MustParsePrefix("127.0.0.0/24")
+	for _, a := range []netip.Addr{newConnSrc, establishedSrc, probeSrc, transferSrc} {
+		if !legit.Contains(a) {
+			t.Errorf("legitimate source %v outside %v", a, legit)
+		}
+	}
+	for i := range concurrent {
+		if a := transferNet(i); !transfer.Contains(a) || (i > 0 && netip.PrefixFrom(a, 24).Masked() == netip.PrefixFrom(transferNet(i-1), 24).Masked()) {
+			t.Errorf("transfer source %d: %v", i, a)
+		}
+	}
+	wantSockets := map[string][2]int{ // sockets, /24s
+		"one-source": {1, 1}, "many-ports": {1024, 1}, "carpet-24": {256, 1}, "spread-1024": {1024, 256},
+		"invalid": {1024, 256}, "short-one": {1, 1}, "short-1024": {1024, 256}, "pulse": {1024, 256},
+	}
+	for _, sc := range Scenarios() {
+		if sc.Flood == nil {
+			continue
+		}
+		nets := map[netip.Prefix]bool{}
+		for _, a := range sc.Flood.Sources {
+			if !a.Is4() || !a.IsLoopback() || legit.Contains(a) || transfer.Contains(a) || caddyNet.Contains(a) {
+				t.Errorf("%s: source %v", sc.Name, a)
+			}
+			nets[netip.PrefixFrom(a, 24).Masked()] = true
+		}
+		if w := wantSockets[sc.Name]; len(sc.Flood.Sources) != w[0] || len(nets) != w[1] {
+			t.Errorf("%s: %d sockets in %d /24s, want %v", sc.Name, len(sc.Flood.Sources), len(nets), w)
+		}
+	}
+}
+
+func TestOnTime(t *testing.T) {
+	for _, tt := range []struct{ elapsed, want time.Duration }{
+		{0, 0}, {50 * time.Millisecond, 50 * time.Millisecond}, {300 * time.Millisecond, 100 * time.Millisecond},
+		{450 * time.Millisecond, 150 * time.Millisecond}, {2 * time.Second, 500 * time.Millisecond},
+	} {
+		if got := onTime(tt.elapsed, 100*time.Millisecond, 300*time.Millisecond); got != tt.want {
+			t.Errorf("onTime(%v) = %v, want %v", tt.elapsed, got, tt.want)
+		}
+	}
+}

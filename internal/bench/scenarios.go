@@ -1,0 +1,109 @@
+package bench
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Scenario is one measured situation: a flood (or none) with the legitimate
+// clients running, or the heavy transfers.
+type Scenario struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	// Flood is nil when nothing floods.
+	Flood *FloodSpec `json:"flood,omitempty"`
+	// Transfers marks the transfer scenario (no flood, no request clients).
+	Transfers bool `json:"transfers,omitempty"`
+}
+
+// FloodSpec says who floods and with what.
+type FloodSpec struct {
+	// Sources has one entry per socket: a repeated address is one
+	// address on several source ports.
+	Sources []netip.Addr `json:"-"`
+	Kind    PacketKind   `json:"kind"`
+	// On and Off make a pulsing flood: full rate for On, silence for Off.
+	// Zero On: continuous.
+	On  time.Duration `json:"on,omitempty"`
+	Off time.Duration `json:"off,omitempty"`
+}
+
+// Address plan, all in 127.0.0.0/8 and away from 127.0.0.0/24 (where Caddy
+// listens and gtlsclient connects from): the legitimate clients own
+// 127.77.0.0/24, the 20-connection transfer 127.78.0.0/16, each flood its own
+// range.
+var (
+	newConnSrc     = netip.AddrFrom4([4]byte{127, 77, 0, 1})
+	establishedSrc = netip.AddrFrom4([4]byte{127, 77, 0, 2})
+	probeSrc       = netip.AddrFrom4([4]byte{127, 77, 0, 250})
+	transferSrc    = netip.AddrFrom4([4]byte{127, 77, 0, 10})
+)
+
+// transferNet returns the source of the i-th connection of the 20-connection
+// transfer: 127.78.i.1, one /24 each.
+func transferNet(i int) netip.Addr { return netip.AddrFrom4([4]byte{127, 78, byte(i), 1}) }
+
+// onePort is one address on n source ports.
+func onePort(a netip.Addr, n int) []netip.Addr {
+	out := make([]netip.Addr, n)
+	for i := range out {
+		out[i] = a
+	}
+	return out
+}
+
+// carpet is every address of the /24 127.b.c.0/24.
+func carpet(b, c byte) []netip.Addr {
+	out := make([]netip.Addr, 256)
+	for i := range out {
+		out[i] = netip.AddrFrom4([4]byte{127, b, c, byte(i)})
+	}
+	return out
+}
+
+// spread is 1024 addresses over 256 /24s: 127.b.x.1 to 127.b.x.4.
+func spread(b byte) []netip.Addr {
+	out := make([]netip.Addr, 0, 1024)
+	for x := range 256 {
+		for h := 1; h <= 4; h++ {
+			out = append(out, netip.AddrFrom4([4]byte{127, b, byte(x), byte(h)}))
+		}
+	}
+	return out
+}
+
+// Scenarios returns every scenario, in the order they run.
+func Scenarios() []Scenario {
+	a := func(b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{127, b, c, d}) }
+	return []Scenario{
+		{Name: "idle", Description: "no flood: the clients alone"},
+		{Name: "one-source", Description: "one address, one port, Initial-like 1200-byte datagrams at full rate",
+			Flood: &FloodSpec{Sources: []netip.Addr{a(66, 0, 1)}, Kind: PacketInitial}},
+		{Name: "many-ports", Description: "one address over 1024 source ports, Initial-like, full rate",
+			Flood: &FloodSpec{Sources: onePort(a(66, 1, 1), 1024), Kind: PacketInitial}},
+		{Name: "carpet-24", Description: "all 256 addresses of one /24, Initial-like, full rate",
+			Flood: &FloodSpec{Sources: carpet(66, 2), Kind: PacketInitial}},
+		{Name: "spread-1024", Description: "1024 addresses over 256 /24s, Initial-like, full rate",
+			Flood: &FloodSpec{Sources: spread(80), Kind: PacketInitial}},
+		{Name: "invalid", Description: "QUIC junk from 1024 addresses over 256 /24s, in turn: unknown version (1200 B), " +
+			"Initials under 1200 B, fixed bit 0, connection ID length over 20",
+			Flood: &FloodSpec{Sources: spread(81), Kind: PacketInvalid}},
+		{Name: "short-one", Description: "short-header junk (unknown connection IDs, 1200 B) from one address",
+			Flood: &FloodSpec{Sources: []netip.Addr{a(66, 3, 1)}, Kind: PacketShort}},
+		{Name: "short-1024", Description: "short-header junk from 1024 addresses over 256 /24s",
+			Flood: &FloodSpec{Sources: spread(82), Kind: PacketShort}},
+		{Name: "pulse", Description: "1024 addresses over 256 /24s, Initial-like, full rate for 0.5 s every 2 s",
+			Flood: &FloodSpec{Sources: spread(83), Kind: PacketInitial, On: 500 * time.Millisecond, Off: 1500 * time.Millisecond}},
+		{Name: "transfers", Transfers: true, Description: "no flood: one 200 MB download, one 100 MB upload, " +
+			"20 x 10 MB downloads over one connection and over 20 connections from 20 /24s; then Caddy's stop"},
+	}
+}
+
+// ScenarioNames lists the scenario names in order.
+func ScenarioNames() []string {
+	var names []string
+	for _, s := range Scenarios() {
+		names = append(names, s.Name)
+	}
+	return names
+}
