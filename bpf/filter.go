@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -130,6 +131,9 @@ func load(c sketch.Config, o loadOptions) (_ *Filter, err error) {
 		return nil, fmt.Errorf("reading the embedded BPF object: %w", err)
 	}
 	spec.Maps[rakelimitMapCells].MaxEntries = uint32(len(p.Nodes) * sketch.Depth * sketch.Width)
+	if n := spec.Maps[rakelimitMapAllowlist].MaxEntries; n != MaxAllow {
+		return nil, fmt.Errorf("the BPF object's allowlist holds %d prefixes, the loader expects MaxAllow = %d", n, MaxAllow)
+	}
 	for name, on := range map[string]bool{
 		rakelimitVarTestMode:          o.testMode,
 		rakelimitVarBenchRandomSource: o.benchRandomSource,
@@ -151,7 +155,7 @@ func load(c sketch.Config, o loadOptions) (_ *Filter, err error) {
 	}
 	// Start on slot 1 so that the first write lands in slot 0.
 	f.active = 1
-	if err := f.apply(p); err != nil {
+	if err := f.configure(p, f.opts); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -186,19 +190,106 @@ func boolByte(b bool) uint8 {
 	return 0
 }
 
-// explainLoad turns the kernel's refusal into an error that says what to do.
+// LoadError is the kernel's refusal to load the filter. Its message is one
+// line that names the cause and what to do; the verifier's log, which can
+// run to thousands of lines, is kept apart for the caller to log at DEBUG.
+type LoadError struct {
+	msg string
+	// VerifierLog is the kernel verifier's log, when it produced one.
+	VerifierLog []string
+	err         error
+}
+
+// Error returns the one-line explanation.
+func (e *LoadError) Error() string { return e.msg }
+
+// Unwrap returns the kernel's error number (or the library's error when
+// there is none), so that errors.Is(err, unix.EPERM) holds.
+func (e *LoadError) Unwrap() error { return e.err }
+
+// explainLoad turns the kernel's refusal into a one-line error that says
+// what to do. It leaves out the BPF library's RLIMIT_MEMLOCK hint: from
+// Linux 5.11 BPF memory is charged to the memory cgroup, not to MEMLOCK, and
+// the filter needs 5.12 or later.
 func explainLoad(err error) error {
+	return explain(err, missingCapabilities())
+}
+
+// explain is explainLoad for a process that lacks the capabilities missing.
+func explain(err error, missing []string) error {
+	e := &LoadError{err: err}
 	var ve *ebpf.VerifierError
-	switch {
-	case errors.Is(err, unix.EPERM):
-		return fmt.Errorf("loading the rakelimit BPF socket filter: %w: the process needs CAP_BPF "+
-			"(kernel.unprivileged_bpf_disabled is %s); grant it with `setcap cap_bpf+ep /path/to/caddy` "+
-			"or, under systemd, AmbientCapabilities=CAP_BPF and CapabilityBoundingSet=CAP_BPF",
-			err, sysctl("kernel/unprivileged_bpf_disabled"))
-	case errors.As(err, &ve):
-		return fmt.Errorf("loading the rakelimit BPF socket filter: the kernel verifier rejected it: %+v", ve)
+	if errors.As(err, &ve) {
+		e.VerifierLog = ve.Log
 	}
-	return fmt.Errorf("loading the rakelimit BPF socket filter: %w", err)
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		e.err = errno
+	}
+	const what = "loading the rakelimit BPF socket filter"
+	switch {
+	case len(missing) > 0 && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)):
+		e.msg = fmt.Sprintf("%s: %v: the process lacks %s (it needs CAP_BPF and CAP_PERFMON); grant them with "+
+			"`setcap cap_bpf,cap_perfmon,cap_net_bind_service+ep %s` or, under systemd, "+
+			"AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_BIND_SERVICE (see Privileges in the README)",
+			what, e.err, strings.Join(missing, " and "), executable())
+	case ve != nil:
+		e.msg = fmt.Sprintf("%s: the kernel verifier rejected it (%v): %s (the whole log is at DEBUG level)",
+			what, e.err, lastLine(ve.Log))
+	case errors.Is(err, unix.EPERM):
+		e.msg = fmt.Sprintf("%s: %v although the process has CAP_BPF and CAP_PERFMON: a seccomp filter, a security "+
+			"module or kernel lockdown forbids it (kernel.unprivileged_bpf_disabled is %s)",
+			what, e.err, sysctl("kernel/unprivileged_bpf_disabled"))
+	default:
+		// Only EPERM carries the library's MEMLOCK hint.
+		e.msg = fmt.Sprintf("%s: %v", what, err)
+	}
+	return e
+}
+
+// missingCapabilities names the capabilities the process lacks to load the
+// filter: CAP_BPF and CAP_PERFMON, both implied by CAP_SYS_ADMIN.
+func missingCapabilities() []string {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return nil
+	}
+	has := func(c int) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
+	if has(unix.CAP_SYS_ADMIN) {
+		return nil
+	}
+	var out []string
+	for _, c := range []struct {
+		bit  int
+		name string
+	}{{unix.CAP_BPF, "CAP_BPF"}, {unix.CAP_PERFMON, "CAP_PERFMON"}} {
+		if !has(c.bit) {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
+
+// executable is the path of the running binary, for the setcap hint.
+func executable() string {
+	p, err := os.Executable()
+	if err != nil {
+		return "/path/to/caddy"
+	}
+	return p
+}
+
+// lastLine is the verifier's conclusion: the last line of its log that is
+// not the statistics summary.
+func lastLine(log []string) string {
+	for i := len(log) - 1; i >= 0; i-- {
+		if l := strings.TrimSpace(log[i]); l != "" && !strings.HasPrefix(l, "processed ") &&
+			!strings.HasPrefix(l, "verification time") && !strings.HasPrefix(l, "stack depth") {
+			return l
+		}
+	}
+	return "no log"
 }
 
 func sysctl(name string) string {
@@ -209,32 +300,133 @@ func sysctl(name string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// Update replaces the configuration of a live filter. The change governs the
-// next packet; the sketches and counters are kept. The lattice (prefix count
-// and PerDstPort) cannot change, since the sketches are laid out for it.
+// Update replaces the limiter configuration of a live filter and keeps its
+// options; see Configure.
 func (f *Filter) Update(c sketch.Config) error {
+	f.mu.Lock()
+	o := f.opts
+	f.mu.Unlock()
+	return f.Configure(c, o)
+}
+
+// Configure puts a limiter configuration and options in force on the live
+// filter, all or nothing, from the next packet; the sketches and counters
+// are kept. It checks everything first (the configuration, the lattice,
+// which cannot change since the sketches are laid out for it, and the
+// allowlist's size), then adds the new allowlist entries, writes the
+// inactive configuration slot, switches to it once, and removes the old
+// entries. On any error it undoes what it did: the slot in force, the
+// allowlist and what Params and the options report stay as they were.
+func (f *Filter) Configure(c sketch.Config, o Options) error {
 	p, err := sketch.Compile(c)
 	if err != nil {
 		return err
 	}
+	return f.configure(p, o)
+}
+
+func (f *Filter) configure(p *sketch.Params, o Options) (err error) {
+	if o.TrackShift > 31 {
+		return fmt.Errorf("track shift %d out of range [0, 31]", o.TrackShift)
+	}
+	next := map[rakelimitAllowKey]bool{}
+	for _, a := range o.Allow {
+		next[allowKey(a)] = true
+	}
+	if len(next) > MaxAllow {
+		return fmt.Errorf("allow: %d prefixes, more than the %d the kernel's allowlist holds", len(next), MaxAllow)
+	}
+	o.Allow = slices.Clone(o.Allow)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.params.SameShape(p) {
+	if f.params != nil && !f.params.SameShape(p) {
 		return fmt.Errorf("cannot change the lattice (prefix count or per-destination-port) of a loaded filter: %d nodes to %d",
 			len(f.params.Nodes), len(p.Nodes))
 	}
-	return f.applyLocked(p)
+	var add, drop []rakelimitAllowKey
+	for k := range next {
+		if !f.allow[k] {
+			add = append(add, k)
+		}
+	}
+	for k := range f.allow {
+		if !next[k] {
+			drop = append(drop, k)
+		}
+	}
+	// Undo log: entries added and removed so far, and whether the switch
+	// happened.
+	var added, removed []rakelimitAllowKey
+	prevSlot, switched := f.active, false
+	defer func() {
+		if err == nil {
+			return
+		}
+		var undo []error
+		if switched {
+			if e := f.objs.ActiveConfig.Update(uint32(0), prevSlot, ebpf.UpdateAny); e != nil {
+				undo = append(undo, fmt.Errorf("switching back: %w", e))
+			}
+		}
+		for _, k := range added {
+			if e := f.objs.Allowlist.Delete(k); e != nil && !errors.Is(e, ebpf.ErrKeyNotExist) {
+				undo = append(undo, fmt.Errorf("removing a new allowlist entry: %w", e))
+			}
+		}
+		for _, k := range removed {
+			if e := f.objs.Allowlist.Update(k, uint8(1), ebpf.UpdateAny); e != nil {
+				undo = append(undo, fmt.Errorf("restoring an allowlist entry: %w", e))
+			}
+		}
+		if len(undo) > 0 {
+			err = fmt.Errorf("%w; undoing it: %w", err, errors.Join(undo...))
+		}
+	}()
+	removeOld := func() error {
+		for _, k := range drop {
+			if e := f.objs.Allowlist.Delete(k); e != nil && !errors.Is(e, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("removing from the allowlist: %w", e)
+			}
+			removed = append(removed, k)
+		}
+		return nil
+	}
+	// New entries go in before the switch and old ones out after it, so
+	// that a prefix in both lists is never limited in between. When the
+	// trie cannot hold both lists, the old-only entries go first: their
+	// sources are then limited a moment early, never exempted late.
+	early := len(f.allow)+len(add) > MaxAllow
+	if early {
+		if err := removeOld(); err != nil {
+			return err
+		}
+	}
+	for _, k := range add {
+		if e := f.objs.Allowlist.Update(k, uint8(1), ebpf.UpdateAny); e != nil {
+			return fmt.Errorf("adding to the allowlist: %w", e)
+		}
+		added = append(added, k)
+	}
+	slot := 1 - f.active
+	cfg := f.slotConfig(p, o, len(next) > 0)
+	if e := f.objs.Configs.Update(slot, &cfg, ebpf.UpdateAny); e != nil {
+		return fmt.Errorf("writing the filter configuration: %w", e)
+	}
+	if e := f.objs.ActiveConfig.Update(uint32(0), slot, ebpf.UpdateAny); e != nil {
+		return fmt.Errorf("switching the filter configuration: %w", e)
+	}
+	switched = true
+	if !early {
+		if err := removeOld(); err != nil {
+			return err
+		}
+	}
+	f.active, f.params, f.opts, f.allow = slot, p, o, next
+	return nil
 }
 
-func (f *Filter) apply(p *sketch.Params) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.applyLocked(p)
-}
-
-// applyLocked writes p into the inactive configuration slot and then
-// switches the program to it, so that no packet sees half a configuration.
-func (f *Filter) applyLocked(p *sketch.Params) error {
+// slotConfig is the content of a configuration slot for p and o.
+func (f *Filter) slotConfig(p *sketch.Params, o Options, allowAny bool) rakelimitConfig {
 	var c rakelimitConfig
 	copy(c.Thresh[:], p.Thresh)
 	copy(c.Over[:], p.Over)
@@ -249,20 +441,22 @@ func (f *Filter) applyLocked(p *sketch.Params) error {
 	c.NumNodes = uint8(len(p.Nodes))
 	c.NumPrefixes = uint8(p.NumPrefixes)
 	c.PerDport = boolByte(p.PerDstPort)
-	c.DryRun = boolByte(f.opts.DryRun)
-	c.AllowAny = boolByte(len(f.allow) > 0)
-	c.AllowFilter, c.AllowAlways = allowFilter(f.opts.Allow)
-	c.TrackMask = 1<<f.opts.TrackShift - 1
+	c.DryRun = boolByte(o.DryRun)
+	c.AllowAny = boolByte(allowAny)
+	c.AllowFilter, c.AllowAlways = allowFilter(o.Allow)
+	c.TrackMask = 1<<o.TrackShift - 1
+	return c
+}
 
-	next := 1 - f.active
-	if err := f.objs.Configs.Update(next, &c, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("writing the filter configuration: %w", err)
+// ActiveSlot reads which of its two configuration slots the program reads
+// now; every Configure that succeeds switches it once. For diagnostics and
+// tests.
+func (f *Filter) ActiveSlot() (uint32, error) {
+	var slot uint32
+	if err := f.objs.ActiveConfig.Lookup(uint32(0), &slot); err != nil {
+		return 0, fmt.Errorf("reading the active configuration slot: %w", err)
 	}
-	if err := f.objs.ActiveConfig.Update(uint32(0), next, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("switching the filter configuration: %w", err)
-	}
-	f.active, f.params = next, p
-	return nil
+	return slot, nil
 }
 
 // Params returns the configuration in force.

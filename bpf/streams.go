@@ -35,39 +35,35 @@ type Options struct {
 	TrackShift uint8
 }
 
-// SetOptions applies o to the live filter. Allowlist entries are added
-// before the switch and removed after it, so that a prefix in both the old
-// and the new list is never limited in between.
+// SetOptions applies o to the live filter and keeps the limiter
+// configuration; see Configure.
 func (f *Filter) SetOptions(o Options) error {
-	if o.TrackShift > 31 {
-		return fmt.Errorf("track shift %d out of range [0, 31]", o.TrackShift)
+	f.mu.Lock()
+	p := f.params
+	f.mu.Unlock()
+	return f.configure(p, o)
+}
+
+// AllowEntries counts the prefixes in the kernel's allowlist.
+func (f *Filter) AllowEntries() (int, error) {
+	n := 0
+	var k rakelimitAllowKey
+	var v uint8
+	it := f.objs.Allowlist.Iterate()
+	for it.Next(&k, &v) {
+		n++
 	}
-	next := map[rakelimitAllowKey]bool{}
-	for _, p := range o.Allow {
-		next[allowKey(p)] = true
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("reading the allowlist: %w", err)
 	}
+	return n, nil
+}
+
+// trackShift is the sampling of drops in force.
+func (f *Filter) trackShift() uint8 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for k := range next {
-		if !f.allow[k] {
-			if err := f.objs.Allowlist.Update(k, uint8(1), ebpf.UpdateAny); err != nil {
-				return fmt.Errorf("adding to the allowlist: %w", err)
-			}
-		}
-	}
-	prev := f.allow
-	f.opts, f.allow = o, next
-	if err := f.applyLocked(f.params); err != nil {
-		return err
-	}
-	for k := range prev {
-		if !next[k] {
-			if err := f.objs.Allowlist.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("removing from the allowlist: %w", err)
-			}
-		}
-	}
-	return nil
+	return f.opts.TrackShift
 }
 
 // The allowlist's quick-reject filter, as in rakelimit.c: a bit per bucket
@@ -147,8 +143,8 @@ type Stream struct {
 	DryRun bool
 }
 
-// stream converts the kernel's record.
-func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono monoClock) Stream {
+// stream converts the kernel's record; shift is the drop sampling in force.
+func stream(k rakelimitStreamKey, st rakelimitStreamState, mono monoClock, shift uint8) Stream {
 	key := sketch.Key{Family: sketch.Family(k.Family), Words: k.Words, SrcPort: k.Sport, DstPort: k.Dport,
 		HasPorts: true}
 	return Stream{
@@ -157,7 +153,7 @@ func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono mono
 		Key:      key,
 		First:    mono.wall(st.FirstNs),
 		Last:     mono.wall(st.LastNs),
-		Drops:    st.SampledDrops << f.opts.TrackShift,
+		Drops:    st.SampledDrops << shift,
 		Estimate: st.Estimate,
 		DryRun:   st.DryRun != 0,
 	}
@@ -165,13 +161,13 @@ func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono mono
 
 // Streams returns the streams the kernel tracks.
 func (f *Filter) Streams() ([]Stream, error) {
-	mono := newMonoClock()
+	mono, shift := newMonoClock(), f.trackShift()
 	var out []Stream
 	var k rakelimitStreamKey
 	var st rakelimitStreamState
 	it := f.objs.Streams.Iterate()
 	for it.Next(&k, &st) {
-		out = append(out, f.stream(k, st, mono))
+		out = append(out, stream(k, st, mono, shift))
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading tracked streams: %w", err)
@@ -182,7 +178,7 @@ func (f *Filter) Streams() ([]Stream, error) {
 // ExpireStreams forgets the streams without a sampled drop for idle and
 // returns them: they are no longer limited.
 func (f *Filter) ExpireStreams(idle time.Duration) ([]Stream, error) {
-	mono := newMonoClock()
+	mono, shift := newMonoClock(), f.trackShift()
 	var cutoff uint64
 	if d := uint64(idle.Nanoseconds()); d < mono.now {
 		cutoff = mono.now - d
@@ -195,7 +191,7 @@ func (f *Filter) ExpireStreams(idle time.Duration) ([]Stream, error) {
 	for it.Next(&k, &st) {
 		if st.LastNs < cutoff {
 			keys = append(keys, k)
-			out = append(out, f.stream(k, st, mono))
+			out = append(out, stream(k, st, mono, shift))
 		}
 	}
 	if err := it.Err(); err != nil {
@@ -243,7 +239,7 @@ func (e *EventReader) Read() (Stream, error) {
 	if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev); err != nil {
 		return Stream{}, fmt.Errorf("decoding an event: %w", err)
 	}
-	return e.f.stream(ev.Key, ev.State, e.mono), nil
+	return stream(ev.Key, ev.State, e.mono, e.f.trackShift()), nil
 }
 
 // Close stops the reader; a blocked Read returns.
