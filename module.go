@@ -12,11 +12,13 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rakelimit/caddy-rakelimit/bpf"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -131,40 +133,57 @@ func (r *RakeLimit) settings() (settings, error) {
 		return settings{}, err
 	}
 	s := settings{Limiter: c, DryRun: r.DryRun}
+	seen := map[netip.Prefix]bool{}
 	for _, a := range r.Allow {
 		p, err := parsePrefix(a)
 		if err != nil {
 			return settings{}, fmt.Errorf("allow: %w", err)
 		}
-		s.Allow = append(s.Allow, p)
+		if !seen[p] {
+			seen[p] = true
+			s.Allow = append(s.Allow, p)
+		}
+	}
+	if len(s.Allow) > bpf.MaxAllow {
+		return settings{}, fmt.Errorf("allow: %d prefixes, more than the %d the kernel's allowlist holds; "+
+			"merge them into shorter prefixes", len(s.Allow), bpf.MaxAllow)
 	}
 	return s, nil
 }
 
 // parsePrefix reads a CIDR prefix or a single address (a /32 or /128).
 func parsePrefix(s string) (netip.Prefix, error) {
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return p, fmt.Errorf("invalid prefix %q: %v", s, err)
-		}
-		if p.Addr().Is4In6() {
-			if p.Bits() < 96 {
-				return p, fmt.Errorf("invalid prefix %q: an IPv4-mapped prefix needs at least 96 bits", s)
-			}
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-		}
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
+	addr, length, isPrefix := strings.Cut(s, "/")
+	a, err := netip.ParseAddr(addr)
 	if err != nil {
+		if isPrefix {
+			return netip.Prefix{}, fmt.Errorf("invalid prefix %q: %q is not an IP address", s, addr)
+		}
 		return netip.Prefix{}, fmt.Errorf("invalid address %q: want an address or a CIDR prefix", s)
 	}
 	if a.Zone() != "" {
 		return netip.Prefix{}, fmt.Errorf("invalid address %q: zones are not allowed", s)
 	}
-	a = a.Unmap()
-	return netip.PrefixFrom(a, a.BitLen()), nil
+	if !isPrefix {
+		a = a.Unmap()
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	bits, err := strconv.Atoi(length)
+	if err != nil || bits < 0 || bits > a.BitLen() || length != strconv.Itoa(bits) {
+		family := "IPv4"
+		if a.Is6() {
+			family = "IPv6"
+		}
+		return netip.Prefix{}, fmt.Errorf("invalid prefix %q: the length of an %s prefix is 0 to %d", s, family, a.BitLen())
+	}
+	p := netip.PrefixFrom(a, bits)
+	if a.Is4In6() {
+		if bits < 96 {
+			return p, fmt.Errorf("invalid prefix %q: an IPv4-mapped prefix needs at least 96 bits", s)
+		}
+		p = netip.PrefixFrom(a.Unmap(), bits-96)
+	}
+	return p.Masked(), nil
 }
 
 // CaddyModule returns the Caddy module information.
@@ -261,7 +280,7 @@ func prefixLengths(field string, lens []int, bits int) ([]uint8, error) {
 	var out []uint8
 	for _, l := range lens {
 		if l < 0 {
-			return nil, fmt.Errorf("%s %v: /%d is not a prefix length", field, lens, l)
+			return nil, fmt.Errorf("%s %v: /%d is not a prefix length: lengths are 0 to %d", field, lens, l, bits)
 		}
 		if l > bits {
 			return nil, fmt.Errorf("%s %v: /%d is longer than %d bits", field, lens, l, bits)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,9 +97,15 @@ func (reg *limiterRegistry) each(fn func(*limiter)) {
 func newLimiter(name string, s settings, logger *zap.Logger) (*limiter, error) {
 	f, err := bpf.Load(s.Limiter)
 	if err != nil {
+		// The error is one line; the verifier's log, thousands of
+		// lines, is for those who ask for it.
+		var le *bpf.LoadError
+		if errors.As(err, &le) && len(le.VerifierLog) > 0 {
+			logger.Debug("the kernel verifier's log", zap.String("limiter", name), zap.Strings("log", le.VerifierLog))
+		}
 		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
 	}
-	if err := f.SetOptions(options(s)); err != nil {
+	if err := f.Configure(s.Limiter, options(s)); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
 	}
@@ -150,6 +158,10 @@ func (l *limiter) provision(app *App, loadID any, s settings, logger *zap.Logger
 			}
 			prev, prevBy, prevLogger = l.set, l.appliedBy, l.logger
 			l.set, l.appliedBy, l.logger = s, app, logger
+			if !prev.equal(s) {
+				logger.Info("new settings in force", append([]zap.Field{zap.String("limiter", l.name),
+					zap.Strings("listeners", l.addrs())}, settingsFields(s)...)...)
+			}
 			return nil
 		},
 		revert: func() {
@@ -168,15 +180,29 @@ func (l *limiter) provision(app *App, loadID any, s settings, logger *zap.Logger
 	return nil
 }
 
-// apply puts s in force on the filter.
+// apply puts s in force on the filter, all or nothing, with one switch of
+// its configuration.
 func (l *limiter) apply(s settings) error {
-	if err := l.filter.Update(s.Limiter); err != nil {
-		return fmt.Errorf("rakelimit %q: %w", l.name, err)
-	}
-	if err := l.filter.SetOptions(options(s)); err != nil {
+	if err := l.filter.Configure(s.Limiter, options(s)); err != nil {
 		return fmt.Errorf("rakelimit %q: %w", l.name, err)
 	}
 	return nil
+}
+
+// settingsFields are the log fields that describe s.
+func settingsFields(s settings) []zap.Field {
+	c := s.Limiter.WithDefaults()
+	levels := make([]string, c.Levels())
+	for lvl := range levels {
+		if lim := levelLimit(s, lvl); lim == 0 {
+			levels[lvl] = "off"
+		} else {
+			levels[lvl] = strconv.FormatUint(uint64(lim), 10)
+		}
+	}
+	return []zap.Field{zap.Uint32("limit", c.Limit), zap.Duration("window", c.Window),
+		zap.Strings("level_limits", levels), zap.Bool("dry_run", s.DryRun),
+		zap.Int("allowlisted_prefixes", len(s.Allow))}
 }
 
 // attach attaches the filter to conn, unless it already is. A socket has
@@ -200,16 +226,63 @@ func (l *limiter) attach(conn *net.UDPConn) (attached bool, err error) {
 	return true, nil
 }
 
-// snapshot returns the settings in force, the logger and the listeners'
-// addresses.
+// snapshot returns the settings in force, the logger and the addresses of
+// the open sockets the filter is attached to.
 func (l *limiter) snapshot() (settings, *zap.Logger, []string) {
+	l.forgetClosed()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.set, l.logger, l.addrs()
+}
+
+// addrs lists the sockets' addresses; l.mu must be held.
+func (l *limiter) addrs() []string {
 	addrs := make([]string, len(l.conns))
 	for i, c := range l.conns {
 		addrs[i] = c.LocalAddr().String()
 	}
-	return l.set, l.logger, addrs
+	return addrs
+}
+
+// forgetClosed drops the sockets that Caddy has closed since the filter was
+// attached (a reload that moved or removed a listener) from the limiter and
+// the registry: they no longer appear in the admin view or the metrics.
+func (l *limiter) forgetClosed() {
+	limiters.mu.Lock()
+	defer limiters.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.conns = slices.DeleteFunc(l.conns, func(c *net.UDPConn) bool {
+		if !isClosed(c) {
+			return false
+		}
+		if limiters.owners[c] == l {
+			delete(limiters.owners, c)
+		}
+		return true
+	})
+}
+
+// isClosed reports whether conn's socket has been closed.
+func isClosed(conn *net.UDPConn) bool {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return true
+	}
+	return rc.Control(func(uintptr) {}) != nil
+}
+
+// ownerOf returns the limiter attached to the open socket that matches, and
+// whether there is one.
+func (reg *limiterRegistry) ownerOf(match func(*net.UDPConn) bool) (*limiter, bool) {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	for c, l := range reg.owners {
+		if !isClosed(c) && match(c) {
+			return l, true
+		}
+	}
+	return nil, false
 }
 
 // levelLimit is the limit in packets per second of a level under s, or 0
@@ -270,7 +343,7 @@ func (l *limiter) expireStreams() {
 			return
 		case <-tk.C:
 		}
-		set, logger, listeners := l.snapshot()
+		set, logger, listeners := l.snapshot() // also forgets closed sockets
 		expired, err := l.filter.ExpireStreams(streamIdle(set))
 		if err != nil {
 			logger.Error("expiring limited streams", zap.String("limiter", l.name), zap.Error(err))
@@ -303,7 +376,9 @@ func (l *limiter) Destruct() error {
 	l.done.Wait()
 	limiters.mu.Lock()
 	for _, c := range l.conns {
-		delete(limiters.owners, c)
+		if limiters.owners[c] == l {
+			delete(limiters.owners, c)
+		}
 	}
 	limiters.mu.Unlock()
 	for _, c := range l.conns {
