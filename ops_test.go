@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -172,7 +174,7 @@ func TestDryRunReload(t *testing.T) {
 	if err := c.load(fmt.Sprintf(siteWithLimit, limit)); err != nil {
 		t.Fatal(err)
 	}
-	if limiterNamed(DefaultName) != lim || len(lim.conns) != 1 {
+	if limiterNamed(DefaultName) != lim || len(lim.listenersNow()) != 1 {
 		t.Fatal("the reload replaced the limiter or attached again")
 	}
 	drops1 := socketDrops(t, c.port)
@@ -271,4 +273,84 @@ func TestLimitedStreamLogs(t *testing.T) {
 	b, _ := json.Marshal(start)
 	e, _ := json.Marshal(stop)
 	t.Logf("flood of %d packets, log lines:\n%s\n%s", sent, b, e)
+}
+
+// listenerLabels returns the distinct values of the listener label of
+// caddy_rakelimit_packets_total in a Prometheus exposition.
+func listenerLabels(exposition string) []string {
+	seen := map[string]bool{}
+	for _, line := range strings.Split(exposition, "\n") {
+		if !strings.HasPrefix(line, "caddy_rakelimit_packets_total{") {
+			continue
+		}
+		_, rest, ok := strings.Cut(line, `listener="`)
+		if !ok {
+			continue
+		}
+		v, _, _ := strings.Cut(rest, `"`)
+		seen[v] = true
+	}
+	return slices.Sorted(maps.Keys(seen))
+}
+
+// TestClosedListenersForgotten: after five reloads that move the listener
+// to a new port, the admin view lists the one open listener, and the
+// metrics' listener label names it alone: the sockets Caddy closed are
+// forgotten.
+func TestClosedListenersForgotten(t *testing.T) {
+	c := startCaddyWith(t, &testCaddy{admin: freePort(t)}, fmt.Sprintf(siteWithLimit, 100))
+	for i := range 5 {
+		c.port = freePort(t)
+		if err := c.load(fmt.Sprintf(siteWithLimit, 100)); err != nil {
+			t.Fatalf("reload %d: %v", i, err)
+		}
+		want := fmt.Sprintf("[::]:%d", c.port)
+		var view AdminView
+		var labels []string
+		// Caddy closes the old socket as it stops the old configuration.
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			_, body := c.adminGet("/rakelimit/")
+			if err := json.Unmarshal([]byte(body), &view); err != nil {
+				t.Fatalf("decoding %s: %v", body, err)
+			}
+			_, m := c.adminGet("/metrics")
+			labels = listenerLabels(m)
+			if len(view.Limiters) == 1 && slices.Equal(view.Limiters[0].Listeners, []string{want}) &&
+				slices.Equal(labels, []string{want}) || time.Now().After(deadline) {
+				break
+			}
+		}
+		if len(view.Limiters) != 1 || !slices.Equal(view.Limiters[0].Listeners, []string{want}) {
+			t.Fatalf("after reload %d to port %d the admin view lists %+v", i, c.port, view.Limiters)
+		}
+		if !slices.Equal(labels, []string{want}) {
+			t.Fatalf("after reload %d to port %d the metrics' listener labels are %q", i, c.port, labels)
+		}
+	}
+}
+
+// TestReloadLogsNewSettings: a reload that changes the settings logs them
+// at INFO, as the start does; a reload that changes nothing logs nothing.
+func TestReloadLogsNewSettings(t *testing.T) {
+	const msg = "new settings in force"
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	c := startCaddyWith(t, &testCaddy{logFile: logFile}, fmt.Sprintf(siteWithLimit, 200))
+	changed := strings.Replace(fmt.Sprintf(siteWithLimit, 600), "window 1s", "window 2s\n\t\tlevel_limit 3 off\n\t\tdry_run", 1)
+	for _, site := range []string{changed, changed} {
+		if err := c.load(site); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines := logLines(t, logFile, msg)
+	if len(lines) != 1 {
+		t.Fatalf("%d lines %q after a reload that changed the settings and one that did not, want 1", len(lines), msg)
+	}
+	l := lines[0]
+	levels, _ := json.Marshal(l["level_limits"])
+	if l["level"] != "info" || l["limit"] != 600.0 || l["window"] != 2.0 || l["dry_run"] != true ||
+		string(levels) != `["600","600","600","off"]` || fmt.Sprint(l["listeners"]) != fmt.Sprintf("[[::]:%d]", c.port) {
+		t.Fatalf("log line %v", l)
+	}
+	b, _ := json.Marshal(l)
+	t.Logf("%s", b)
 }
