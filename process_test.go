@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -288,9 +289,12 @@ func TestLeastPrivilege(t *testing.T) {
 					t.Fatalf("setcap %s: %v: %s", tt.fileCaps, err, out)
 				}
 			}
-			port := freePort(t)
+			port, admin := freePort(t), freePort(t)
 			cfg := filepath.Join(dir, "Caddyfile")
-			if err := os.WriteFile(cfg, []byte(processCaddyfile(t, port, "debug", "rakelimit 100")), 0o644); err != nil {
+			// With the admin endpoint, for the metrics, and the log at DEBUG.
+			config := strings.Replace(processCaddyfile(t, port, "debug", "rakelimit 100"), "admin off",
+				fmt.Sprintf("admin localhost:%d", admin), 1)
+			if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -326,12 +330,19 @@ func TestLeastPrivilege(t *testing.T) {
 			if !strings.Contains(out.String(), "protecting listener") {
 				t.Fatal("rakelimit did not attach")
 			}
-			const limit = 100
-			sent, dropped := c.floodDropped(limit)
-			if !held(sent, dropped, limit) {
-				t.Fatalf("a flood of %d at 30x the limit: the socket dropped %d", sent, dropped)
+			// Its filter's count of drops, from its metrics.
+			c.admin = admin
+			dropped := func() uint64 {
+				_, m := c.adminGet("/metrics")
+				return uint64(metric(t, m, "caddy_rakelimit_packets_total", `verdict="dropped"`, `level="0"`, `family="ipv4"`))
 			}
-			t.Logf("as uid %d: flood of %d at 30x the limit, %d dropped", nobody, sent, dropped)
+			const limit = 100
+			dropped0 := dropped()
+			sent := quicFlood(t, floodSrc, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)), 30*limit, time.Second)
+			if d := dropped() - dropped0; !held(sent, d, limit) {
+				t.Fatalf("a flood of %d at 30x the limit: the filter dropped %d", sent, d)
+			}
+			t.Logf("as uid %d: flood of %d at 30x the limit, %d dropped", nobody, sent, dropped()-dropped0)
 		})
 	}
 }
