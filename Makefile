@@ -1,5 +1,7 @@
-# Developer entry points; the README's two commands are `sudo make run` and
-# `sudo make test`.
+# Developer entry points; the README's two commands are `make run` and
+# `make test`. Both work as root (no sudo needed) and as a user with sudo:
+# Go builds as the calling user, and only what needs privileges (installing
+# packages, loading BPF) runs through sudo.
 
 # Pinned toolchain for the BPF object: CI regenerates with exactly this and
 # fails when the committed output differs.
@@ -7,37 +9,64 @@ BPF_CLANG ?= clang-16
 BPF_CFLAGS ?= -O2 -g -Wall -Werror -mcpu=v3
 export BPF_CLANG BPF_CFLAGS
 
+# Go where its installer puts it, for shells (and sudo) that lack it on PATH.
+export PATH := $(PATH):/usr/local/go/bin
+
+# SUDO runs a command as root: nothing for root, sudo for anyone else,
+# keeping the variables the tests read.
+ifeq ($(shell id -u),0)
+SUDO :=
+else
+SUDO := sudo --preserve-env=CI,RAKELIMIT_REQUIRE_BPF
+endif
+
 # Debian packages the tests use: ip (network namespaces), setpriv (dropping
-# CAP_BPF), gtlsclient (an independent HTTP/3 client).
-DEB_PACKAGES = iproute2 util-linux ngtcp2-client
+# privileges), setcap (granting capabilities to a copy of the test binary),
+# gtlsclient (an independent HTTP/3 client), gcc (the race detector needs cgo).
+DEB_PACKAGES = iproute2 util-linux libcap2-bin ngtcp2-client gcc
+DEB_COMMANDS = ip setpriv setcap gtlsclient gcc
 
 .PHONY: deps generate run test bench bench-quick
 deps:
-	@if ! command -v ip >/dev/null || ! command -v setpriv >/dev/null || ! command -v gtlsclient >/dev/null; then \
-		echo "installing $(DEB_PACKAGES)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PACKAGES) >/dev/null; \
+	@missing=; for c in $(DEB_COMMANDS); do \
+		PATH="$$PATH:/usr/sbin:/sbin" command -v $$c >/dev/null || missing="$$missing $$c"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing $(DEB_PACKAGES) (missing:$$missing)"; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PACKAGES) >/dev/null; \
 	fi
 
 generate:
 	cd bpf && go generate ./...
 
-# Caddy with rakelimit on the example config (root: loading BPF needs CAP_BPF).
+# Caddy with rakelimit on the example config, run as root (loading BPF needs
+# CAP_BPF and CAP_PERFMON).
 run:
-	go run ./cmd/caddy run --config testdata/Caddyfile
+	@echo "building ./caddy (Caddy with rakelimit): the first build compiles Caddy and takes a few minutes; packages are listed as they compile"
+	go build -v -o caddy ./cmd/caddy
+	$(SUDO) ./caddy run --config testdata/Caddyfile
 
-# BPF tests need root (CAP_BPF, CAP_NET_ADMIN for namespaces).
+# Every test; the test binaries run as root (BPF, network namespaces,
+# dropping privileges). The race detector checks every package but the
+# simulator, which starts no goroutine and runs six times slower under it.
+TEST_EXEC = $(if $(SUDO),-exec '$(SUDO)' )
 test: deps
-	go test ./...
+	go test -race $(TEST_EXEC)$$(go list ./... | grep -v /internal/sim$$)
+	go test $(TEST_EXEC)./internal/sim
 
-# The end-to-end benchmark (root: BPF): Caddy with and without rakelimit,
-# every scenario, 3 repetitions; writes docs/bench/ and the README's bench
-# section. About 20 minutes. BENCHFLAGS adds flags, e.g.
-# BENCHFLAGS="-variant 'strict=rakelimit 200'".
+# The end-to-end benchmark: Caddy with and without rakelimit, every scenario,
+# 3 repetitions; writes docs/bench/ and the README's bench section. About 20
+# minutes. Built as the caller, run as root (BPF, floods from many loopback
+# addresses). BENCHFLAGS adds flags, e.g. BENCHFLAGS="-variant 'strict=rakelimit 200'".
 bench: deps
-	go run ./cmd/rakebench -out docs/bench -readme README.md $(BENCHFLAGS)
+	go build -o caddy ./cmd/caddy
+	go build -o rakebench ./cmd/rakebench
+	$(SUDO) ./rakebench -caddy ./caddy -out docs/bench -readme README.md $(BENCHFLAGS)
 
 # Every scenario once and short (under 2 minutes), into a temporary
 # directory: the smoke test .ci/run runs. It fails on a broken harness, not
 # on figures.
 bench-quick: deps
-	go run ./cmd/rakebench -scale 0.2 -transfer-scale 0.1 -reps 1 -out $$(mktemp -d /tmp/rakebench-quick.XXXXXX) $(BENCHFLAGS)
+	go build -o caddy ./cmd/caddy
+	go build -o rakebench ./cmd/rakebench
+	$(SUDO) ./rakebench -caddy ./caddy -scale 0.2 -transfer-scale 0.1 -reps 1 -out $$(mktemp -d /tmp/rakebench-quick.XXXXXX) $(BENCHFLAGS)

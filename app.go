@@ -2,6 +2,8 @@ package rakelimit
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -16,6 +18,9 @@ import (
 type App struct {
 	commits []commit
 	started []commit
+	// servers maps the name of each HTTP server with a rakelimit wrapper
+	// to its limiter's name.
+	servers map[string]string
 }
 
 // commit is one queued change: apply puts it in force; revert undoes it if
@@ -31,6 +36,29 @@ func (App) CaddyModule() caddy.ModuleInfo {
 		ID:  "rakelimit",
 		New: func() caddy.Module { return new(App) },
 	}
+}
+
+// claim records that the limiter called name protects the listeners of the
+// server called server, and reports whether it is the server's first
+// wrapper. The sites of one server share its sockets and a socket has one
+// filter: a second name on one server is an error that names both and the
+// listener addresses.
+func (a *App) claim(server string, listen []string, name string) (first bool, err error) {
+	prev, ok := a.servers[server]
+	switch {
+	case !ok:
+		if a.servers == nil {
+			a.servers = map[string]string{}
+		}
+		a.servers[server] = name
+		return true, nil
+	case prev != name:
+		return false, fmt.Errorf("rakelimit %q and rakelimit %q are both configured on server %s (listening on %s): "+
+			"its sites share one UDP socket per listener address, and a socket has one limiter; "+
+			"give them the same name, or move one site to another listener address",
+			prev, name, server, strings.Join(listen, ", "))
+	}
+	return false, nil
 }
 
 // queue adds a change to apply when the configuration starts.

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -21,15 +22,20 @@ func init() {
 // UnmarshalCaddyfile sets up the wrapper from Caddyfile tokens. Syntax:
 //
 //	rakelimit [<limit>] {
-//	    limit                <packets per second>
-//	    window               <duration>
-//	    level_limit          <level> <packets per second>|off
-//	    ipv4_prefixes        <length> ...
-//	    ipv6_prefixes        <length> ...
+//	    limit                   <packets per second>
+//	    window                  <duration>
+//	    level_limit             <level> <packets per second>|off
+//	    established_limit       <packets per second>
+//	    established_level_limit <level> <packets per second>|off
+//	    classify                on|off
+//	    block_source_ports      <port|low-high> ...|none
+//	    version_negotiation     <datagrams per second>|off
+//	    ipv4_prefixes           <length> ...
+//	    ipv6_prefixes           <length> ...
 //	    per_destination_port
-//	    name                 <name>
+//	    name                    <name>
 //	    dry_run
-//	    allow                <cidr|address> ...
+//	    allow                   <cidr|address> ...
 //	}
 //
 // Every option may be left out. The directive stands in a site block, or
@@ -43,109 +49,26 @@ func (r *RakeLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		r.Limit = lim
 		if d.NextArg() {
-			return d.ArgErr()
+			return d.Errf("rakelimit takes one argument, the limit, got %q after it; set other options in a block", d.Val())
 		}
 	}
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
-		opt := d.Val()
-		if seen[opt] && opt != "level_limit" && opt != "allow" {
-			return d.Errf("%s already specified", opt)
+		name := d.Val()
+		opt, ok := caddyfileOption(name)
+		if !ok {
+			return d.Errf("unrecognized rakelimit option %q; the options are: %s", name, strings.Join(caddyfileOptionNames(), ", "))
 		}
-		seen[opt] = true
+		if seen[name] && !opt.repeatable {
+			return d.Errf("%s already specified", name)
+		}
+		seen[name] = true
 		args := d.RemainingArgs()
-		switch opt {
-		case "limit":
-			if r.Limit != 0 {
-				return d.Errf("limit already specified")
-			}
-			if len(args) != 1 {
-				return d.Errf("limit: want one value (packets per second), got %d", len(args))
-			}
-			lim, err := parseLimit(d, "limit", args[0])
-			if err != nil {
-				return err
-			}
-			r.Limit = lim
-		case "window":
-			if len(args) != 1 {
-				return d.Errf("window: want one duration, got %d values", len(args))
-			}
-			w, err := caddy.ParseDuration(args[0])
-			if err != nil {
-				return d.Errf("window: invalid duration %q: %v", args[0], err)
-			}
-			if w < sketch.MinWindow || w > sketch.MaxWindow {
-				return d.Errf("window %q out of range [%v, %v]", args[0], sketch.MinWindow, sketch.MaxWindow)
-			}
-			r.Window = caddy.Duration(w)
-		case "level_limit":
-			if len(args) != 2 {
-				return d.Errf("level_limit: want a level and a limit (or off), got %d values", len(args))
-			}
-			lvl, err := strconv.Atoi(args[0])
-			if err != nil || lvl < 0 || lvl >= sketch.MaxLevels {
-				return d.Errf("level_limit: invalid level %q: want 0 to %d", args[0], sketch.MaxLevels-1)
-			}
-			if _, ok := r.LevelLimits[lvl]; ok || slices.Contains(r.UnlimitedLevels, lvl) {
-				return d.Errf("level_limit: level %d already specified", lvl)
-			}
-			if args[1] == "off" {
-				r.UnlimitedLevels = append(r.UnlimitedLevels, lvl)
-				continue
-			}
-			lim, err := parseLimit(d, fmt.Sprintf("level_limit %d", lvl), args[1])
-			if err != nil {
-				return err
-			}
-			if r.LevelLimits == nil {
-				r.LevelLimits = map[int]uint32{}
-			}
-			r.LevelLimits[lvl] = lim
-		case "ipv4_prefixes", "ipv6_prefixes":
-			if len(args) == 0 {
-				return d.Errf("%s: want one or more prefix lengths", opt)
-			}
-			var lens []int
-			for _, a := range args {
-				n, err := strconv.ParseUint(strings.TrimPrefix(a, "/"), 10, 8)
-				if err != nil {
-					return d.Errf("%s: invalid prefix length %q", opt, a)
-				}
-				lens = append(lens, int(n))
-			}
-			if opt == "ipv4_prefixes" {
-				r.IPv4Prefixes = lens
-			} else {
-				r.IPv6Prefixes = lens
-			}
-		case "per_destination_port":
-			if len(args) != 0 {
-				return d.ArgErr()
-			}
-			r.PerDestinationPort = true
-		case "dry_run":
-			if len(args) != 0 {
-				return d.ArgErr()
-			}
-			r.DryRun = true
-		case "allow":
-			if len(args) == 0 {
-				return d.Errf("allow: want one or more prefixes or addresses")
-			}
-			for _, a := range args {
-				if _, err := parsePrefix(a); err != nil {
-					return d.Errf("allow: %v", err)
-				}
-			}
-			r.Allow = append(r.Allow, args...)
-		case "name":
-			if len(args) != 1 || args[0] == "" {
-				return d.Errf("name: want one name")
-			}
-			r.Name = args[0]
-		default:
-			return d.Errf("unrecognized rakelimit option %q", opt)
+		if opt.flag && len(args) > 0 {
+			return d.Errf("%s takes no value, got %q: write %s alone to turn it on, leave it out for off", name, args[0], name)
+		}
+		if err := opt.parse(r, d, name, args); err != nil {
+			return err
 		}
 	}
 	// Catch what the block alone cannot, such as mismatched prefix lists,
@@ -153,6 +76,214 @@ func (r *RakeLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := r.Validate(); err != nil {
 		return d.Errf("%v", err)
 	}
+	return nil
+}
+
+// option is one option of the rakelimit block.
+type option struct {
+	name string
+	// repeatable options may be given more than once; flag options take
+	// no value.
+	repeatable, flag bool
+	// parse sets the option called name from its arguments.
+	parse func(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error
+}
+
+// caddyfileOptions lists the block's options in the order the syntax shows
+// them. A new option is one more entry.
+func caddyfileOptions() []option {
+	return []option{
+		{name: "limit", parse: parseLimitOption},
+		{name: "window", parse: parseWindowOption},
+		{name: "level_limit", repeatable: true, parse: parseLevelLimitOption},
+		{name: "established_limit", parse: parseEstablishedLimitOption},
+		{name: "established_level_limit", repeatable: true, parse: parseLevelLimitOption},
+		{name: "classify", parse: parseClassifyOption},
+		{name: "block_source_ports", parse: parseBlockSourcePortsOption},
+		{name: "version_negotiation", parse: parseVersionNegotiationOption},
+		{name: "ipv4_prefixes", parse: parsePrefixesOption},
+		{name: "ipv6_prefixes", parse: parsePrefixesOption},
+		{name: "per_destination_port", flag: true, parse: func(r *RakeLimit, _ *caddyfile.Dispenser, _ string, _ []string) error {
+			r.PerDestinationPort = true
+			return nil
+		}},
+		{name: "name", parse: parseNameOption},
+		{name: "dry_run", flag: true, parse: func(r *RakeLimit, _ *caddyfile.Dispenser, _ string, _ []string) error {
+			r.DryRun = true
+			return nil
+		}},
+		{name: "allow", repeatable: true, parse: parseAllowOption},
+	}
+}
+
+// caddyfileOption finds an option by name.
+func caddyfileOption(name string) (option, bool) {
+	for _, o := range caddyfileOptions() {
+		if o.name == name {
+			return o, true
+		}
+	}
+	return option{}, false
+}
+
+// caddyfileOptionNames lists the options' names.
+func caddyfileOptionNames() []string {
+	var names []string
+	for _, o := range caddyfileOptions() {
+		names = append(names, o.name)
+	}
+	return names
+}
+
+func parseLimitOption(r *RakeLimit, d *caddyfile.Dispenser, _ string, args []string) error {
+	if r.Limit != 0 {
+		return d.Errf("limit already specified")
+	}
+	if len(args) != 1 {
+		return d.Errf("limit: want one value (packets per second), got %d", len(args))
+	}
+	lim, err := parseLimit(d, "limit", args[0])
+	if err != nil {
+		return err
+	}
+	r.Limit = lim
+	return nil
+}
+
+func parseWindowOption(r *RakeLimit, d *caddyfile.Dispenser, _ string, args []string) error {
+	if len(args) != 1 {
+		return d.Errf("window: want one duration, got %d values", len(args))
+	}
+	w, err := caddy.ParseDuration(args[0])
+	if err != nil {
+		return d.Errf("window: invalid duration %q: want a number with a unit, such as 500ms, 1s or 2m", args[0])
+	}
+	if w < sketch.MinWindow || w > sketch.MaxWindow {
+		return d.Errf("window %q out of range [%v, %v]", args[0], sketch.MinWindow, sketch.MaxWindow)
+	}
+	r.Window = caddy.Duration(w)
+	return nil
+}
+
+// parseLevelLimitOption reads level_limit and established_level_limit.
+func parseLevelLimitOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
+	limits, unlimited := &r.LevelLimits, &r.UnlimitedLevels
+	if name == "established_level_limit" {
+		limits, unlimited = &r.EstablishedLevelLimits, &r.EstablishedUnlimitedLevels
+	}
+	if len(args) != 2 {
+		return d.Errf("%s: want a level and a limit (or off), got %d values", name, len(args))
+	}
+	lvl, err := strconv.Atoi(args[0])
+	if err != nil || lvl < 0 || lvl >= sketch.MaxLevels {
+		return d.Errf("%s: invalid level %q: want 0 to %d", name, args[0], sketch.MaxLevels-1)
+	}
+	if _, ok := (*limits)[lvl]; ok || slices.Contains(*unlimited, lvl) {
+		return d.Errf("%s: level %d already specified", name, lvl)
+	}
+	if args[1] == "off" {
+		*unlimited = append(*unlimited, lvl)
+		return nil
+	}
+	n, err := strconv.ParseUint(args[1], 10, 64)
+	if err != nil || n == 0 || n > sketch.MaxLimit {
+		return d.Errf("%s %d: invalid value %q: want a whole number of packets per second from 1 to %d, "+
+			"or off for no limit", name, lvl, args[1], sketch.MaxLimit)
+	}
+	if *limits == nil {
+		*limits = map[int]uint32{}
+	}
+	(*limits)[lvl] = uint32(n)
+	return nil
+}
+
+func parseEstablishedLimitOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
+	if len(args) != 1 {
+		return d.Errf("%s: want one value (packets per second), got %d", name, len(args))
+	}
+	lim, err := parseLimit(d, name, args[0])
+	if err != nil {
+		return err
+	}
+	r.EstablishedLimit = lim
+	return nil
+}
+
+func parseClassifyOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
+	if len(args) != 1 || (args[0] != "on" && args[0] != "off") {
+		return d.Errf("%s: want on or off, got %q", name, strings.Join(args, " "))
+	}
+	on := args[0] == "on"
+	r.Classify = &on
+	return nil
+}
+
+func parseBlockSourcePortsOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
+	if len(args) == 0 {
+		return d.Errf("%s: want ports and ranges such as 0-1023, or none", name)
+	}
+	if _, err := blockedPorts(args); err != nil {
+		return d.Errf("%v", err)
+	}
+	r.BlockSourcePorts = args
+	return nil
+}
+
+func parseVersionNegotiationOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
+	if len(args) != 1 {
+		return d.Errf("%s: want a number of datagrams per second, or off", name)
+	}
+	var n uint64
+	if args[0] != "off" {
+		var err error
+		if n, err = strconv.ParseUint(args[0], 10, 32); err != nil || n > datagram.MaxNegotiation {
+			return d.Errf("%s: invalid value %q: want a whole number of datagrams per second from 0 to %d, or off",
+				name, args[0], datagram.MaxNegotiation)
+		}
+	}
+	v := uint32(n)
+	r.VersionNegotiation = &v
+	return nil
+}
+
+func parsePrefixesOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
+	if len(args) == 0 {
+		return d.Errf("%s: want one or more prefix lengths", name)
+	}
+	var lens []int
+	for _, a := range args {
+		n, err := strconv.ParseUint(strings.TrimPrefix(a, "/"), 10, 8)
+		if err != nil {
+			return d.Errf("%s: invalid prefix length %q: want a number of bits", name, a)
+		}
+		lens = append(lens, int(n))
+	}
+	if name == "ipv4_prefixes" {
+		r.IPv4Prefixes = lens
+	} else {
+		r.IPv6Prefixes = lens
+	}
+	return nil
+}
+
+func parseNameOption(r *RakeLimit, d *caddyfile.Dispenser, _ string, args []string) error {
+	if len(args) != 1 || args[0] == "" {
+		return d.Errf("name: want one name")
+	}
+	r.Name = args[0]
+	return nil
+}
+
+func parseAllowOption(r *RakeLimit, d *caddyfile.Dispenser, _ string, args []string) error {
+	if len(args) == 0 {
+		return d.Errf("allow: want one or more prefixes or addresses")
+	}
+	for _, a := range args {
+		if _, err := parsePrefix(a); err != nil {
+			return d.Errf("allow: %v", err)
+		}
+	}
+	r.Allow = append(r.Allow, args...)
 	return nil
 }
 
@@ -169,6 +300,12 @@ func parseLimit(d *caddyfile.Dispenser, field, s string) (uint32, error) {
 // parseDirective turns the site directive into a packet conn wrapper for the
 // site's server.
 func parseDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
+	if inBlock(h) {
+		h.Next() // the directive's name, for the error's position
+		return nil, h.Errf("rakelimit is a listener option, not a handler: it protects the UDP socket of the site's " +
+			"whole listener, so write it directly in the site block, not inside route, handle or another directive " +
+			"(or in the global option servers { packet_conn_wrappers { rakelimit ... } })")
+	}
 	r := new(RakeLimit)
 	if err := r.UnmarshalCaddyfile(h.Dispenser); err != nil {
 		return nil, err
@@ -177,6 +314,17 @@ func parseDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 		return nil, h.Errf("%v", err)
 	}
 	return []httpcaddyfile.ConfigValue{{Class: "packet_conn_wrapper", Value: r}}, nil
+}
+
+// inBlock reports whether the directive stands inside another directive's
+// block (route, handle, a named route) rather than in a site block. Caddy's
+// adapter gives site-level directives one map as State and BlockState, and
+// the directives of a nested block a copy of BlockState.
+func inBlock(h httpcaddyfile.Helper) bool {
+	if h.State == nil || h.BlockState == nil {
+		return false
+	}
+	return h.IsNamedRoute() || reflect.ValueOf(h.State).UnsafePointer() != reflect.ValueOf(h.BlockState).UnsafePointer()
 }
 
 // checkServersOption refuses a site-level rakelimit that a global servers

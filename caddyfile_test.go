@@ -90,8 +90,27 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		},
 		{
 			name:  "largest limit",
-			input: `rakelimit 10000000`,
-			want:  RakeLimit{Limit: 10_000_000},
+			input: "rakelimit 10000000 {\n\twindow 500ms\n}",
+			want:  RakeLimit{Limit: 10_000_000, Window: caddy.Duration(500 * time.Millisecond)},
+		},
+		{
+			name: "quic classes",
+			input: `rakelimit {
+	established_limit 150000
+	established_level_limit 2 300000
+	established_level_limit 3 off
+	classify on
+	block_source_ports 0-1023 1900 11211
+	version_negotiation off
+}`,
+			want: RakeLimit{EstablishedLimit: 150_000, EstablishedLevelLimits: map[int]uint32{2: 300_000},
+				EstablishedUnlimitedLevels: []int{3}, Classify: ptr(true),
+				BlockSourcePorts: []string{"0-1023", "1900", "11211"}, VersionNegotiation: ptr(uint32(0))},
+		},
+		{
+			name:  "every datagram alike",
+			input: "rakelimit {\n\tclassify off\n\tblock_source_ports none\n\tversion_negotiation 50\n}",
+			want:  RakeLimit{Classify: ptr(false), BlockSourcePorts: []string{"none"}, VersionNegotiation: ptr(uint32(50))},
 		},
 		{
 			name:  "window bounds",
@@ -158,9 +177,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 
 // TestUnmarshalCaddyfileErrors proves that every malformed directive is
 // refused with an error, not a panic, and that the error names the option
-// and the offending value. Two errors come from Caddy's d.ArgErr(), which
-// names only the last token read (the value), not the option: those cases
-// check the value alone.
+// and the offending value, and says what is valid.
 func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	block := func(lines ...string) string {
 		return "rakelimit {\n\t" + strings.Join(lines, "\n\t") + "\n}"
@@ -186,8 +203,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"block limit two values", block("limit 1 2"), []string{"limit", "got 2"}},
 		{"limit inline and in block", "rakelimit 10 {\n\tlimit 20\n}", []string{"limit already specified"}},
 		{"limit twice in block", block("limit 10", "limit 20"), []string{"limit already specified"}},
-		// Caddy's ArgErr: names the value, not the directive.
-		{"extra inline argument", `rakelimit 10 20`, []string{"wrong argument count", "'20'"}},
+		{"extra inline argument", `rakelimit 10 20`, []string{"rakelimit takes one argument, the limit", `"20"`}},
 
 		// window
 		{"window 0", block("window 0"), []string{"window", `"0"`, "out of range"}},
@@ -201,17 +217,23 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"burst below one packet", block("limit 50", "window 10ms"), []string{"limit 50", "window 10ms", "less than one packet"}},
 
 		// dry_run and allow
-		{"dry_run with an argument", block("dry_run yes"), []string{"wrong argument count", "'yes'"}},
+		{"dry_run with an argument", block("dry_run yes"), []string{"dry_run takes no value", `"yes"`}},
+		{"dry_run true", block("dry_run true"), []string{"dry_run takes no value", `"true"`, "dry_run alone"}},
 		{"dry_run twice", block("dry_run", "dry_run"), []string{"dry_run already specified"}},
 		{"allow without values", block("allow"), []string{"allow", "want one or more"}},
-		{"allow not a prefix", block("allow 192.0.2.0/33"), []string{"allow", `"192.0.2.0/33"`}},
+		{"allow not a prefix", block("allow 192.0.2.0/33"), []string{"allow", `"192.0.2.0/33"`, "IPv4 prefix is 0 to 32"}},
+		{"allow IPv6 prefix too long", block("allow 2001:db8::/129"), []string{"allow", `"2001:db8::/129"`, "IPv6 prefix is 0 to 128"}},
+		{"allow prefix length not a number", block("allow 192.0.2.0/x"), []string{"allow", `"192.0.2.0/x"`, "0 to 32"}},
+		{"allow prefix of a name", block("allow office/24"), []string{"allow", `"office/24"`, `"office" is not an IP address`}},
 		{"allow not an address", block("allow office"), []string{"allow", `"office"`}},
 		{"allow short mapped prefix", block("allow ::ffff:0:0/90"), []string{"allow", `"::ffff:0:0/90"`, "96 bits"}},
 		{"allow with a zone", block("allow fe80::1%eth0"), []string{"allow", `"fe80::1%eth0"`, "zones"}},
 
 		// unknown options
-		{"unknown option", block("foo"), []string{"unrecognized rakelimit option", `"foo"`}},
-		{"unknown option with args", block("foo 1 2"), []string{"unrecognized rakelimit option", `"foo"`}},
+		{"unknown option", block("foo"), []string{"unrecognized rakelimit option", `"foo"`,
+			"the options are: limit, window, level_limit, established_limit, established_level_limit, classify, " +
+				"block_source_ports, version_negotiation, ipv4_prefixes, ipv6_prefixes, per_destination_port, name, dry_run, allow"}},
+		{"unknown option with args", block("foo 1 2"), []string{"unrecognized rakelimit option", `"foo"`, "the options are:"}},
 
 		// level_limit
 		{"level_limit no values", block("level_limit"), []string{"level_limit", "got 0"}},
@@ -220,7 +242,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"level_limit level 9", block("level_limit 9 10"), []string{"level_limit", `invalid level "9"`}},
 		{"level_limit level negative", block("level_limit -1 10"), []string{"level_limit", `invalid level "-1"`}},
 		{"level_limit level not a number", block("level_limit x 10"), []string{"level_limit", `invalid level "x"`}},
-		{"level_limit limit not a number", block("level_limit 1 abc"), []string{"level_limit 1", `"abc"`}},
+		{"level_limit limit not a number", block("level_limit 1 abc"), []string{"level_limit 1", `"abc"`, "or off"}},
+		{"level_limit unlimited", block("level_limit 3 unlimited"), []string{"level_limit 3", `"unlimited"`, "or off"}},
 		{"level_limit limit 0", block("level_limit 1 0"), []string{"level_limit 1", `"0"`}},
 		{"level_limit limit too large", block("level_limit 1 99999999999"), []string{"level_limit 1", `"99999999999"`}},
 		{"level_limit same level twice", block("level_limit 1 10", "level_limit 1 20"), []string{"level_limit", "level 1 already specified"}},
@@ -248,8 +271,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			[]string{"ipv4_prefixes [32 24 16 0]", "ipv6_prefixes [64 48 0]", "same length"}},
 		{"ipv4_prefixes twice", block("ipv4_prefixes 32 0", "ipv4_prefixes 24 0"), []string{"ipv4_prefixes already specified"}},
 
-		// per_destination_port: Caddy's ArgErr names the value only.
-		{"per_destination_port with an argument", block("per_destination_port yes"), []string{"wrong argument count", "'yes'"}},
+		{"per_destination_port with an argument", block("per_destination_port yes"), []string{"per_destination_port takes no value", `"yes"`}},
 		{"per_destination_port twice", block("per_destination_port", "per_destination_port"), []string{"per_destination_port already specified"}},
 
 		// name
@@ -301,8 +323,8 @@ func TestUnmarshalJSON(t *testing.T) {
 		{name: "window in nanoseconds", json: `{"window":1500000000}`, check: func(t *testing.T, r *RakeLimit) {
 			wantConfig(t, r, DefaultLimit, 1500*time.Millisecond)
 		}},
-		{name: "largest limit", json: `{"limit":10000000}`, check: func(t *testing.T, r *RakeLimit) {
-			wantConfig(t, r, 10_000_000, DefaultWindow)
+		{name: "largest limit", json: `{"limit":10000000,"window":"500ms"}`, check: func(t *testing.T, r *RakeLimit) {
+			wantConfig(t, r, 10_000_000, 500*time.Millisecond)
 		}},
 		{name: "window bounds", json: `{"limit":100,"window":"10ms"}`},
 		{name: "window upper bound", json: `{"window":"1h"}`},
@@ -512,3 +534,37 @@ func adaptIndented(input string) (string, error) {
 	}
 	return buf.String(), nil
 }
+
+// TestDocsCaddyfilesFormatted: every Caddyfile in the README and the
+// example is as `caddy fmt` writes it, so that a reader who copies one gets
+// no "Caddyfile input is not formatted" warning.
+func TestDocsCaddyfilesFormatted(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := map[string]string{}
+	for i, part := range strings.Split(string(readme), "```caddyfile\n")[1:] {
+		block, _, ok := strings.Cut(part, "```")
+		if !ok {
+			t.Fatalf("README block %d is not closed", i)
+		}
+		blocks[fmt.Sprintf("README block %d", i)] = block
+	}
+	if len(blocks) < 3 {
+		t.Fatalf("found %d Caddyfile blocks in the README", len(blocks))
+	}
+	example, err := os.ReadFile("testdata/Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks["testdata/Caddyfile"] = string(example)
+	for name, block := range blocks {
+		if got := string(caddyfile.Format([]byte(block))); got != block {
+			t.Errorf("%s is not formatted; caddy fmt writes:\n%s", name, got)
+		}
+	}
+}
+
+// ptr returns a pointer to v, for the options that tell unset from zero.
+func ptr[T any](v T) *T { return &v }

@@ -11,27 +11,37 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/rakelimit/caddy-rakelimit/bpf"
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 )
 
 // Metrics are read from the filters' per-CPU counters when Prometheus
 // scrapes, not counted per packet. Labels name the limiter, its listeners,
-// the family and the level; never a source address.
+// the family, the class and the level; never a source address.
 var (
 	packetsDesc = prometheus.NewDesc("caddy_rakelimit_packets_total",
-		"Packets the filter saw, by verdict: passed (under every limit), limited (over a limit at level, "+
-			"let through), dropped (at level), dry_run (would have been dropped at level, delivered), "+
-			"allowlisted (exempt, not counted).",
-		[]string{"limiter", "listener", "family", "verdict", "level"}, nil)
+		"Datagrams the filter saw, by class (opening: connection-opening packets; established: packets of "+
+			"established connections; all: every datagram when the filter does not classify; negotiation: a QUIC "+
+			"version quic-go lacks; invalid) and verdict: passed (under every limit), limited (over a limit at "+
+			"level, let through), dropped (at level, or over the version negotiation cap), dry_run (would have "+
+			"been dropped, delivered), invalid (dropped as invalid), allowlisted (exempt, not counted).",
+		[]string{"limiter", "listener", "family", "class", "verdict", "level"}, nil)
+	invalidDesc = prometheus.NewDesc("caddy_rakelimit_invalid_packets_total",
+		"Invalid datagrams by reason, dropped or, in a dry run, delivered (verdict dry_run).",
+		[]string{"limiter", "listener", "family", "reason", "verdict"}, nil)
 	limitDesc = prometheus.NewDesc("caddy_rakelimit_limit_packets_per_second",
-		"The configured limit of each level; +Inf when the level is unlimited.",
-		[]string{"limiter", "level"}, nil)
+		"The configured limit of each class and level; +Inf when the level is unlimited.",
+		[]string{"limiter", "class", "level"}, nil)
+	negotiationDesc = prometheus.NewDesc("caddy_rakelimit_version_negotiation_per_second",
+		"Datagrams with a QUIC version quic-go lacks let through per second, for the whole socket.",
+		[]string{"limiter"}, nil)
 	windowDesc = prometheus.NewDesc("caddy_rakelimit_window_seconds",
 		"The configured smoothing window.", []string{"limiter"}, nil)
 	dryRunDesc = prometheus.NewDesc("caddy_rakelimit_dry_run",
 		"1 when the limiter only measures and drops nothing.", []string{"limiter"}, nil)
 	streamsDesc = prometheus.NewDesc("caddy_rakelimit_limited_streams",
-		"Streams the limiter dropped packets of recently (in a dry run: would have).", []string{"limiter"}, nil)
+		"Streams the limiter dropped packets of recently, and sources of invalid datagrams (in a dry run: would have).",
+		[]string{"limiter"}, nil)
 	attachErrorsDesc = prometheus.NewDesc("caddy_rakelimit_attach_errors_total",
 		"Listeners the limiter should protect and could not (see the error log).", []string{"limiter"}, nil)
 	collectionErrorsDesc = prometheus.NewDesc("caddy_rakelimit_collection_errors_total",
@@ -55,8 +65,8 @@ func registerMetrics(reg *prometheus.Registry) error {
 
 // Describe implements prometheus.Collector.
 func (reg *limiterRegistry) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{packetsDesc, limitDesc, windowDesc, dryRunDesc, streamsDesc,
-		attachErrorsDesc, collectionErrorsDesc} {
+	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, windowDesc, dryRunDesc,
+		streamsDesc, attachErrorsDesc, collectionErrorsDesc} {
 		ch <- d
 	}
 }
@@ -72,37 +82,61 @@ func (reg *limiterRegistry) Collect(ch chan<- prometheus.Metric) {
 		float64(reg.collectionErrors.Load()))
 }
 
-var familyNames = [bpf.Families]string{"unknown", "ipv4", "ipv6"}
+var familyNames = [datagram.Families]string{"unknown", "ipv4", "ipv6"}
+
+// limiterClasses are the classes with limiters, as the counters index them.
+var limiterClasses = []quicclass.Class{quicclass.Opening, quicclass.Established}
 
 func (l *limiter) collect(ch chan<- prometheus.Metric) error {
 	set, _, listeners := l.snapshot()
 	listener := strings.Join(listeners, ",")
 	levels := set.Limiter.WithDefaults().Levels()
-	counter := func(v uint64, fam int, verdict, level string) {
+	counter := func(v uint64, fam int, class, verdict, level string) {
 		ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(v),
-			l.name, listener, familyNames[fam], verdict, level)
+			l.name, listener, familyNames[fam], class, verdict, level)
 	}
 	st, err := l.filter.Stats()
 	if err != nil {
 		return err
 	}
-	for fam := range bpf.Families {
-		counter(st.Unlimited(fam), fam, "passed", "")
-		counter(st.Allowed[fam], fam, "allowlisted", "")
+	for fam := range datagram.Families {
+		for _, class := range limiterClasses {
+			name := className(set, class)
+			counter(st.Unlimited(int(class), fam), fam, name, "passed", "")
+			for lvl := range levels {
+				level := strconv.Itoa(lvl)
+				counter(st.Limited[class][fam][lvl], fam, name, "limited", level)
+				counter(st.Dropped[class][fam][lvl], fam, name, "dropped", level)
+				counter(st.WouldDrop[class][fam][lvl], fam, name, "dry_run", level)
+			}
+		}
+		negotiation := quicclass.Negotiation.String()
+		counter(st.Negotiation[fam][0], fam, negotiation, "passed", "")
+		counter(st.Negotiation[fam][1], fam, negotiation, "dropped", "")
+		counter(st.Negotiation[fam][2], fam, negotiation, "dry_run", "")
+		var invalid, wouldDrop uint64
+		for r := quicclass.Reason(1); r < quicclass.NumReasons; r++ {
+			invalid += st.Invalid[0][fam][r]
+			wouldDrop += st.Invalid[1][fam][r]
+			ch <- prometheus.MustNewConstMetric(invalidDesc, prometheus.CounterValue, float64(st.Invalid[0][fam][r]),
+				l.name, listener, familyNames[fam], r.String(), "dropped")
+			ch <- prometheus.MustNewConstMetric(invalidDesc, prometheus.CounterValue, float64(st.Invalid[1][fam][r]),
+				l.name, listener, familyNames[fam], r.String(), "dry_run")
+		}
+		counter(invalid, fam, quicclass.Invalid.String(), "invalid", "")
+		counter(wouldDrop, fam, quicclass.Invalid.String(), "dry_run", "")
+		counter(st.Allowed[fam], fam, "", "allowlisted", "")
+	}
+	for _, class := range limiterClasses {
 		for lvl := range levels {
-			level := strconv.Itoa(lvl)
-			counter(st.Limited[fam][lvl], fam, "limited", level)
-			counter(st.Dropped[fam][lvl], fam, "dropped", level)
-			counter(st.WouldDrop[fam][lvl], fam, "dry_run", level)
+			lim := float64(levelLimit(set, int(class), lvl))
+			if lim == 0 {
+				lim = math.Inf(1)
+			}
+			ch <- prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, lim, l.name, className(set, class), strconv.Itoa(lvl))
 		}
 	}
-	for lvl := range levels {
-		lim := float64(levelLimit(set, lvl))
-		if lim == 0 {
-			lim = math.Inf(1)
-		}
-		ch <- prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, lim, l.name, strconv.Itoa(lvl))
-	}
+	ch <- prometheus.MustNewConstMetric(negotiationDesc, prometheus.GaugeValue, float64(set.Negotiation), l.name)
 	ch <- prometheus.MustNewConstMetric(windowDesc, prometheus.GaugeValue, set.Limiter.Window.Seconds(), l.name)
 	dry := 0.0
 	if set.DryRun {

@@ -2,6 +2,7 @@ package rakelimit
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -27,6 +28,7 @@ func TestValidateJSONConfig(t *testing.T) {
 		{"unknown field", `{"wrapper":"rakelimit","limmit":5}`, []string{"limmit"}},
 		{"level out of range", `{"wrapper":"rakelimit","level_limits":{"8":5}}`, []string{"level 8 does not exist"}},
 		{"prefix too long", `{"wrapper":"rakelimit","ipv4_prefixes":[40,0],"ipv6_prefixes":[64,0]}`, []string{"ipv4_prefixes [40 0]", "/40"}},
+		{"allowlist over the kernel's cap", `{"wrapper":"rakelimit","allow":[` + manyPrefixes(1100) + `]}`, []string{"allow: 1100 IPv4 prefixes", "1024"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -46,5 +48,36 @@ func TestValidateJSONConfig(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// manyPrefixes lists n distinct IPv4 addresses as JSON strings.
+func manyPrefixes(n int) string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf(`"10.0.%d.%d"`, i/256, i%256)
+	}
+	return strings.Join(out, ",")
+}
+
+// TestAllowDuplicatesCountOnce: the same prefix written twice, or as an
+// address and its /32, takes one allowlist entry, so 1,024 distinct
+// prefixes fit however often they are repeated.
+func TestAllowDuplicatesCountOnce(t *testing.T) {
+	r := RakeLimit{Allow: []string{"10.0.0.1", "10.0.0.1/32", "::ffff:10.0.0.1/128", "10.0.0.0/8", "10.1.2.3/8"}}
+	s, err := r.settings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Allow) != 2 {
+		t.Fatalf("allow %v became %v, want 2 prefixes", r.Allow, s.Allow)
+	}
+	var list []string
+	for i := range 1024 {
+		list = append(list, fmt.Sprintf("10.0.%d.%d", i/256, i%256), fmt.Sprintf("10.0.%d.%d/32", i/256, i%256))
+	}
+	r = RakeLimit{Allow: list}
+	if err := r.Validate(); err != nil {
+		t.Fatalf("1,024 distinct prefixes, each written twice: %v", err)
 	}
 }

@@ -5,12 +5,16 @@ package rakelimit
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,10 +59,15 @@ func caddyProcess(t *testing.T, ctx context.Context, prefix []string, env []stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	argv := append(append(prefix, self), "-test.run=^$")
+	env = append(env, "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir())
+	return caddyCommand(ctx, self, prefix, env, args...)
+}
+
+// caddyCommand runs bin, a copy of this test binary, as `caddy args...`.
+func caddyCommand(ctx context.Context, bin string, prefix []string, env []string, args ...string) *exec.Cmd {
+	argv := append(append(prefix, bin), "-test.run=^$")
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(append(os.Environ(), "RAKELIMIT_AS_CADDY="+strings.Join(args, " ")), env...)
-	cmd.Env = append(cmd.Env, "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir())
 	return cmd
 }
 
@@ -161,10 +170,284 @@ func TestRefusesWithoutCapBPF(t *testing.T) {
 			if err == nil || ctx.Err() != nil {
 				t.Fatalf("caddy %s without CAP_BPF: err %v, context %v:\n%s", verb, err, ctx.Err(), out)
 			}
-			for _, want := range []string{"CAP_BPF", "setcap cap_bpf+ep", "AmbientCapabilities=CAP_BPF"} {
+			for _, want := range []string{"lacks CAP_BPF", "setcap cap_bpf,cap_perfmon,cap_net_bind_service+ep",
+				"AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_BIND_SERVICE"} {
 				if !bytes.Contains(out, []byte(want)) {
 					t.Errorf("caddy %s output lacks %q:\n%s", verb, want, out)
 				}
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer that a process writes while a test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// nobody is the unprivileged user the capability tests run Caddy as.
+const nobody = 65534
+
+// unprivilegedDir makes a directory that nobody may use, with a copy of
+// this test binary, and removes it when the test ends.
+func unprivilegedDir(t *testing.T) (dir, bin string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "rakelimit-caps-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(dir, "caddy")
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, sub := range []string{"data", "config"} {
+		p := filepath.Join(dir, sub)
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, bin
+}
+
+// TestLeastPrivilege runs Caddy as an unprivileged user holding exactly the
+// capabilities the README documents, granted as the README says: file
+// capabilities set with setcap, and ambient capabilities as systemd's
+// AmbientCapabilities and CapabilityBoundingSet give them. Caddy loads the
+// filter, attaches it and limits a flood. With CAP_BPF alone (the old
+// advice) or with none, it refuses to start with a one-line error naming
+// what is missing, and with the log at DEBUG the verifier's log is there.
+func TestLeastPrivilege(t *testing.T) {
+	requireBPF(t)
+	tools := map[string]string{}
+	for _, tool := range []string{"setpriv", "setcap"} {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			p, err = exec.LookPath("/usr/sbin/" + tool)
+		}
+		if err != nil {
+			t.Fatalf("%s is needed (make deps installs it): %v", tool, err)
+		}
+		tools[tool] = p
+	}
+	unprivilegedBPF, _ := os.ReadFile("/proc/sys/kernel/unprivileged_bpf_disabled")
+	asNobody := []string{tools["setpriv"], fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups"}
+	const documented = "cap_bpf,cap_perfmon,cap_net_bind_service"
+	ambient := "-all,+bpf,+perfmon,+net_bind_service"
+	tests := []struct {
+		name string
+		// fileCaps are set on the binary with setcap; prefix adds to
+		// asNobody.
+		fileCaps string
+		prefix   []string
+		// refused lists what the error must say; nil: Caddy must run
+		// and limit.
+		refused []string
+	}{
+		{"setcap " + documented, documented + "+ep", nil, nil},
+		{"ambient capabilities as systemd sets them", "",
+			[]string{"--inh-caps=" + ambient, "--ambient-caps=" + ambient, "--bounding-set=" + ambient}, nil},
+		{"CAP_BPF without CAP_PERFMON", "cap_bpf,cap_net_bind_service+ep", nil,
+			[]string{"lacks CAP_PERFMON", "setcap " + documented + "+ep"}},
+		{"no capability", "", nil, []string{"lacks CAP_BPF and CAP_PERFMON"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.refused != nil && strings.TrimSpace(string(unprivilegedBPF)) == "0" {
+				t.Skip("kernel.unprivileged_bpf_disabled=0: any process may load socket filters here")
+			}
+			dir, bin := unprivilegedDir(t)
+			if tt.fileCaps != "" {
+				if out, err := exec.Command(tools["setcap"], tt.fileCaps, bin).CombinedOutput(); err != nil {
+					t.Fatalf("setcap %s: %v: %s", tt.fileCaps, err, out)
+				}
+			}
+			port, admin := freePort(t), freePort(t)
+			cfg := filepath.Join(dir, "Caddyfile")
+			// With the admin endpoint, for the metrics, and the log at DEBUG.
+			config := strings.Replace(processCaddyfile(t, port, "debug", "rakelimit 100"), "admin off",
+				fmt.Sprintf("admin localhost:%d", admin), 1)
+			if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := caddyCommand(ctx, bin, append(slices.Clone(asNobody), tt.prefix...),
+				[]string{"XDG_DATA_HOME=" + filepath.Join(dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(dir, "config"),
+					"HOME=" + filepath.Join(dir, "data")},
+				"run", "--config", cfg)
+			var out syncBuffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if tt.refused != nil {
+				err := cmd.Run()
+				if err == nil || ctx.Err() != nil {
+					t.Fatalf("caddy ran: %v, %v:\n%s", err, ctx.Err(), out.String())
+				}
+				checkRefusal(t, out.String(), tt.refused)
+				return
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			t.Cleanup(func() {
+				cancel()
+				<-exited
+				if t.Failed() {
+					t.Logf("caddy's output:\n%s", out.String())
+				}
+			})
+			c := &testCaddy{t: t, port: port}
+			c.waitReady()
+			if !strings.Contains(out.String(), "protecting listener") {
+				t.Fatal("rakelimit did not attach")
+			}
+			// Its filter's count of drops, from its metrics.
+			c.admin = admin
+			dropped := func() uint64 {
+				_, m := c.adminGet("/metrics")
+				return uint64(metric(t, m, "caddy_rakelimit_packets_total", `class="opening"`, `verdict="dropped"`, `level="0"`, `family="ipv4"`))
+			}
+			const limit = 100
+			dropped0 := dropped()
+			sent := quicFlood(t, floodSrc, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)), 30*limit, time.Second)
+			if d := dropped() - dropped0; !held(sent, d, limit) {
+				t.Fatalf("a flood of %d at 30x the limit: the filter dropped %d", sent, d)
+			}
+			t.Logf("as uid %d: flood of %d at 30x the limit, %d dropped", nobody, sent, dropped()-dropped0)
+		})
+	}
+}
+
+// checkRefusal checks Caddy's output when it refused to start: the error
+// is one short line saying each of want, without the BPF library's MEMLOCK
+// hint; the verifier's log is only at DEBUG, in a line of its own.
+func checkRefusal(t *testing.T, out string, want []string) {
+	t.Helper()
+	var errMsg string
+	verifierLog := false
+	for _, line := range strings.Split(out, "\n") {
+		var rec map[string]any
+		if strings.HasPrefix(line, "Error: ") {
+			errMsg = strings.TrimPrefix(line, "Error: ")
+		} else if json.Unmarshal([]byte(line), &rec) == nil {
+			msg, _ := rec["msg"].(string)
+			switch {
+			case rec["level"] == "error" && strings.Contains(msg, "rakelimit"):
+				errMsg = msg
+			case rec["level"] == "debug" && msg == "the kernel verifier's log":
+				verifierLog = true
+			}
+		}
+	}
+	if errMsg == "" {
+		t.Fatalf("no error in:\n%s", out)
+	}
+	if len(errMsg) > 1000 || strings.Contains(errMsg, "\n") || strings.Contains(errMsg, "MEMLOCK") {
+		t.Errorf("error of %d bytes, not one short line: %s", len(errMsg), errMsg)
+	}
+	for _, w := range want {
+		if !strings.Contains(errMsg, w) {
+			t.Errorf("error lacks %q: %s", w, errMsg)
+		}
+	}
+	if strings.Contains(want[0], "lacks CAP_PERFMON") && !verifierLog {
+		t.Errorf("no DEBUG line with the verifier's log")
+	}
+	t.Logf("%s", errMsg)
+}
+
+// TestMakeCommands checks the README's two commands, `make run` and `make
+// test`, as make would run them: as root they never call sudo (a machine
+// where one is root may have none); as a user they build with Go as that
+// user and run only Caddy, the tests and apt-get through sudo. `make run`
+// says that it is building.
+func TestMakeCommands(t *testing.T) {
+	requireBPF(t) // root, to run make as another user
+	mk, err := exec.LookPath("make")
+	if err != nil {
+		t.Fatalf("make is needed: %v", err)
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Fatalf("setpriv (util-linux) is needed: %v", err)
+	}
+	dir, _ := unprivilegedDir(t)
+	b, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "Makefile"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		prefix []string
+		// want are lines that must be printed; none of the lines
+		// outside sudo may start with sudo, and as root none may
+		// contain it.
+		want []string
+	}{
+		{"root", nil, []string{
+			"go build -v -o caddy ./cmd/caddy",
+			"./caddy run --config testdata/Caddyfile",
+			"go test -race $(go list ./... | grep -v /internal/sim$)",
+		}},
+		{"user with sudo", []string{setpriv, fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups"}, []string{
+			"go build -v -o caddy ./cmd/caddy",
+			"sudo --preserve-env=CI,RAKELIMIT_REQUIRE_BPF ./caddy run --config testdata/Caddyfile",
+			"go test -race -exec 'sudo --preserve-env=CI,RAKELIMIT_REQUIRE_BPF' $(go list ./... | grep -v /internal/sim$)",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			argv := append(slices.Clone(tt.prefix), mk, "--no-print-directory", "-n", "run", "test")
+			cmd := exec.Command(argv[0], argv[1:]...)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "PATH=/usr/bin:/bin") // no sudo, no Go
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("make -n: %v\n%s", err, out)
+			}
+			lines := strings.Split(string(out), "\n")
+			for _, w := range tt.want {
+				if !slices.Contains(lines, w) {
+					t.Errorf("make -n run test lacks the line %q:\n%s", w, out)
+				}
+			}
+			if !strings.Contains(string(out), "echo \"building ./caddy") {
+				t.Errorf("make run does not say that it is building:\n%s", out)
+			}
+			if tt.prefix == nil && strings.Contains(string(out), "sudo") {
+				t.Errorf("as root, make calls sudo:\n%s", out)
 			}
 		})
 	}

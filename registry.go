@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +17,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/rakelimit/caddy-rakelimit/bpf"
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -93,12 +97,14 @@ func (reg *limiterRegistry) each(fn func(*limiter)) {
 }
 
 func newLimiter(name string, s settings, logger *zap.Logger) (*limiter, error) {
-	f, err := bpf.Load(s.Limiter)
+	f, err := bpf.Load(datagram.Config(s))
 	if err != nil {
-		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
-	}
-	if err := f.SetOptions(options(s)); err != nil {
-		f.Close()
+		// The error is one line; the verifier's log, thousands of
+		// lines, is for those who ask for it.
+		var le *bpf.LoadError
+		if errors.As(err, &le) && len(le.VerifierLog) > 0 {
+			logger.Debug("the kernel verifier's log", zap.String("limiter", name), zap.Strings("log", le.VerifierLog))
+		}
 		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
 	}
 	events, err := f.Events()
@@ -111,11 +117,6 @@ func newLimiter(name string, s settings, logger *zap.Logger) (*limiter, error) {
 	go l.readEvents()
 	go l.expireStreams()
 	return l, nil
-}
-
-// options are the filter options of s.
-func options(s settings) bpf.Options {
-	return bpf.Options{DryRun: s.DryRun, Allow: s.Allow, TrackShift: bpf.DefaultTrackShift}
 }
 
 // provision checks that s can govern the limiter in the configuration load
@@ -150,6 +151,10 @@ func (l *limiter) provision(app *App, loadID any, s settings, logger *zap.Logger
 			}
 			prev, prevBy, prevLogger = l.set, l.appliedBy, l.logger
 			l.set, l.appliedBy, l.logger = s, app, logger
+			if !prev.equal(s) {
+				logger.Info("new settings in force", append([]zap.Field{zap.String("limiter", l.name),
+					zap.Strings("listeners", l.addrs())}, settingsFields(s)...)...)
+			}
 			return nil
 		},
 		revert: func() {
@@ -168,15 +173,36 @@ func (l *limiter) provision(app *App, loadID any, s settings, logger *zap.Logger
 	return nil
 }
 
-// apply puts s in force on the filter.
+// apply puts s in force on the filter, all or nothing, with one switch of
+// its configuration.
 func (l *limiter) apply(s settings) error {
-	if err := l.filter.Update(s.Limiter); err != nil {
-		return fmt.Errorf("rakelimit %q: %w", l.name, err)
-	}
-	if err := l.filter.SetOptions(options(s)); err != nil {
+	if err := l.filter.Configure(datagram.Config(s)); err != nil {
 		return fmt.Errorf("rakelimit %q: %w", l.name, err)
 	}
 	return nil
+}
+
+// settingsFields are the log fields that describe s.
+func settingsFields(s settings) []zap.Field {
+	c := s.Limiter.WithDefaults()
+	levels := func(class int) []string {
+		out := make([]string, c.Levels())
+		for lvl := range out {
+			if lim := levelLimit(s, class, lvl); lim == 0 {
+				out[lvl] = "off"
+			} else {
+				out[lvl] = strconv.FormatUint(uint64(lim), 10)
+			}
+		}
+		return out
+	}
+	fields := []zap.Field{zap.Uint32("limit", c.Limit), zap.Duration("window", c.Window),
+		zap.Strings("level_limits", levels(0)), zap.Bool("classify", s.Classify)}
+	if s.Classify {
+		fields = append(fields, zap.Strings("established_level_limits", levels(1)),
+			zap.Uint32("version_negotiation", s.Negotiation))
+	}
+	return append(fields, zap.Bool("dry_run", s.DryRun), zap.Int("allowlisted_prefixes", len(s.Allow)))
 }
 
 // attach attaches the filter to conn, unless it already is. A socket has
@@ -200,23 +226,71 @@ func (l *limiter) attach(conn *net.UDPConn) (attached bool, err error) {
 	return true, nil
 }
 
-// snapshot returns the settings in force, the logger and the listeners'
-// addresses.
+// snapshot returns the settings in force, the logger and the addresses of
+// the open sockets the filter is attached to.
 func (l *limiter) snapshot() (settings, *zap.Logger, []string) {
+	l.forgetClosed()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.set, l.logger, l.addrs()
+}
+
+// addrs lists the sockets' addresses; l.mu must be held.
+func (l *limiter) addrs() []string {
 	addrs := make([]string, len(l.conns))
 	for i, c := range l.conns {
 		addrs[i] = c.LocalAddr().String()
 	}
-	return l.set, l.logger, addrs
+	return addrs
 }
 
-// levelLimit is the limit in packets per second of a level under s, or 0
-// when the level is unlimited.
-func levelLimit(s settings, level int) uint32 {
-	lim := s.Limiter.Limit
-	if l, ok := s.Limiter.LevelLimits[level]; ok {
+// forgetClosed drops the sockets that Caddy has closed since the filter was
+// attached (a reload that moved or removed a listener) from the limiter and
+// the registry: they no longer appear in the admin view or the metrics.
+func (l *limiter) forgetClosed() {
+	limiters.mu.Lock()
+	defer limiters.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.conns = slices.DeleteFunc(l.conns, func(c *net.UDPConn) bool {
+		if !isClosed(c) {
+			return false
+		}
+		if limiters.owners[c] == l {
+			delete(limiters.owners, c)
+		}
+		return true
+	})
+}
+
+// isClosed reports whether conn's socket has been closed.
+func isClosed(conn *net.UDPConn) bool {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return true
+	}
+	return rc.Control(func(uintptr) {}) != nil
+}
+
+// ownerOf returns the limiter attached to the open socket that matches, and
+// whether there is one.
+func (reg *limiterRegistry) ownerOf(match func(*net.UDPConn) bool) (*limiter, bool) {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	for c, l := range reg.owners {
+		if !isClosed(c) && match(c) {
+			return l, true
+		}
+	}
+	return nil, false
+}
+
+// levelLimit is the limit in packets per second of a level of a class under
+// s, or 0 when the level is unlimited.
+func levelLimit(s settings, class, level int) uint32 {
+	c := s.Limiter.Class(class)
+	lim := c.Limit
+	if l, ok := c.LevelLimits[level]; ok {
 		lim = l
 	}
 	if lim == sketch.Unlimited {
@@ -226,10 +300,36 @@ func levelLimit(s settings, level int) uint32 {
 }
 
 // describe names a tracked stream as an operator reads it, with its rate in
-// packets per second.
-func (l *limiter) describe(st bpf.Stream) (string, float64) {
+// packets per second (0 for invalid datagrams, which are not measured).
+func (l *limiter) describe(st datagram.Stream) (string, float64) {
 	p := l.filter.Params()
+	if st.Class == quicclass.Invalid {
+		return st.Key.Addr().String() + " -> :" + strconv.Itoa(int(st.Key.DstPort)), 0
+	}
 	return st.Node.Stream(p, &st.Key), p.PPS(st.Estimate)
+}
+
+// className names the limiter class of a stream or counter: opening and
+// established when the filter classifies, all when it does not.
+func className(s settings, class quicclass.Class) string {
+	if !s.Classify && class == quicclass.Opening {
+		return "all"
+	}
+	return class.String()
+}
+
+// streamFields are the log fields of a stream.
+func (l *limiter) streamFields(s settings, st datagram.Stream, listeners []string) []zap.Field {
+	stream, rate := l.describe(st)
+	fields := []zap.Field{zap.String("limiter", l.name), zap.Strings("listeners", listeners),
+		zap.String("stream", stream), zap.String("class", className(s, st.Class))}
+	if st.Class == quicclass.Invalid {
+		return append(fields, zap.String("reason", st.Reason.String()))
+	}
+	// "lattice_level", not "level": Caddy's JSON log keeps its severity
+	// under "level".
+	return append(fields, zap.Int("lattice_level", st.Level), zap.Float64("rate_pps", rate),
+		zap.Uint32("limit_pps", levelLimit(s, int(st.Class), st.Level)))
 }
 
 // readEvents logs each stream the kernel starts limiting: one line per
@@ -246,14 +346,14 @@ func (l *limiter) readEvents() {
 			logger.Error("reading limited streams", zap.String("limiter", l.name), zap.Error(err))
 			continue
 		}
-		stream, rate := l.describe(st)
 		msg := "limiting stream"
-		if st.DryRun {
-			msg = "dry run: would limit stream"
+		if st.Class == quicclass.Invalid {
+			msg = "dropping invalid datagrams"
 		}
-		logger.Warn(msg, zap.String("limiter", l.name), zap.Strings("listeners", listeners),
-			zap.String("stream", stream), zap.Int("level", st.Level),
-			zap.Float64("rate_pps", rate), zap.Uint32("limit_pps", levelLimit(set, st.Level)))
+		if st.DryRun {
+			msg = "dry run: would be " + msg
+		}
+		logger.Warn(msg, l.streamFields(set, st, listeners)...)
 	}
 }
 
@@ -264,13 +364,14 @@ func (l *limiter) expireStreams() {
 	defer l.done.Done()
 	tk := time.NewTicker(time.Second)
 	defer tk.Stop()
+	sweep := sweepEvery
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-tk.C:
 		}
-		set, logger, listeners := l.snapshot()
+		set, logger, listeners := l.snapshot() // also forgets closed sockets
 		expired, err := l.filter.ExpireStreams(streamIdle(set))
 		if err != nil {
 			logger.Error("expiring limited streams", zap.String("limiter", l.name), zap.Error(err))
@@ -281,12 +382,32 @@ func (l *limiter) expireStreams() {
 			if st.DryRun {
 				dropped = "would_drop"
 			}
-			logger.Info("stream no longer limited", zap.String("limiter", l.name), zap.Strings("listeners", listeners),
-				zap.String("stream", stream), zap.Int("level", st.Level),
-				zap.Duration("duration", st.Last.Sub(st.First)), zap.Uint64(dropped, st.Drops))
+			msg := "stream no longer limited"
+			if st.Class == quicclass.Invalid {
+				msg = "no more invalid datagrams"
+			}
+			fields := []zap.Field{zap.String("limiter", l.name), zap.Strings("listeners", listeners),
+				zap.String("stream", stream), zap.String("class", className(set, st.Class))}
+			if st.Class == quicclass.Invalid {
+				fields = append(fields, zap.String("reason", st.Reason.String()))
+			} else {
+				fields = append(fields, zap.Int("lattice_level", st.Level))
+			}
+			logger.Info(msg, append(fields, zap.Duration("duration", st.Last.Sub(st.First)), zap.Uint64(dropped, st.Drops))...)
+		}
+		if sweep--; sweep <= 0 {
+			sweep = sweepEvery
+			if _, err := l.filter.Sweep(); err != nil {
+				logger.Error("sweeping the sketches", zap.String("limiter", l.name), zap.Error(err))
+			}
 		}
 	}
 }
+
+// sweepEvery is how many ticks of the expiry loop (seconds) pass between two
+// sweeps of the sketches' stale cells (sketch.Limiter.Sweep): hourly, much
+// more often than the 39 h after which a cell is stale.
+const sweepEvery = 3600
 
 // streamIdle is how long a stream goes without a drop before it counts as
 // no longer limited: two windows, and at least two seconds.
@@ -303,7 +424,9 @@ func (l *limiter) Destruct() error {
 	l.done.Wait()
 	limiters.mu.Lock()
 	for _, c := range l.conns {
-		delete(limiters.owners, c)
+		if limiters.owners[c] == l {
+			delete(limiters.owners, c)
+		}
 	}
 	limiters.mu.Unlock()
 	for _, c := range l.conns {

@@ -44,10 +44,6 @@ var (
 	_ [1]struct{} = [unsafe.Sizeof(rakelimitStats{}) - unsafe.Sizeof(datagram.Stats{}) + 1]struct{}{}
 )
 
-// MaxAllow is the most allowlist prefixes of one family the filter holds
-// (MAX_ALLOW in rakelimit.c).
-const MaxAllow = 1024
-
 // Filter is one loaded instance of the program with its own sketches, hash
 // key and configuration. It may be attached to any number of sockets, which
 // then share its limits.
@@ -103,6 +99,11 @@ func load(c datagram.Config, o loadOptions) (_ *Filter, err error) {
 		return nil, fmt.Errorf("reading the embedded BPF object: %w", err)
 	}
 	spec.Maps[rakelimitMapCells].MaxEntries = uint32(p.TotalLines)
+	for _, m := range []string{rakelimitMapAllow4, rakelimitMapAllow6} {
+		if n := spec.Maps[m].MaxEntries; n != MaxAllow {
+			return nil, fmt.Errorf("the BPF object's %s holds %d prefixes, the loader expects MaxAllow = %d", m, n, MaxAllow)
+		}
+	}
 	for name, on := range map[string]bool{
 		rakelimitVarTestMode:          o.testMode,
 		rakelimitVarBenchRandomSource: o.benchRandomSource,
@@ -185,19 +186,106 @@ func boolByte(b bool) uint8 {
 	return 0
 }
 
-// explainLoad turns the kernel's refusal into an error that says what to do.
+// LoadError is the kernel's refusal to load the filter. Its message is one
+// line that names the cause and what to do; the verifier's log, which can
+// run to thousands of lines, is kept apart for the caller to log at DEBUG.
+type LoadError struct {
+	msg string
+	// VerifierLog is the kernel verifier's log, when it produced one.
+	VerifierLog []string
+	err         error
+}
+
+// Error returns the one-line explanation.
+func (e *LoadError) Error() string { return e.msg }
+
+// Unwrap returns the kernel's error number (or the library's error when
+// there is none), so that errors.Is(err, unix.EPERM) holds.
+func (e *LoadError) Unwrap() error { return e.err }
+
+// explainLoad turns the kernel's refusal into a one-line error that says
+// what to do. It leaves out the BPF library's RLIMIT_MEMLOCK hint: from
+// Linux 5.11 BPF memory is charged to the memory cgroup, not to MEMLOCK, and
+// the filter needs 5.12 or later.
 func explainLoad(err error) error {
+	return explain(err, missingCapabilities())
+}
+
+// explain is explainLoad for a process that lacks the capabilities missing.
+func explain(err error, missing []string) error {
+	e := &LoadError{err: err}
 	var ve *ebpf.VerifierError
-	switch {
-	case errors.Is(err, unix.EPERM):
-		return fmt.Errorf("loading the rakelimit BPF socket filter: %w: the process needs CAP_BPF "+
-			"(kernel.unprivileged_bpf_disabled is %s); grant it with `setcap cap_bpf+ep /path/to/caddy` "+
-			"or, under systemd, AmbientCapabilities=CAP_BPF and CapabilityBoundingSet=CAP_BPF",
-			err, sysctl("kernel/unprivileged_bpf_disabled"))
-	case errors.As(err, &ve):
-		return fmt.Errorf("loading the rakelimit BPF socket filter: the kernel verifier rejected it: %+v", ve)
+	if errors.As(err, &ve) {
+		e.VerifierLog = ve.Log
 	}
-	return fmt.Errorf("loading the rakelimit BPF socket filter: %w", err)
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		e.err = errno
+	}
+	const what = "loading the rakelimit BPF socket filter"
+	switch {
+	case len(missing) > 0 && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)):
+		e.msg = fmt.Sprintf("%s: %v: the process lacks %s (it needs CAP_BPF and CAP_PERFMON); grant them with "+
+			"`setcap cap_bpf,cap_perfmon,cap_net_bind_service+ep %s` or, under systemd, "+
+			"AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_BIND_SERVICE (see Privileges in the README)",
+			what, e.err, strings.Join(missing, " and "), executable())
+	case ve != nil:
+		e.msg = fmt.Sprintf("%s: the kernel verifier rejected it (%v): %s (the whole log is at DEBUG level)",
+			what, e.err, lastLine(ve.Log))
+	case errors.Is(err, unix.EPERM):
+		e.msg = fmt.Sprintf("%s: %v although the process has CAP_BPF and CAP_PERFMON: a seccomp filter, a security "+
+			"module or kernel lockdown forbids it (kernel.unprivileged_bpf_disabled is %s)",
+			what, e.err, sysctl("kernel/unprivileged_bpf_disabled"))
+	default:
+		// Only EPERM carries the library's MEMLOCK hint.
+		e.msg = fmt.Sprintf("%s: %v", what, err)
+	}
+	return e
+}
+
+// missingCapabilities names the capabilities the process lacks to load the
+// filter: CAP_BPF and CAP_PERFMON, both implied by CAP_SYS_ADMIN.
+func missingCapabilities() []string {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return nil
+	}
+	has := func(c int) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
+	if has(unix.CAP_SYS_ADMIN) {
+		return nil
+	}
+	var out []string
+	for _, c := range []struct {
+		bit  int
+		name string
+	}{{unix.CAP_BPF, "CAP_BPF"}, {unix.CAP_PERFMON, "CAP_PERFMON"}} {
+		if !has(c.bit) {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
+
+// executable is the path of the running binary, for the setcap hint.
+func executable() string {
+	p, err := os.Executable()
+	if err != nil {
+		return "/path/to/caddy"
+	}
+	return p
+}
+
+// lastLine is the verifier's conclusion: the last line of its log that is
+// not the statistics summary.
+func lastLine(log []string) string {
+	for i := len(log) - 1; i >= 0; i-- {
+		if l := strings.TrimSpace(log[i]); l != "" && !strings.HasPrefix(l, "processed ") &&
+			!strings.HasPrefix(l, "verification time") && !strings.HasPrefix(l, "stack depth") {
+			return l
+		}
+	}
+	return "no log"
 }
 
 func sysctl(name string) string {
@@ -227,55 +315,130 @@ func (f *Filter) Configure(c datagram.Config) error {
 	return f.configure(c, p)
 }
 
-// configure puts c (compiled to p) in force. Allowlist entries new in c are
-// added before the switch and the ones c drops are removed after it, so that
-// a prefix in both lists is never limited in between; if anything fails
-// before the switch, what was added is removed again.
+// configure puts c (compiled to p) in force, or on any error leaves the
+// kernel and the Go side as they were: the slot in force, the allowlist and
+// what Config and Params report. New allowlist entries go in before the
+// switch and old ones out after it, so that a prefix in both lists is never
+// limited in between; when a trie cannot hold both lists, its old-only
+// entries go first: their sources are then limited a moment early, never
+// exempted late.
 func (f *Filter) configure(c datagram.Config, p *sketch.Params) (err error) {
 	next := newAllowSet(c.Allow)
-	var added []allowEntry
-	defer func() {
-		if err != nil {
-			for _, e := range added {
-				_ = f.allowDelete(e) // best effort: it was just added
-			}
-		}
-	}()
+	var add, drop []allowEntry
+	var total [2]int
 	for e := range next {
 		if !f.allow[e] {
-			if err := f.allowAdd(e); err != nil {
-				return fmt.Errorf("adding %v to the allowlist: %w", e.prefix(), err)
-			}
-			added = append(added, e)
+			add = append(add, e)
 		}
 	}
-	cfg := f.compiled(c, p, next)
+	for e := range f.allow {
+		if !next[e] {
+			drop = append(drop, e)
+		}
+	}
+	for e := range f.allow {
+		total[e.family()]++
+	}
+	for _, e := range add {
+		total[e.family()]++
+	}
+	early := total[0] > MaxAllow || total[1] > MaxAllow
+	// The undo log: entries added and removed so far, and whether the
+	// switch happened.
+	var added, removed []allowEntry
+	prevSlot, switched := f.active, false
+	defer func() {
+		if err == nil {
+			return
+		}
+		var undo []error
+		if switched {
+			if e := f.objs.ActiveConfig.Update(uint32(0), prevSlot, ebpf.UpdateAny); e != nil {
+				undo = append(undo, fmt.Errorf("switching back: %w", e))
+			}
+		}
+		for _, e := range added {
+			if uerr := f.allowDelete(e); uerr != nil {
+				undo = append(undo, fmt.Errorf("removing a new allowlist entry: %w", uerr))
+			}
+		}
+		for _, e := range removed {
+			if uerr := f.allowAdd(e); uerr != nil {
+				undo = append(undo, fmt.Errorf("restoring an allowlist entry: %w", uerr))
+			}
+		}
+		if len(undo) > 0 {
+			err = fmt.Errorf("%w; undoing it: %w", err, errors.Join(undo...))
+		}
+	}()
+	removeOld := func() error {
+		for _, e := range drop {
+			if err := f.allowDelete(e); err != nil {
+				return fmt.Errorf("removing %v from the allowlist: %w", e.prefix(), err)
+			}
+			removed = append(removed, e)
+		}
+		return nil
+	}
+	if early {
+		if err := removeOld(); err != nil {
+			return err
+		}
+	}
+	for _, e := range add {
+		if err := f.allowAdd(e); err != nil {
+			return fmt.Errorf("adding %v to the allowlist: %w", e.prefix(), err)
+		}
+		added = append(added, e)
+	}
 	slot := 1 - f.active
-	if err := f.objs.Configs.Update(slot, cfg, ebpf.UpdateAny); err != nil {
+	if err := f.objs.Configs.Update(slot, f.compiled(c, p, next), ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("writing the filter configuration: %w", err)
 	}
 	if err := f.objs.ActiveConfig.Update(uint32(0), slot, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("switching the filter configuration: %w", err)
 	}
-	prev := f.allow
-	f.active, f.params, f.cfg, f.allow = slot, p, c, next
-	// From here on the new configuration is in force: an entry that
-	// cannot be removed stays in the trie, outside the quick-reject
-	// filter's buckets unless another prefix shares them, and the next
-	// change tries again.
-	var stale []error
-	for e := range prev {
-		if !next[e] {
-			if err := f.allowDelete(e); err != nil {
-				f.allow[e] = true
-				stale = append(stale, err)
-			}
+	switched = true
+	if !early {
+		if err := removeOld(); err != nil {
+			return err
 		}
 	}
-	if len(stale) > 0 {
-		return fmt.Errorf("removing from the allowlist: %w", errors.Join(stale...))
-	}
+	f.active, f.params, f.cfg, f.allow = slot, p, c, next
 	return nil
+}
+
+// ActiveSlot returns the configuration slot in force (0 or 1), as the
+// kernel reads it.
+func (f *Filter) ActiveSlot() (uint32, error) {
+	var slot uint32
+	if err := f.objs.ActiveConfig.Lookup(uint32(0), &slot); err != nil {
+		return 0, fmt.Errorf("reading the active configuration slot: %w", err)
+	}
+	return slot, nil
+}
+
+// AllowEntries counts the prefixes in the kernel's allowlists.
+func (f *Filter) AllowEntries() (int, error) {
+	n := 0
+	var k4 rakelimitAllow4Key
+	var k6 rakelimitAllow6Key
+	var v uint8
+	it := f.objs.Allow4.Iterate()
+	for it.Next(&k4, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("reading the IPv4 allowlist: %w", err)
+	}
+	it = f.objs.Allow6.Iterate()
+	for it.Next(&k6, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("reading the IPv6 allowlist: %w", err)
+	}
+	return n, nil
 }
 
 // compiled is the kernel's configuration for c, p and the allowlist next.

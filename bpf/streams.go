@@ -43,6 +43,14 @@ func newAllowSet(prefixes []netip.Prefix) allowSet {
 	return s
 }
 
+// family is 0 for IPv4, 1 for IPv6.
+func (e allowEntry) family() int {
+	if e.v6 {
+		return 1
+	}
+	return 0
+}
+
 func (e allowEntry) prefix() netip.Prefix {
 	a := netip.AddrFrom16(e.addr)
 	if !e.v6 {
