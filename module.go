@@ -41,7 +41,7 @@ const (
 	// quic-go behind Caddy sustains on the machine it was measured on
 	// (README, "Choosing numbers"), with the cap shared fairly among
 	// networks. A limit above it raises the cap to the limit.
-	DefaultOpeningTotal = 20_000
+	DefaultOpeningTotal = 50_000
 	// DefaultEstablishedLimit is the limit of established-connection
 	// packets at every level but the last, which is unlimited: 200,000
 	// packets per second is about 2.4 Gbit/s of 1,500-byte datagrams, so
@@ -117,7 +117,7 @@ type RakeLimit struct {
 
 	// UnlimitedLevels lifts the limit of these levels. The last level caps
 	// the socket's total of connection-opening packets: by default at
-	// 20,000 (or the limit, if higher), shared fairly among networks; with
+	// 50,000 (or the limit, if higher), shared fairly among networks; with
 	// classify off, at the limit.
 	UnlimitedLevels []int `json:"unlimited_levels,omitempty"`
 

@@ -473,10 +473,17 @@ static __always_inline void set_udp(struct key *k, const struct udphdr *udp, __u
 	k->length = ip_len > off + UDP_HDR_LEN ? ip_len - off - UDP_HDR_LEN : 0;
 }
 
-// load_probe reads the first bytes of the UDP payload at off (the UDP
-// header's offset) when the one load of the headers could not: the payload
-// is shorter than the probe.
-static __always_inline void load_probe(struct __sk_buff *skb, struct key *k, __u32 off)
+// load_probe reads the first bytes of the UDP payload, whose header is at
+// off from the network header, when the one load of the headers could not:
+// the payload is shorter than the probe, or lies outside the skb's linear
+// part. A GSO batch segmented on receive (quic-go sends them on loopback)
+// keeps its headers linear and its payload in pages, which
+// bpf_skb_load_bytes_relative cannot read; bpf_skb_load_bytes can, from
+// skb->data: the UDP header on a socket, whose skb->len is the UDP datagram,
+// shorter than the IP datagram of ip_len bytes; the network header under
+// BPF_PROG_TEST_RUN, whose frames (test mode aside, which may cut them
+// short) are whole.
+static __always_inline void load_probe(struct __sk_buff *skb, struct key *k, __u32 off, __u32 ip_len)
 {
 	__u32 n = k->length;
 
@@ -485,7 +492,8 @@ static __always_inline void load_probe(struct __sk_buff *skb, struct key *k, __u
 		return;
 	if (n > PROBE_BYTES)
 		n = PROBE_BYTES;
-	bpf_skb_load_bytes_relative(skb, off + UDP_HDR_LEN, k->probe, n, BPF_HDR_START_NET);
+	__u32 at = test_mode || skb->len >= ip_len ? off + UDP_HDR_LEN : UDP_HDR_LEN;
+	bpf_skb_load_bytes(skb, at, k->probe, n);
 }
 
 // load_udp reads the UDP header at off and the probe after it.
@@ -504,7 +512,7 @@ static __always_inline void load_udp(struct __sk_buff *skb, struct key *k, __u32
 	if (bpf_skb_load_bytes_relative(skb, off, &h.udp, sizeof(h.udp), BPF_HDR_START_NET) < 0)
 		return;
 	set_udp(k, &h.udp, off, ip_len);
-	load_probe(skb, k, off);
+	load_probe(skb, k, off, ip_len);
 }
 
 // parse_ipv4 fills the key from an IPv4 packet. One load covers the header
