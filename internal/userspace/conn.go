@@ -201,7 +201,7 @@ func (c *Conn) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 	}
 	for {
 		n, err := c.readBatch(ms, flags)
-		if n == 0 {
+		if n <= 0 { // x/net returns -1 with an error, as recvmmsg does
 			if err != nil {
 				return 0, err
 			}
