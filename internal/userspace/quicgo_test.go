@@ -122,11 +122,19 @@ func exchange(ctx context.Context, addr string, tlsConf *tls.Config, payloads []
 		if err != nil {
 			return fmt.Errorf("opening stream %d: %w", i, err)
 		}
-		if _, err := s.Write(p); err != nil {
-			return fmt.Errorf("writing stream %d: %w", i, err)
-		}
-		s.Close()
+		// Write while reading: the echo fills the client's receive window
+		// long before a large payload is written, and a writer that does
+		// not read would deadlock with the server on flow control.
+		wrote := make(chan error, 1)
+		go func() {
+			_, err := s.Write(p)
+			s.Close()
+			wrote <- err
+		}()
 		got, err := io.ReadAll(s)
+		if werr := <-wrote; werr != nil {
+			return fmt.Errorf("writing stream %d: %w", i, werr)
+		}
 		if err != nil {
 			return fmt.Errorf("reading stream %d: %w", i, err)
 		}
