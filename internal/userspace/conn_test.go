@@ -460,3 +460,39 @@ func TestConnFlood(t *testing.T) {
 	}
 	t.Logf("flood per second %v; legit %d of %d; dropped %d", flood, tl.total(at(legitS)), legitSent, dropped)
 }
+
+// TestFilterBatchAllocatesNothing: deciding and compacting a batch, with
+// drops tracked, allocates nothing.
+func TestFilterBatchAllocatesNothing(t *testing.T) {
+	l := newTestLimiter(t, quicLimits(100, 100_000), nil, 0)
+	c := &Conn{port: 443}
+	ms := make([]ipv4.Message, 8)
+	for i := range ms {
+		ms[i].Buffers = [][]byte{make([]byte, 1452)}
+		ms[i].OOB = make([]byte, 128)
+		ms[i].Addr = &net.UDPAddr{IP: net.IPv4(192, 0, 2, byte(i%2)), Port: 40000}
+	}
+	// A flood of Initials from 192.0.2.1, dropped, between short-header
+	// packets from 192.0.2.0.
+	payloads := [][]byte{short(), initial()}
+	fill := func() {
+		for i := range ms {
+			payload := payloads[i%2]
+			ms[i].N = copy(ms[i].Buffers[0], payload)
+			ms[i].NN = 16
+		}
+	}
+	for range 100 { // past the burst: the flood is dropped and tracked
+		fill()
+		c.filterBatch(l, ms)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		fill()
+		if kept := c.filterBatch(l, ms); kept != 4 {
+			t.Fatalf("kept %d of 8, want the 4 short-header datagrams", kept)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("filterBatch allocated %v times per batch", allocs)
+	}
+}
