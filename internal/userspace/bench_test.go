@@ -32,7 +32,8 @@ func sourceAt(i int, fixed bool) netip.AddrPort {
 
 // BenchmarkDecide is the userspace decision on one flood datagram (an
 // Initial), alone (Decide) and in quic-go's batches of 8 (DecideBatch, per
-// datagram), from one source or from a new source each time. "key" is the
+// datagram), from one source or from a new source each time, and traffic
+// under the limit, which walks every level. "key" is the
 // floor: what a pass-through wrapper reads of a datagram (its key and
 // probe) without deciding.
 func BenchmarkDecide(b *testing.B) {
@@ -42,15 +43,21 @@ func BenchmarkDecide(b *testing.B) {
 		fixed bool
 		batch bool
 		floor bool
+		limit uint32 // 0: benchConfig's
 	}{
-		{"key/fixed-source", true, false, true},
-		{"single/fixed-source", true, false, false},
-		{"single/new-source", false, false, false},
-		{"batch8/fixed-source", true, true, false},
-		{"batch8/new-source", false, true, false},
+		{"key/fixed-source", true, false, true, 0},
+		{"single/fixed-source", true, false, false, 0},
+		{"single/new-source", false, false, false, 0},
+		{"batch8/fixed-source", true, true, false, 0},
+		{"batch8/new-source", false, true, false, 0},
+		{"batch8/under-limit", true, true, false, 8_000_000},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			l := newTestLimiter(b, benchConfig(), nil, -1)
+			cfg := benchConfig()
+			if bc.limit != 0 {
+				cfg = quicLimits(bc.limit, 100_000)
+			}
+			l := newTestLimiter(b, cfg, nil, -1)
 			ds := make([]datagram.Datagram, 8)
 			drop := make([]bool, 8)
 			var sink int
