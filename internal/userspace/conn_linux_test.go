@@ -1,0 +1,203 @@
+package userspace
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/bpf"
+)
+
+// TestSocketOptionsThroughConn makes, through the Conn's raw connection, the
+// calls quic-go makes on Linux to choose its capabilities: the GSO probe
+// (getsockopt UDP_SEGMENT), the don't-fragment setting (IP_MTU_DISCOVER and
+// IPV6_MTU_DISCOVER, for path MTU discovery) and the ECN and packet info
+// options. Each must reach the socket itself.
+func TestSocketOptionsThroughConn(t *testing.T) {
+	conn := listen(t, "udp", "[::]:0")
+	c := wrap(t, conn, newTestLimiter(t, limits(100), nil, -1))
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gsoErr, dfErr, df6Err, tosErr, pktErr error
+	if err := rc.Control(func(fd uintptr) {
+		_, gsoErr = unix.GetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT)
+		dfErr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_PROBE)
+		df6Err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_PROBE)
+		tosErr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS, 1)
+		pktErr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{"UDP_SEGMENT": gsoErr, "IP_MTU_DISCOVER": dfErr,
+		"IPV6_MTU_DISCOVER": df6Err, "IP_RECVTOS": tosErr, "IPV6_RECVPKTINFO": pktErr} {
+		if err != nil {
+			t.Errorf("%s through the Conn: %v", name, err)
+		}
+	}
+	// Read the settings back from the socket itself.
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pmtu, recvtos int
+	raw.Control(func(fd uintptr) {
+		pmtu, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER)
+		recvtos, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS)
+	})
+	if pmtu != unix.IPV6_PMTUDISC_PROBE || recvtos != 1 {
+		t.Fatalf("the socket has IPV6_MTU_DISCOVER %d, IP_RECVTOS %d: the options did not reach it", pmtu, recvtos)
+	}
+}
+
+// TestKernelDimensions: the userspace limiter accepts and tracks exactly
+// what the kernel filter does.
+func TestKernelDimensions(t *testing.T) {
+	if bpf.MaxAllow != MaxAllow || bpf.DefaultTrackShift != DefaultTrackShift {
+		t.Fatalf("bpf: MaxAllow %d, DefaultTrackShift %d; userspace: %d, %d",
+			bpf.MaxAllow, bpf.DefaultTrackShift, MaxAllow, DefaultTrackShift)
+	}
+	src, err := os.ReadFile("../../bpf/rakelimit.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`#define MAX_TRACKED_STREAMS (\d+)`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("MAX_TRACKED_STREAMS not found in bpf/rakelimit.c")
+	}
+	if n, _ := strconv.Atoi(string(m[1])); n != MaxTrackedStreams {
+		t.Fatalf("the kernel tracks %d streams, userspace %d", n, MaxTrackedStreams)
+	}
+}
+
+// Capability numbers (linux/capability.h).
+const (
+	capSysAdmin = 21
+	capPerfmon  = 38
+	capBPF      = 39
+)
+
+// effectiveCaps reads the process's effective capabilities.
+func effectiveCaps(t *testing.T) uint64 {
+	t.Helper()
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return caps
+		}
+	}
+	t.Fatal("no CapEff in /proc/self/status")
+	return 0
+}
+
+// unprivilegedTests are the tests the unprivileged children run: the
+// limiter on a real socket and quic-go over the wrapper, under a flood.
+const unprivilegedTests = "^(TestUnprivilegedChild|TestEveryReadFilters|TestReadBatchPairs|TestQUICGoUnderFlood|TestQUICGoKeepsFastPath)$"
+
+// TestUnprivilegedChild runs only inside TestWithoutPrivileges's children:
+// it asserts that they lack CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN.
+func TestUnprivilegedChild(t *testing.T) {
+	if os.Getenv("RAKELIMIT_UNPRIVILEGED") == "" {
+		t.Skip("runs in TestWithoutPrivileges's children")
+	}
+	caps := effectiveCaps(t)
+	for name, c := range map[string]uint{"CAP_BPF": capBPF, "CAP_PERFMON": capPerfmon, "CAP_SYS_ADMIN": capSysAdmin} {
+		if caps>>c&1 != 0 {
+			t.Errorf("the child has %s (CapEff %#x)", name, caps)
+		}
+	}
+}
+
+// TestWithoutPrivileges runs the socket and quic-go tests of this package
+// again where BPF cannot load: as nobody with no capabilities, and as root
+// with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN dropped. The userspace mode
+// needs none of them.
+func TestWithoutPrivileges(t *testing.T) {
+	if os.Getenv("RAKELIMIT_UNPRIVILEGED") != "" {
+		t.Skip("already a child")
+	}
+	if os.Geteuid() != 0 {
+		// Every test of this run is already unprivileged.
+		if caps := effectiveCaps(t); caps>>capBPF&1 != 0 || caps>>capSysAdmin&1 != 0 {
+			t.Fatalf("not root, yet CapEff %#x has CAP_BPF or CAP_SYS_ADMIN", caps)
+		}
+		return
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Fatalf("needs setpriv (util-linux, installed by make deps): %v", err)
+	}
+	// The test binary, where nobody may run it.
+	dir, err := os.MkdirTemp("", "rakelimit-userspace-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	bin := filepath.Join(dir, "userspace.test")
+	if err := copyFile(os.Args[0], bin); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"nobody", []string{"--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"}},
+		{"root without CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN", []string{"--inh-caps=-bpf,-perfmon,-sys_admin",
+			"--bounding-set=-bpf,-perfmon,-sys_admin"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append(tt.args, bin, "-test.run="+unprivilegedTests, "-test.v", "-test.count=1")
+			cmd := exec.Command(setpriv, args...)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "RAKELIMIT_UNPRIVILEGED=1", "HOME="+dir)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v\n%s", err, tail(out))
+			}
+			for _, name := range []string{"TestUnprivilegedChild", "TestEveryReadFilters", "TestQUICGoUnderFlood", "TestQUICGoKeepsFastPath"} {
+				if !strings.Contains(string(out), "--- PASS: "+name+" ") {
+					t.Errorf("%s did not pass in the child:\n%s", name, tail(out))
+				}
+			}
+		})
+	}
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

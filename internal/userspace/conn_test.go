@@ -1,0 +1,498 @@
+package userspace
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"reflect"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+// readMethods are every way to read a datagram through a Conn, each
+// returning the payload's length and the source.
+var readMethods = []struct {
+	name string
+	read func(c *Conn, b []byte) (int, netip.AddrPort, error)
+}{
+	{"Read", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+		n, err := c.Read(b)
+		return n, netip.AddrPort{}, err
+	}},
+	{"ReadFrom", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+		n, a, err := c.ReadFrom(b)
+		if a == nil {
+			return n, netip.AddrPort{}, err
+		}
+		return n, a.(*net.UDPAddr).AddrPort(), err
+	}},
+	{"ReadFromUDP", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+		n, a, err := c.ReadFromUDP(b)
+		return n, a.AddrPort(), err
+	}},
+	{"ReadFromUDPAddrPort", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+		return c.ReadFromUDPAddrPort(b)
+	}},
+	{"ReadMsgUDP", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+		n, _, _, a, err := c.ReadMsgUDP(b, make([]byte, 128))
+		return n, a.AddrPort(), err
+	}},
+	{"ReadMsgUDPAddrPort", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+		n, _, _, a, err := c.ReadMsgUDPAddrPort(b, make([]byte, 128))
+		return n, a, err
+	}},
+	{"ReadBatch", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+		ms := []ipv4.Message{{Buffers: [][]byte{b}, OOB: make([]byte, 128)}}
+		n, err := c.ReadBatch(ms, 0)
+		if n == 0 {
+			return 0, netip.AddrPort{}, err
+		}
+		return ms[0].N, ms[0].Addr.(*net.UDPAddr).AddrPort(), err
+	}},
+}
+
+// TestEveryReadFilters: each read method skips a datagram the limiter drops
+// and returns the next one, with its source; and the list above holds every
+// read method of *net.UDPConn, so that none reads around the limiter.
+func TestEveryReadFilters(t *testing.T) {
+	tested := map[string]bool{}
+	for _, m := range readMethods {
+		tested[m.name] = true
+	}
+	ty := reflect.TypeFor[*net.UDPConn]()
+	for i := range ty.NumMethod() {
+		if name := ty.Method(i).Name; strings.HasPrefix(name, "Read") && !tested[name] {
+			t.Errorf("*net.UDPConn has %s, which no test shows filtered", name)
+		}
+	}
+	for _, m := range readMethods {
+		t.Run(m.name, func(t *testing.T) {
+			l := newTestLimiter(t, quicLimits(100, 1000), nil, -1)
+			c := wrap(t, listen(t, "udp4", "127.0.0.1:0"), l)
+			s := sender(t, "127.0.0.1:0")
+			dst := loopbackTo("127.0.0.1:0", portOf(c.UDPConn))
+			want := initial()
+			copy(want[100:], "the datagram that passes")
+			for _, b := range [][]byte{junk(), quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 300), want} {
+				if _, err := s.WriteToUDPAddrPort(b, dst); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, 1500)
+			n, from, err := m.read(c, buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(buf[:n], want) {
+				t.Fatalf("read %d bytes starting %x, want the Initial", n, buf[:min(n, 16)])
+			}
+			if m.name != "Read" && from != netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), portOf(s)) {
+				t.Fatalf("from %v, want %v", from, s.LocalAddr())
+			}
+			st, _ := l.Stats()
+			if st.Invalid[0][1][quicclass.FixedBit] != 1 || st.Invalid[0][1][quicclass.SmallInitial] != 1 || st.Passed[0][1] != 1 {
+				t.Fatalf("counters: invalid %v, passed %v", st.Invalid[0][1], st.Passed[0][1])
+			}
+		})
+	}
+}
+
+// TestRawConnRefusesRead: the raw connection controls the socket (quic-go
+// sets its options through it) but cannot read around the limiter.
+func TestRawConnRefusesRead(t *testing.T) {
+	c := wrap(t, listen(t, "udp4", "127.0.0.1:0"), newTestLimiter(t, limits(100), nil, -1))
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Read(func(uintptr) bool { return true }); !errors.Is(err, errRawRead) {
+		t.Fatalf("raw Read: %v, want it refused", err)
+	}
+	called := false
+	if err := rc.Control(func(uintptr) { called = true }); err != nil || !called {
+		t.Fatalf("raw Control: %v, called %v", err, called)
+	}
+	if c.Unwrap() != net.PacketConn(c.UDPConn) {
+		t.Fatal("Unwrap does not return the socket")
+	}
+}
+
+// TestNewConnRefuses: no socket, no wrapper.
+func TestNewConnRefuses(t *testing.T) {
+	if _, err := NewConn(nil, nil); err == nil || !strings.Contains(err.Error(), "no UDP socket") {
+		t.Fatalf("NewConn(nil): %v", err)
+	}
+}
+
+// TestSetLimiter: without a limiter every datagram passes; with one again,
+// the drops resume.
+func TestSetLimiter(t *testing.T) {
+	l := newTestLimiter(t, quicLimits(100, 1000), nil, -1)
+	c := wrap(t, listen(t, "udp4", "127.0.0.1:0"), l)
+	s := sender(t, "127.0.0.1:0")
+	dst := loopbackTo("127.0.0.1:0", portOf(c.UDPConn))
+	buf := make([]byte, 1500)
+	c.SetLimiter(nil)
+	s.WriteToUDPAddrPort(junk(), dst)
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if n, _, err := c.ReadFromUDPAddrPort(buf); err != nil || n != len(junk()) {
+		t.Fatalf("without a limiter: %d bytes, %v", n, err)
+	}
+	c.SetLimiter(l)
+	if c.Limiter() != l {
+		t.Fatal("Limiter() is not the one set")
+	}
+	s.WriteToUDPAddrPort(junk(), dst)
+	s.WriteToUDPAddrPort(short(), dst)
+	if n, _, err := c.ReadFromUDPAddrPort(buf); err != nil || n != len(short()) {
+		t.Fatalf("with the limiter again: %d bytes, %v; want the junk dropped", n, err)
+	}
+}
+
+// TestDroppingReadsBlock: when everything is dropped, a read keeps reading
+// until its deadline, and returns when the socket is closed, never with
+// nothing and no error.
+func TestDroppingReadsBlock(t *testing.T) {
+	for _, m := range readMethods {
+		t.Run(m.name, func(t *testing.T) {
+			l := newTestLimiter(t, quicLimits(100, 1000), nil, -1)
+			conn := listen(t, "udp4", "127.0.0.1:0")
+			c := wrap(t, conn, l)
+			s := sender(t, "127.0.0.1:0")
+			dst := loopbackTo("127.0.0.1:0", portOf(conn))
+			for range 20 {
+				s.WriteToUDPAddrPort(junk(), dst)
+			}
+			start := time.Now()
+			c.SetReadDeadline(start.Add(150 * time.Millisecond))
+			buf := make([]byte, 1500)
+			// ReadMsgUDP and ReadMsgUDPAddrPort return -1 with an error,
+			// as *net.UDPConn's do.
+			if n, _, err := m.read(c, buf); n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("read %d bytes, %v; want the deadline", n, err)
+			}
+			if d := time.Since(start); d < 140*time.Millisecond {
+				t.Fatalf("returned after %v, before the deadline", d)
+			}
+			c.SetReadDeadline(time.Time{})
+			errc := make(chan error, 1)
+			go func() { _, _, err := m.read(c, buf); errc <- err }()
+			for range 20 {
+				s.WriteToUDPAddrPort(junk(), dst)
+			}
+			time.Sleep(50 * time.Millisecond)
+			conn.Close()
+			select {
+			case err := <-errc:
+				if !errors.Is(err, net.ErrClosed) {
+					t.Fatalf("after Close: %v, want net.ErrClosed", err)
+				}
+			case <-time.After(2 * time.Second):
+				t.Fatal("a read blocked in drops did not return on Close")
+			}
+			st, _ := l.Stats()
+			if got := st.Invalid[0][1][quicclass.FixedBit]; got != 40 {
+				t.Fatalf("dropped %d junk datagrams, sent 40", got)
+			}
+		})
+	}
+}
+
+// TestFilterBatchCompaction decides batches with drops in every pattern:
+// the kept datagrams come first, in order, each with its own bytes, length,
+// control messages, address and flags, in the buffers of the slot it lands
+// in; no slot's buffers change.
+func TestFilterBatchCompaction(t *testing.T) {
+	tests := []struct {
+		name    string
+		pattern string // per slot: k kept, d dropped
+		split   bool   // each slot's buffer in two pieces
+	}{
+		{"all kept", "kkkkkkkk", false},
+		{"all dropped", "dddddddd", false},
+		{"first dropped", "dkkkkkkk", false},
+		{"alternate", "dkdkdkdk", false},
+		{"last kept only", "dddddddk", false},
+		{"runs", "kkddkkdd", false},
+		{"scattered buffers", "dkkdkddk", true},
+		{"longer than a chunk", strings.Repeat("dkkdk", 30), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newTestLimiter(t, quicLimits(100_000, 100_000), nil, -1)
+			c := &Conn{port: 443}
+			n := len(tt.pattern)
+			ms := make([]ipv4.Message, n)
+			own := make([][][]byte, n)
+			var want []ipv4.Message
+			var wantBytes [][]byte
+			for i := range ms {
+				b := short()
+				if tt.pattern[i] == 'd' {
+					b = junk()
+				}
+				b = append(b, fmt.Sprintf("slot %d", i)...)
+				buf := make([]byte, 1452)
+				copy(buf, b)
+				ms[i].Buffers = [][]byte{buf}
+				if tt.split {
+					ms[i].Buffers = [][]byte{buf[:30], buf[30:]}
+				}
+				own[i] = ms[i].Buffers
+				ms[i].N = len(b)
+				ms[i].OOB = make([]byte, 128)
+				ms[i].NN = copy(ms[i].OOB, fmt.Sprintf("oob of %d", i))
+				ms[i].Addr = &net.UDPAddr{IP: net.IPv4(192, 0, 2, byte(i)), Port: 40000 + i}
+				ms[i].Flags = i
+				if tt.pattern[i] == 'k' {
+					w := ms[i]
+					w.OOB = bytes.Clone(ms[i].OOB) // ms[i].OOB may be written over
+					want = append(want, w)
+					wantBytes = append(wantBytes, b)
+				}
+			}
+			kept := c.filterBatch(l, ms)
+			if kept != len(want) {
+				t.Fatalf("kept %d, want %d", kept, len(want))
+			}
+			for i := range ms {
+				if !reflect.DeepEqual(ms[i].Buffers, own[i]) || &ms[i].Buffers[0][0] != &own[i][0][0] {
+					t.Fatalf("slot %d has other buffers", i)
+				}
+			}
+			for i, w := range want {
+				m := ms[i]
+				var got []byte
+				for _, b := range m.Buffers {
+					got = append(got, b...)
+				}
+				got = got[:m.N]
+				if !bytes.Equal(got, wantBytes[i]) || m.NN != w.NN || !bytes.Equal(m.OOB[:m.NN], w.OOB[:w.NN]) ||
+					m.Addr != w.Addr || m.Flags != w.Flags {
+					t.Fatalf("slot %d holds %q from %v (oob %q, flags %d), want %q from %v (oob %q, flags %d)",
+						i, got, m.Addr, m.OOB[:m.NN], m.Flags, wantBytes[i], w.Addr, w.OOB[:w.NN], w.Flags)
+				}
+			}
+		})
+	}
+}
+
+// TestMoveMessageCuts: a slot smaller than the datagram gets it cut and
+// flagged, never overrun.
+func TestMoveMessageCuts(t *testing.T) {
+	src := ipv4.Message{Buffers: [][]byte{bytes.Repeat([]byte{1}, 100)}, N: 100, OOB: bytes.Repeat([]byte{2}, 64), NN: 64}
+	dst := ipv4.Message{Buffers: [][]byte{make([]byte, 40)}, OOB: make([]byte, 16)}
+	moveMessage(&dst, &src)
+	if dst.N != 40 || dst.NN != 16 || dst.Flags&msgTrunc != msgTrunc || dst.Flags&msgCtrunc != msgCtrunc {
+		t.Fatalf("moved into a short slot: N %d NN %d flags %#x", dst.N, dst.NN, dst.Flags)
+	}
+}
+
+// TestReadBatchPairs sends, round after round, one datagram from each of 16
+// sources on a dual-stack socket (8 ports on 127.0.0.1, 8 on ::1), every
+// other source sending junk, and reads them with ReadBatch in batches of 8,
+// so that kept and dropped datagrams interleave in each batch: every
+// datagram returned carries its own source's payload, and on Linux its own
+// control message (the destination address, of its own family).
+func TestReadBatchPairs(t *testing.T) {
+	const rounds = 20
+	l := newTestLimiter(t, quicLimits(10_000, 10_000), nil, -1)
+	conn := listen(t, "udp", "[::]:0")
+	linux := runtime.GOOS == "linux"
+	if linux {
+		if err := ipv6.NewPacketConn(conn).SetControlMessage(ipv6.FlagDst, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := wrap(t, conn, l)
+	var srcs []*net.UDPConn
+	for i := range 16 {
+		addr := "127.0.0.1:0"
+		if i >= 8 {
+			addr = "[::1]:0"
+		}
+		srcs = append(srcs, sender(t, addr))
+	}
+	ms := make([]ipv4.Message, 8)
+	bufs := make([][]byte, len(ms))
+	for i := range ms {
+		bufs[i] = make([]byte, 1452)
+		ms[i].Buffers = [][]byte{bufs[i]}
+		ms[i].OOB = make([]byte, 128)
+	}
+	batches, mixed := 0, 0
+	for round := range rounds {
+		for i, s := range srcs {
+			b := short()
+			if i%2 == 1 {
+				b = junk()
+			}
+			b = fmt.Appendf(b[:30], "port %d round %d", portOf(s), round)
+			if _, err := s.WriteToUDPAddrPort(b, loopbackTo(s.LocalAddr().String(), portOf(conn))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		for got := 0; got < len(srcs)/2; {
+			n, err := c.ReadBatch(ms, 0)
+			if err != nil {
+				t.Fatalf("round %d: %v after %d datagrams", round, err, got)
+			}
+			batches++
+			if n < len(ms) {
+				mixed++
+			}
+			for i := range n {
+				m := &ms[i]
+				if &m.Buffers[0][0] != &bufs[i][0] {
+					t.Fatalf("slot %d has another slot's buffer", i)
+				}
+				from := m.Addr.(*net.UDPAddr).AddrPort()
+				want := fmt.Sprintf("port %d round %d", from.Port(), round)
+				if payload := string(m.Buffers[0][30:m.N]); payload != want || m.Buffers[0][0] != short()[0] {
+					t.Fatalf("round %d: datagram %q (first byte %#x) from %v, want %q", round, payload, m.Buffers[0][0], from, want)
+				}
+				if linux {
+					var cm ipv6.ControlMessage
+					if err := cm.Parse(m.OOB[:m.NN]); err != nil {
+						t.Fatal(err)
+					}
+					dst, _ := netip.AddrFromSlice(cm.Dst)
+					if dst.Unmap().Is4() != from.Addr().Unmap().Is4() {
+						t.Fatalf("datagram from %v came with the control message of one to %v", from, dst)
+					}
+				}
+			}
+			got += n
+		}
+	}
+	st, _ := l.Stats()
+	if st.Invalid[0][1][quicclass.FixedBit] != rounds*4 || st.Invalid[0][2][quicclass.FixedBit] != rounds*4 {
+		t.Fatalf("junk dropped: %v ipv4, %v ipv6; want %d each", st.Invalid[0][1][quicclass.FixedBit], st.Invalid[0][2][quicclass.FixedBit], rounds*4)
+	}
+	t.Logf("%d batches, %d of them with drops", batches, mixed)
+}
+
+// TestConnFlood: on a dual-stack socket read as quic-go reads it, a flood of
+// Initials from 127.0.0.1 is held at the limit, junk and datagrams from a
+// blocked port are dropped and counted by reason, and the established
+// traffic of a client on ::1 arrives whole.
+func TestConnFlood(t *testing.T) {
+	const limit, rate, seconds = 200, 5000, 4
+	conn := listen(t, "udp", "[::]:0")
+	port := portOf(conn)
+	floodS := sender(t, "127.0.0.1:0")
+	junkS := sender(t, "127.0.0.1:0")
+	blockedS := sender(t, "127.0.0.1:0")
+	legitS := sender(t, "[::1]:0")
+	cfg := quicLimits(limit, 10_000)
+	blocked := *cfg.BlockedPorts
+	blocked.Add(portOf(blockedS), portOf(blockedS))
+	cfg.BlockedPorts = &blocked
+	l := newTestLimiter(t, cfg, nil, -1)
+	c := wrap(t, conn, l)
+	tl := newTally()
+	done := readBatches(t, c, tl, false)
+
+	errs := make(chan error, 3)
+	legitSent := 0
+	go func() {
+		for end := time.Now().Add(seconds * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if _, err := legitS.WriteToUDPAddrPort(short(), loopbackTo("[::1]:0", port)); err != nil {
+				errs <- err
+				return
+			}
+			legitSent++
+		}
+		errs <- nil
+	}()
+	go func() { errs <- pace(junkS, loopbackTo("127.0.0.1:0", port), junk(), 100, 100*seconds) }()
+	go func() { errs <- pace(blockedS, loopbackTo("127.0.0.1:0", port), initial(), 100, 100*seconds) }()
+	if err := pace(floodS, loopbackTo("127.0.0.1:0", port), initial(), rate, rate*seconds); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	conn.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	at := func(s *net.UDPConn) netip.AddrPort { return s.LocalAddr().(*net.UDPAddr).AddrPort() }
+	flood := tl.count[at(floodS)]
+	checkHeld(t, "flood", flood, seconds, limit)
+	if got := tl.total(at(legitS)); got != legitSent {
+		t.Errorf("legit client on ::1: sent %d, received %d", legitSent, got)
+	}
+	if j, b := tl.total(at(junkS)), tl.total(at(blockedS)); j != 0 || b != 0 {
+		t.Errorf("received %d junk datagrams and %d from a blocked port", j, b)
+	}
+	st, _ := l.Stats()
+	v4 := datagram.FamilyIndex(sketch.IPv4)
+	if got := st.Invalid[0][v4][quicclass.FixedBit]; got != 100*seconds {
+		t.Errorf("junk counted %d, sent %d", got, 100*seconds)
+	}
+	if got := st.Invalid[0][v4][quicclass.SourcePort]; got != 100*seconds {
+		t.Errorf("blocked port counted %d, sent %d", got, 100*seconds)
+	}
+	var dropped uint64
+	for _, d := range st.Dropped[0][v4] {
+		dropped += d
+	}
+	if passed := st.Passed[0][v4]; passed+dropped != rate*seconds {
+		t.Errorf("flood: passed %d + dropped %d, sent %d", passed, dropped, rate*seconds)
+	}
+	t.Logf("flood per second %v; legit %d of %d; dropped %d", flood, tl.total(at(legitS)), legitSent, dropped)
+}
+
+// TestFilterBatchAllocatesNothing: deciding and compacting a batch, with
+// drops tracked, allocates nothing.
+func TestFilterBatchAllocatesNothing(t *testing.T) {
+	l := newTestLimiter(t, quicLimits(100, 100_000), nil, 0)
+	c := &Conn{port: 443}
+	ms := make([]ipv4.Message, 8)
+	for i := range ms {
+		ms[i].Buffers = [][]byte{make([]byte, 1452)}
+		ms[i].OOB = make([]byte, 128)
+		ms[i].Addr = &net.UDPAddr{IP: net.IPv4(192, 0, 2, byte(i%2)), Port: 40000}
+	}
+	// A flood of Initials from 192.0.2.1, dropped, between short-header
+	// packets from 192.0.2.0.
+	payloads := [][]byte{short(), initial()}
+	fill := func() {
+		for i := range ms {
+			payload := payloads[i%2]
+			ms[i].N = copy(ms[i].Buffers[0], payload)
+			ms[i].NN = 16
+		}
+	}
+	for range 100 { // past the burst: the flood is dropped and tracked
+		fill()
+		c.filterBatch(l, ms)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		fill()
+		if kept := c.filterBatch(l, ms); kept != 4 {
+			t.Fatalf("kept %d of 8, want the 4 short-header datagrams", kept)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("filterBatch allocated %v times per batch", allocs)
+	}
+}

@@ -1,0 +1,260 @@
+package userspace
+
+import (
+	"errors"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/ipv4"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+// Every socket test here sends only to loopback addresses (127.0.0.1 and
+// ::1, which every system has), and every flood is bounded in count and
+// time.
+
+// limits counts every datagram alike (no classification) with limit
+// packets per second at every level.
+func limits(limit uint32) datagram.Config {
+	return datagram.Config{Limiter: sketch.Config{Limit: limit, Window: time.Second}}
+}
+
+// quicLimits classifies datagrams, with the given limits for
+// connection-opening and established-connection packets.
+func quicLimits(opening, established uint32) datagram.Config {
+	return datagram.Config{
+		Limiter:      sketch.Config{Limit: opening, Window: time.Second, Established: sketch.Limits{Limit: established}},
+		Classify:     true,
+		BlockedPorts: quicclass.DefaultBlockedPorts(),
+		Negotiation:  10,
+	}
+}
+
+// fixedKey is a deterministic hash key.
+func fixedKey(seed uint64) sketch.HashKey {
+	rng := rand.New(rand.NewPCG(seed, ^seed))
+	var k sketch.HashKey
+	for r := range sketch.Depth {
+		for i := range sketch.HashWords {
+			k.A[r][i] = rng.Uint64()
+		}
+		k.B[r] = rng.Uint64()
+	}
+	for i := range sketch.HashWords {
+		k.R[i] = rng.Uint64()
+	}
+	k.RB = rng.Uint64()
+	return k
+}
+
+// fakeClock is a clock a test moves by hand.
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) now() int64              { return c.ns.Load() }
+func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// newTestLimiter returns a limiter with a fixed hash key and seed, on clk
+// when it is not nil, tracking one drop in 2^shift (shift < 0: the default).
+func newTestLimiter(t testing.TB, c datagram.Config, clk *fakeClock, shift int) *Limiter {
+	t.Helper()
+	hk := fixedKey(1)
+	o := options{hashKey: &hk, seed: 0x9e3779b97f4a7c15}
+	if clk != nil {
+		o.now = clk.now
+	}
+	if shift >= 0 {
+		s := uint8(shift)
+		o.trackShift = &s
+	}
+	l, err := newLimiter(c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// dgram is a datagram from src to port 443 with payload b.
+func dgram(src string, b []byte) datagram.Datagram {
+	return datagram.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort(src), 443), Length: len(b),
+		Probe: b[:min(len(b), quicclass.ProbeBytes)]}
+}
+
+// initial is a QUIC v1 Initial of 1200 bytes; short a short-header packet;
+// junk a datagram with the fixed bit clear; unknownVersion a 1200-byte long
+// header of a version quic-go lacks.
+func initial() []byte { return quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200) }
+func short() []byte   { return quicclass.ShortHeader(100) }
+func junk() []byte    { return make([]byte, 50) }
+func unknownVersion() []byte {
+	return quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+}
+
+// listen opens a UDP socket for a test, closed when it ends.
+func listen(t testing.TB, network, addr string) *net.UDPConn {
+	t.Helper()
+	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+	if err != nil {
+		t.Fatalf("listen %s %s: %v", network, addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.SetReadBuffer(4 << 20); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// wrap wraps conn with l for a test.
+func wrap(t testing.TB, conn *net.UDPConn, l *Limiter) *Conn {
+	t.Helper()
+	c, err := NewConn(conn, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// sender opens a socket bound to src (port 0: any).
+func sender(t testing.TB, src string) *net.UDPConn {
+	t.Helper()
+	a := netip.MustParseAddrPort(src)
+	network := "udp4"
+	if a.Addr().Is6() {
+		network = "udp6"
+	}
+	c, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(a))
+	if err != nil {
+		t.Fatalf("bind sender %v: %v", src, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// portOf is a socket's local port.
+func portOf(c *net.UDPConn) uint16 { return uint16(c.LocalAddr().(*net.UDPAddr).Port) }
+
+// loopbackTo is the loopback address of src's family with port.
+func loopbackTo(src string, port uint16) netip.AddrPort {
+	if netip.MustParseAddrPort(src).Addr().Is6() {
+		return netip.AddrPortFrom(netip.IPv6Loopback(), port)
+	}
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+}
+
+// tally counts what a reader received, per source (address and port) and
+// per second since start.
+type tally struct {
+	start time.Time
+	mu    sync.Mutex
+	count map[netip.AddrPort][]int
+	bytes map[netip.AddrPort][][]byte
+}
+
+func newTally() *tally {
+	return &tally{start: time.Now(), count: map[netip.AddrPort][]int{}, bytes: map[netip.AddrPort][][]byte{}}
+}
+
+func (t *tally) add(from netip.AddrPort, payload []byte, keep bool) {
+	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	sec := int(time.Since(t.start) / time.Second)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for len(t.count[from]) <= sec {
+		t.count[from] = append(t.count[from], 0)
+	}
+	t.count[from][sec]++
+	if keep {
+		t.bytes[from] = append(t.bytes[from], append([]byte(nil), payload...))
+	}
+}
+
+func (t *tally) total(from netip.AddrPort) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, c := range t.count[from] {
+		n += c
+	}
+	return n
+}
+
+var (
+	errZeroBatch = errors.New("ReadBatch returned 0 datagrams without an error")
+	errSwapped   = errors.New("ReadBatch moved a buffer between messages")
+)
+
+// readBatches reads c with ReadBatch in batches of 8, as quic-go does, each
+// slot with its own buffer, until the socket is closed; it checks that
+// ReadBatch never returns 0 without an error and never swaps buffers.
+func readBatches(t testing.TB, c *Conn, tl *tally, keepBytes bool) <-chan error {
+	done := make(chan error, 1)
+	ms := make([]ipv4.Message, 8)
+	bufs := make([][]byte, len(ms))
+	for i := range ms {
+		bufs[i] = make([]byte, 1452)
+		ms[i].Buffers = [][]byte{bufs[i]}
+		ms[i].OOB = make([]byte, 128)
+	}
+	go func() {
+		for {
+			n, err := c.ReadBatch(ms, 0)
+			if err != nil {
+				done <- nil
+				return
+			}
+			if n == 0 {
+				done <- errZeroBatch
+				return
+			}
+			for i := range n {
+				if &ms[i].Buffers[0][0] != &bufs[i][0] {
+					done <- errSwapped
+					return
+				}
+				tl.add(ms[i].Addr.(*net.UDPAddr).AddrPort(), ms[i].Buffers[0][:ms[i].N], keepBytes)
+			}
+		}
+	}()
+	return done
+}
+
+// checkHeld asserts that every full second after the first lies within
+// limit +- 10%.
+func checkHeld(t *testing.T, what string, perSecond []int, seconds int, limit float64) {
+	t.Helper()
+	if len(perSecond) < seconds {
+		t.Fatalf("%s: received in %d seconds only: %v", what, len(perSecond), perSecond)
+	}
+	for s := 1; s < seconds; s++ {
+		if got := float64(perSecond[s]); got < 0.9*limit || got > 1.1*limit {
+			t.Errorf("%s: second %d received %v, want %v +- 10%% (all seconds: %v)", what, s, got, limit, perSecond)
+		}
+	}
+}
+
+// pace sends n copies of payload from conn to dst at about rate per second
+// (in bursts of 50), then stops.
+func pace(conn *net.UDPConn, dst netip.AddrPort, payload []byte, rate, n int) error {
+	const burst = 50
+	tick := time.Duration(float64(time.Second) * burst / float64(rate))
+	next := time.Now()
+	for sent := 0; sent < n; {
+		for i := 0; i < burst && sent < n; i++ {
+			if _, err := conn.WriteToUDPAddrPort(payload, dst); err != nil {
+				return err
+			}
+			sent++
+		}
+		next = next.Add(tick)
+		time.Sleep(time.Until(next))
+	}
+	return nil
+}

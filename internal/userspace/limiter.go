@@ -1,0 +1,273 @@
+package userspace
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+// The kernel filter's dimensions, kept here so that a configuration valid
+// for one mode is valid for the other (bpf/rakelimit.c and bpf/filter.go
+// define the same numbers; a Linux test checks that they agree).
+const (
+	// DefaultTrackShift samples one drop in 2^4 for stream tracking, as
+	// bpf.DefaultTrackShift.
+	DefaultTrackShift = 4
+	// MaxTrackedStreams is how many limited streams are remembered at once
+	// (MAX_TRACKED_STREAMS); past it the least recently dropped one is
+	// forgotten, as the kernel's LRU map does.
+	MaxTrackedStreams = 1024
+	// MaxAllow is the most allowlist prefixes of one family (bpf.MaxAllow).
+	MaxAllow = 1024
+	// eventQueue is how many reports of new streams wait for the reader;
+	// more are lost, as when the kernel's ring buffer is full.
+	eventQueue = 512
+)
+
+// Limiter is a datagram.Filter that is safe for concurrent use, with its own
+// monotonic clock and random numbers, and tracks the streams it drops
+// packets of the way the kernel filter does. Its methods mirror bpf.Filter's,
+// so that one interface can drive either.
+type Limiter struct {
+	mu     sync.Mutex
+	f      *datagram.Filter
+	cfg    datagram.Config
+	rng    uint64
+	clock  clock
+	shift  uint8
+	mask   uint32
+	tab    streamTable
+	events chan datagram.Stream
+	// reader is the open event reader, if any.
+	reader *EventReader
+	closed chan struct{}
+	once   sync.Once
+}
+
+// clock is the limiter's monotonic time: nanoseconds since base (read
+// through base's monotonic clock), or a test's.
+type clock struct {
+	base time.Time
+	test func() int64
+}
+
+func (c *clock) now() int64 {
+	if c.test != nil {
+		return c.test()
+	}
+	return int64(time.Since(c.base))
+}
+
+// wall converts a reading of the clock to wall time.
+func (c *clock) wall(ns int64) time.Time { return c.base.Add(time.Duration(ns)) }
+
+// options are switches for tests; the zero value is production.
+type options struct {
+	hashKey    *sketch.HashKey
+	trackShift *uint8
+	now        func() int64
+	seed       uint64
+}
+
+// New returns a limiter for c with a fresh random hash key. It refuses
+// exactly the configurations the kernel filter refuses.
+func New(c datagram.Config) (*Limiter, error) {
+	return newLimiter(c, options{})
+}
+
+func newLimiter(c datagram.Config, o options) (*Limiter, error) {
+	c = cloneConfig(c)
+	if err := checkAllowCapacity(c.Allow); err != nil {
+		return nil, err
+	}
+	var hk sketch.HashKey
+	var err error
+	if o.hashKey != nil {
+		hk = *o.hashKey
+	} else if hk, err = sketch.NewHashKey(nil); err != nil {
+		return nil, err
+	}
+	f, err := datagram.New(c, hk)
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{
+		f:      f,
+		cfg:    c,
+		rng:    o.seed,
+		clock:  clock{base: time.Now(), test: o.now},
+		shift:  DefaultTrackShift,
+		tab:    newStreamTable(MaxTrackedStreams),
+		events: make(chan datagram.Stream, eventQueue),
+		closed: make(chan struct{}),
+	}
+	if o.trackShift != nil {
+		l.shift = *o.trackShift
+	}
+	l.mask = 1<<l.shift - 1
+	for l.rng == 0 {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("seeding the limiter's random numbers: %w", err)
+		}
+		l.rng = binary.LittleEndian.Uint64(b[:])
+	}
+	return l, nil
+}
+
+// cloneConfig copies what c refers to, so that the caller may change its
+// values afterwards without racing with the datagrams being decided.
+func cloneConfig(c datagram.Config) datagram.Config {
+	c.Limiter.LevelLimits = maps.Clone(c.Limiter.LevelLimits)
+	c.Limiter.Established.LevelLimits = maps.Clone(c.Limiter.Established.LevelLimits)
+	c.Limiter.IPv4Prefixes = slices.Clone(c.Limiter.IPv4Prefixes)
+	c.Limiter.IPv6Prefixes = slices.Clone(c.Limiter.IPv6Prefixes)
+	c.Allow = slices.Clone(c.Allow)
+	if c.BlockedPorts != nil {
+		p := *c.BlockedPorts
+		c.BlockedPorts = &p
+	}
+	return c
+}
+
+// checkAllowCapacity refuses more distinct prefixes of a family than the
+// kernel filter's tries hold, with the kernel filter's message.
+func checkAllowCapacity(prefixes []netip.Prefix) error {
+	var seen [2]map[netip.Prefix]bool
+	for _, p := range prefixes {
+		p = p.Masked()
+		fi := 0
+		if p.Addr().Is6() {
+			fi = 1
+		}
+		if seen[fi] == nil {
+			seen[fi] = map[netip.Prefix]bool{}
+		}
+		seen[fi][p] = true
+	}
+	for fi, fam := range []string{"IPv4", "IPv6"} {
+		if n := len(seen[fi]); n > MaxAllow {
+			return fmt.Errorf("allow: %d %s prefixes, more than the filter holds (at most %d per family)", n, fam, MaxAllow)
+		}
+	}
+	return nil
+}
+
+// Configure replaces the configuration, all or nothing: on an error the
+// limiter is left as it was. The sketches, counters and tracked streams are
+// kept. The lattice (prefix count and PerDstPort) cannot change.
+func (l *Limiter) Configure(c datagram.Config) error {
+	c = cloneConfig(c)
+	if err := checkAllowCapacity(c.Allow); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.f.Update(c); err != nil {
+		return fmt.Errorf("configuring the userspace limiter: %w", err)
+	}
+	l.cfg = c
+	return nil
+}
+
+// Config returns the configuration in force.
+func (l *Limiter) Config() datagram.Config {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return cloneConfig(l.cfg)
+}
+
+// Params returns the compiled configuration in force.
+func (l *Limiter) Params() *sketch.Params {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.f.Limiter().Params()
+}
+
+// Stats returns the datagram counters. The error is always nil; it is there
+// to match bpf.Filter.
+func (l *Limiter) Stats() (datagram.Stats, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.f.Stats(), nil
+}
+
+// Sweep resets the sketch cells idle for so long that their 32-bit epoch
+// could wrap (sketch.Limiter.Sweep); the owner runs it at least daily. It
+// returns how many cells it reset; the error is always nil.
+func (l *Limiter) Sweep() (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.f.Limiter().Sweep(l.clock.now()), nil
+}
+
+// Decide decides the fate of one datagram now, counts it and tracks its
+// stream if it is dropped.
+func (l *Limiter) Decide(d *datagram.Datagram) datagram.Outcome {
+	l.mu.Lock()
+	out := l.decide(d, l.clock.now())
+	l.mu.Unlock()
+	return out
+}
+
+// DecideBatch decides every datagram of ds with one acquisition of the lock
+// and one reading of the clock, and sets drop[i] for those to drop (never
+// in a dry run). drop must be at least as long as ds.
+func (l *Limiter) DecideBatch(ds []datagram.Datagram, drop []bool) {
+	drop = drop[:len(ds)]
+	l.mu.Lock()
+	now := l.clock.now()
+	for i := range ds {
+		drop[i] = l.decide(&ds[i], now).Drop
+	}
+	l.mu.Unlock()
+}
+
+// decide is Decide with the lock held, as the kernel's entry point does it:
+// a drop of the limiter's classes (applied or not) and an invalid datagram
+// are tracked when a random number has none of the sampling bits set.
+func (l *Limiter) decide(d *datagram.Datagram, now int64) datagram.Outcome {
+	out := l.f.Decide(d, now, l.random())
+	switch {
+	case out.Allowlisted || out.Class == quicclass.Negotiation:
+	case out.Class == quicclass.Invalid:
+		if l.random()&l.mask == 0 {
+			l.trackInvalid(&d.Key, out.Reason, now)
+		}
+	case out.Verdict.Drop:
+		if l.random()&l.mask == 0 {
+			l.track(&d.Key, &out, now)
+		}
+	}
+	return out
+}
+
+// random is xorshift64* (Vigna), the kernel filter's generator: it only
+// dithers thresholds and samples drops, so speed matters more than
+// unpredictability.
+func (l *Limiter) random() uint32 {
+	x := l.rng
+	x ^= x >> 12
+	x ^= x << 25
+	x ^= x >> 27
+	l.rng = x
+	return uint32((x * 0x2545F4914F6CDD1D) >> 32)
+}
+
+// Close ends the event reader (a blocked Read returns os.ErrClosed) and
+// makes Events fail. Datagrams are still decided: a Conn that uses the
+// limiter stays protected, as a socket keeps the kernel filter attached
+// after bpf.Filter.Close.
+func (l *Limiter) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}

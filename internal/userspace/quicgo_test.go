@@ -1,0 +1,327 @@
+package userspace
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"golang.org/x/net/ipv4"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+const alpn = "rakelimit-test"
+
+// quicBatches says whether quic-go reads in batches here (its oobConn); on
+// Windows it reads one datagram per ReadFrom from any conn.
+var quicBatches = runtime.GOOS == "linux" || runtime.GOOS == "darwin" || runtime.GOOS == "freebsd"
+
+// tlsConfigs returns a server configuration with a fresh self-signed
+// certificate for localhost, and a client configuration that trusts it.
+func tlsConfigs(t testing.TB) (server, client *tls.Config) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "localhost"},
+		DNSNames:     []string{"localhost"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	server = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, NextProtos: []string{alpn}}
+	client = &tls.Config{RootCAs: pool, ServerName: "localhost", NextProtos: []string{alpn}}
+	return server, client
+}
+
+// countingConn is a Conn that counts quic-go's calls of ReadBatch.
+type countingConn struct {
+	*Conn
+	batches atomic.Int64
+}
+
+func (c *countingConn) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
+	c.batches.Add(1)
+	return c.Conn.ReadBatch(ms, flags)
+}
+
+// echoServer serves pc with quic-go: every stream is echoed back.
+func echoServer(t testing.TB, pc net.PacketConn, tlsConf *tls.Config) {
+	t.Helper()
+	tr := &quic.Transport{Conn: pc}
+	ln, err := tr.Listen(tlsConf, &quic.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close(); tr.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			go func() {
+				for {
+					s, err := conn.AcceptStream(context.Background())
+					if err != nil {
+						return
+					}
+					go func() {
+						io.Copy(s, s)
+						s.Close()
+					}()
+				}
+			}()
+		}
+	}()
+}
+
+// exchange dials addr and echoes each payload on a stream of its own.
+func exchange(ctx context.Context, addr string, tlsConf *tls.Config, payloads [][]byte) error {
+	conn, err := quic.DialAddr(ctx, addr, tlsConf, &quic.Config{})
+	if err != nil {
+		return fmt.Errorf("dialing %s: %w", addr, err)
+	}
+	defer conn.CloseWithError(0, "")
+	for i, p := range payloads {
+		s, err := conn.OpenStreamSync(ctx)
+		if err != nil {
+			return fmt.Errorf("opening stream %d: %w", i, err)
+		}
+		// Write while reading: the echo fills the client's receive window
+		// long before a large payload is written, and a writer that does
+		// not read would deadlock with the server on flow control.
+		wrote := make(chan error, 1)
+		go func() {
+			_, err := s.Write(p)
+			s.Close()
+			wrote <- err
+		}()
+		got, err := io.ReadAll(s)
+		if werr := <-wrote; werr != nil {
+			return fmt.Errorf("writing stream %d: %w", i, werr)
+		}
+		if err != nil {
+			return fmt.Errorf("reading stream %d: %w", i, err)
+		}
+		if !bytes.Equal(got, p) {
+			return fmt.Errorf("stream %d echoed %d bytes, sent %d", i, len(got), len(p))
+		}
+	}
+	return nil
+}
+
+// TestQUICGoKeepsFastPath runs a quic-go server in a child process with
+// QUIC_GO_LOG_LEVEL=debug, once over a Conn and once, as a control, over a
+// plain net.PacketConn. Over the Conn quic-go must not log that it disables
+// its optimisations, must build its batched reader (its debug line about
+// ECN says so where it has one) and must read through Conn.ReadBatch; over
+// the plain conn it must log "Disabling optimizations", which shows the
+// check can fail.
+func TestQUICGoKeepsFastPath(t *testing.T) {
+	if mode := os.Getenv("RAKELIMIT_QUIC_CHILD"); mode != "" {
+		quicChild(t, mode)
+		return
+	}
+	tests := []struct {
+		mode       string
+		want, deny []string
+	}{
+		{"wrapped", []string{"EXCHANGE-OK"}, []string{"Disabling optimizations", "is not a net.UDPConn"}},
+		{"plain", []string{"EXCHANGE-OK", "is not a net.UDPConn. Disabling optimizations"}, nil},
+	}
+	if quicBatches {
+		tests[0].want = append(tests[0].want, "Activating reading of ECN bits")
+	}
+	for _, tt := range tests {
+		t.Run(tt.mode, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestQUICGoKeepsFastPath$", "-test.v")
+			cmd.Env = append(os.Environ(), "RAKELIMIT_QUIC_CHILD="+tt.mode, "QUIC_GO_LOG_LEVEL=debug")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("child: %v\n%s", err, tail(out))
+			}
+			for _, w := range tt.want {
+				if !bytes.Contains(out, []byte(w)) {
+					t.Errorf("quic-go over the %s conn did not log %q:\n%s", tt.mode, w, tail(out))
+				}
+			}
+			for _, d := range tt.deny {
+				if bytes.Contains(out, []byte(d)) {
+					t.Errorf("quic-go over the %s conn logged %q", tt.mode, d)
+				}
+			}
+			if tt.mode == "wrapped" && quicBatches {
+				m := regexp.MustCompile(`READBATCH-CALLS (\d+)`).FindSubmatch(out)
+				if m == nil {
+					t.Fatalf("child printed no ReadBatch count:\n%s", tail(out))
+				}
+				if n, _ := strconv.Atoi(string(m[1])); n == 0 {
+					t.Fatal("quic-go never called Conn.ReadBatch")
+				}
+				t.Logf("quic-go read through Conn.ReadBatch %s times", m[1])
+			}
+		})
+	}
+}
+
+// tail is the end of a child's output, for error messages.
+func tail(out []byte) string {
+	const keep = 4000
+	if len(out) > keep {
+		out = out[len(out)-keep:]
+	}
+	return string(out)
+}
+
+// quicChild serves one echo exchange over the conn mode names, on a
+// dual-stack wildcard socket like Caddy's, and prints the result.
+func quicChild(t *testing.T, mode string) {
+	serverTLS, clientTLS := tlsConfigs(t)
+	conn := listen(t, "udp", "[::]:0")
+	var pc net.PacketConn
+	var cc *countingConn
+	switch mode {
+	case "wrapped":
+		cc = &countingConn{Conn: wrap(t, conn, newTestLimiter(t, quicLimits(1000, 100_000), nil, -1))}
+		pc = cc
+	case "plain":
+		pc = struct{ net.PacketConn }{conn}
+	default:
+		t.Fatalf("unknown child mode %q", mode)
+	}
+	echoServer(t, pc, serverTLS)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := exchange(ctx, fmt.Sprintf("127.0.0.1:%d", portOf(conn)), clientTLS, [][]byte{[]byte("ping")}); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("EXCHANGE-OK")
+	if cc != nil {
+		fmt.Printf("READBATCH-CALLS %d\n", cc.batches.Load())
+	}
+}
+
+// floodInitial is a QUIC v1 Initial of 1200 bytes with a random destination
+// connection ID: quic-go builds a connection for each one that reaches it.
+func floodInitial() []byte {
+	b := quicclass.LongHeader(quicclass.Version1, 0, 8, 0, 1200)
+	rand.Read(b[6:14])
+	return b
+}
+
+// TestQUICGoUnderFlood: a quic-go server reads a dual-stack socket through a
+// Conn while 127.0.0.1 floods it with Initials; a client on ::1 completes
+// its handshake and echoes 20 small streams and one of 1 MB, the flood is
+// dropped, and quic-go reads through ReadBatch throughout.
+func TestQUICGoUnderFlood(t *testing.T) {
+	const limit, rate, seconds = 200, 5000, 3
+	serverTLS, clientTLS := tlsConfigs(t)
+	conn := listen(t, "udp", "[::]:0")
+	port := portOf(conn)
+	l := newTestLimiter(t, quicLimits(limit, 100_000), nil, -1)
+	cc := &countingConn{Conn: wrap(t, conn, l)}
+	echoServer(t, cc, serverTLS)
+
+	floodS := sender(t, "127.0.0.1:0")
+	flooded := make(chan error, 1)
+	go func() {
+		const burst = 50
+		next := time.Now()
+		for sent := 0; sent < rate*seconds; sent += burst {
+			for range burst {
+				if _, err := floodS.WriteToUDPAddrPort(floodInitial(), loopbackTo("127.0.0.1:0", port)); err != nil {
+					flooded <- err
+					return
+				}
+			}
+			next = next.Add(time.Second * burst / rate)
+			time.Sleep(time.Until(next))
+		}
+		flooded <- nil
+	}()
+	time.Sleep(500 * time.Millisecond) // the flood is on
+	payloads := make([][]byte, 21)
+	for i := range 20 {
+		payloads[i] = fmt.Appendf(nil, "request %d", i)
+	}
+	payloads[20] = bytes.Repeat([]byte("0123456789abcdef"), 1<<16)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := exchange(ctx, fmt.Sprintf("[::1]:%d", port), clientTLS, payloads); err != nil {
+		t.Fatalf("exchange during the flood: %v", err)
+	}
+	took := time.Since(start)
+	select {
+	case err := <-flooded:
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Fatal("the flood ended before the exchange did: it proves nothing")
+	default:
+	}
+	if err := <-flooded; err != nil {
+		t.Fatal(err)
+	}
+	st, _ := l.Stats()
+	v4, v6 := datagram.FamilyIndex(sketch.IPv4), datagram.FamilyIndex(sketch.IPv6)
+	var dropped uint64
+	for _, d := range st.Dropped[quicclass.Opening][v4] {
+		dropped += d
+	}
+	passed := st.Passed[quicclass.Opening][v4]
+	if dropped < rate*seconds/2 || passed > limit*(seconds+2) {
+		t.Errorf("flood of %d Initials: %d dropped, %d passed", rate*seconds, dropped, passed)
+	}
+	var clientDrops uint64
+	for c := range sketch.NumClasses {
+		for _, d := range st.Dropped[c][v6] {
+			clientDrops += d
+		}
+	}
+	if clientDrops != 0 || st.Passed[quicclass.Established][v6] < 700 {
+		t.Errorf("client on ::1: %d datagrams dropped, %d established passed", clientDrops, st.Passed[quicclass.Established][v6])
+	}
+	if quicBatches && cc.batches.Load() == 0 {
+		t.Error("quic-go never called Conn.ReadBatch")
+	}
+	t.Logf("exchange took %v; flood: %d passed, %d dropped; client: %d opening, %d established passed; %d ReadBatch calls",
+		took, passed, dropped, st.Passed[quicclass.Opening][v6], st.Passed[quicclass.Established][v6], cc.batches.Load())
+}

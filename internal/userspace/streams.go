@@ -1,0 +1,264 @@
+package userspace
+
+import (
+	"errors"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+// invalidNode is the stream key's node of invalid datagrams (INVALID_NODE in
+// bpf/rakelimit.c).
+const invalidNode = 0xff
+
+// streamKey is a stream as the kernel keys it (struct stream_key): the
+// packet's key reduced to what the dropping node counts, or an invalid
+// datagram's source address with node invalidNode.
+type streamKey struct {
+	words  [4]uint32
+	sport  uint16
+	dport  uint16
+	family sketch.Family
+	node   uint8
+	class  quicclass.Class
+}
+
+// streamState is what is remembered of a stream (struct stream_state).
+type streamState struct {
+	first, last int64
+	sampled     uint64
+	estimate    uint64
+	level       int
+	dryRun      bool
+	reason      quicclass.Reason
+}
+
+// streamTable holds up to a fixed number of streams. When it is full, a new
+// stream replaces one chosen by the clock (second chance) algorithm: a
+// stream with a sampled drop since the hand last passed is spared once, so
+// that, like the kernel's LRU map, a flood of new streams evicts streams
+// that are no longer dropped before those still dropped. It allocates
+// nothing once built.
+type streamTable struct {
+	index map[streamKey]int32
+	slots []streamSlot
+	free  []int32
+	hand  int
+}
+
+type streamSlot struct {
+	key  streamKey
+	st   streamState
+	used bool
+	// ref is set by every sampled drop after the first.
+	ref bool
+}
+
+func newStreamTable(n int) streamTable {
+	t := streamTable{index: make(map[streamKey]int32, n), slots: make([]streamSlot, n), free: make([]int32, n)}
+	for i := range t.free {
+		t.free[i] = int32(n - 1 - i)
+	}
+	return t
+}
+
+// record counts a sampled drop of stream k, and reports whether the stream
+// is new.
+func (t *streamTable) record(k *streamKey, init *streamState) bool {
+	if i, ok := t.index[*k]; ok {
+		s := &t.slots[i]
+		s.st.last = init.last
+		s.st.sampled++
+		s.st.estimate = init.estimate
+		s.ref = true
+		return false
+	}
+	var i int32
+	if n := len(t.free); n > 0 {
+		i, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		i = t.evict()
+	}
+	t.slots[i] = streamSlot{key: *k, st: *init, used: true}
+	t.index[*k] = i
+	return true
+}
+
+// evict frees the slot the clock hand settles on; the table is full.
+func (t *streamTable) evict() int32 {
+	for {
+		i := t.hand
+		t.hand = (t.hand + 1) % len(t.slots)
+		s := &t.slots[i]
+		if s.ref {
+			s.ref = false
+			continue
+		}
+		delete(t.index, s.key)
+		s.used = false
+		return int32(i)
+	}
+}
+
+// remove forgets the stream in slot i.
+func (t *streamTable) remove(i int) {
+	delete(t.index, t.slots[i].key)
+	t.slots[i] = streamSlot{}
+	t.free = append(t.free, int32(i))
+}
+
+// track records a drop of the stream that node out.Verdict.Node saw (track()
+// in bpf/rakelimit.c).
+func (l *Limiter) track(k *sketch.Key, out *datagram.Outcome, now int64) {
+	p := l.f.Limiter().Params()
+	n := out.Verdict.Node
+	fi := 0
+	if k.Family == sketch.IPv6 {
+		fi = 1
+	}
+	sk := streamKey{family: k.Family, node: uint8(n), class: out.Class, dport: k.DstPort}
+	for i, m := range p.Mask[fi][n.Prefix()] {
+		sk.words[i] = k.Words[i] & m
+	}
+	if !n.SrcPortAny() {
+		sk.sport = k.SrcPort
+	}
+	st := streamState{first: now, last: now, sampled: 1, estimate: out.Verdict.Estimate, level: out.Verdict.Level,
+		dryRun: l.cfg.DryRun}
+	l.record(&sk, &st)
+}
+
+// trackInvalid records an invalid datagram from k's source address
+// (track_invalid() in bpf/rakelimit.c).
+func (l *Limiter) trackInvalid(k *sketch.Key, reason quicclass.Reason, now int64) {
+	sk := streamKey{family: k.Family, node: invalidNode, class: quicclass.Invalid, dport: k.DstPort, words: k.Words}
+	st := streamState{first: now, last: now, sampled: 1, reason: reason, dryRun: l.cfg.DryRun}
+	l.record(&sk, &st)
+}
+
+// record records a sampled drop and reports a new stream to the event
+// reader; when the queue is full the report is lost, as when the kernel's
+// ring buffer is.
+func (l *Limiter) record(sk *streamKey, st *streamState) {
+	if !l.tab.record(sk, st) {
+		return
+	}
+	select {
+	case l.events <- l.stream(sk, st):
+	default:
+	}
+}
+
+// stream converts a record (as bpf.Filter.stream converts the kernel's).
+func (l *Limiter) stream(k *streamKey, st *streamState) datagram.Stream {
+	s := datagram.Stream{
+		Class:    k.class,
+		Node:     sketch.Node(k.node),
+		Level:    st.level,
+		Key:      sketch.Key{Family: k.family, Words: k.words, SrcPort: k.sport, DstPort: k.dport, HasPorts: true},
+		First:    l.clock.wall(st.first),
+		Last:     l.clock.wall(st.last),
+		Drops:    st.sampled << l.shift,
+		Estimate: st.estimate,
+		DryRun:   st.dryRun,
+	}
+	if k.node == invalidNode {
+		s.Class, s.Reason, s.Node, s.Level = quicclass.Invalid, st.reason, 0, -1
+	}
+	return s
+}
+
+// Streams returns the streams tracked now. The error is always nil.
+func (l *Limiter) Streams() ([]datagram.Stream, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []datagram.Stream
+	for i := range l.tab.slots {
+		if s := &l.tab.slots[i]; s.used {
+			out = append(out, l.stream(&s.key, &s.st))
+		}
+	}
+	return out, nil
+}
+
+// ExpireStreams forgets the streams without a sampled drop for idle and
+// returns them: they are no longer limited. The error is always nil.
+func (l *Limiter) ExpireStreams(idle time.Duration) ([]datagram.Stream, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cutoff := l.clock.now() - int64(idle)
+	var out []datagram.Stream
+	for i := range l.tab.slots {
+		if s := &l.tab.slots[i]; s.used && s.st.last < cutoff {
+			out = append(out, l.stream(&s.key, &s.st))
+			l.tab.remove(i)
+		}
+	}
+	return out, nil
+}
+
+// EventReader reads the reports of newly limited streams, one per stream
+// the limiter starts tracking.
+type EventReader struct {
+	l      *Limiter
+	closed chan struct{}
+	once   sync.Once
+}
+
+// errReaderOpen refuses a second reader: each report goes to one reader.
+var errReaderOpen = errors.New("opening the limited-stream reader: one is already open")
+
+// Events opens the reader of newly limited streams. There is one queue per
+// limiter: open one reader at a time.
+func (l *Limiter) Events() (*EventReader, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.closed:
+		return nil, os.ErrClosed
+	default:
+	}
+	if l.reader != nil {
+		return nil, errReaderOpen
+	}
+	l.reader = &EventReader{l: l, closed: make(chan struct{})}
+	return l.reader, nil
+}
+
+// Read blocks until the limiter starts tracking a stream, or the reader or
+// the limiter is closed; the error is then os.ErrClosed (which is what
+// ringbuf.ErrClosed is, so one errors.Is serves both filters).
+func (e *EventReader) Read() (datagram.Stream, error) {
+	select {
+	case <-e.closed:
+		return datagram.Stream{}, os.ErrClosed
+	case <-e.l.closed:
+		return datagram.Stream{}, os.ErrClosed
+	default:
+	}
+	select {
+	case s := <-e.l.events:
+		return s, nil
+	case <-e.closed:
+	case <-e.l.closed:
+	}
+	return datagram.Stream{}, os.ErrClosed
+}
+
+// Close stops the reader; a blocked Read returns. Another reader may then
+// be opened.
+func (e *EventReader) Close() error {
+	e.once.Do(func() {
+		close(e.closed)
+		e.l.mu.Lock()
+		if e.l.reader == e {
+			e.l.reader = nil
+		}
+		e.l.mu.Unlock()
+	})
+	return nil
+}
