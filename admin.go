@@ -1,5 +1,3 @@
-//go:build linux
-
 package rakelimit
 
 import (
@@ -48,7 +46,10 @@ type AdminView struct {
 
 // AdminLimiter describes one limiter.
 type AdminLimiter struct {
-	Name      string   `json:"name"`
+	Name string `json:"name"`
+	// Mode is where the limiter decides: bpf (in the kernel) or
+	// userspace (in front of quic-go).
+	Mode      string   `json:"mode"`
 	Listeners []string `json:"listeners"`
 	// Config is the configuration in force, with every default filled in;
 	// LevelLimits gives each level's limit (0: unlimited).
@@ -160,8 +161,10 @@ func adminView() (AdminView, error) {
 func (l *limiter) adminView() (AdminLimiter, error) {
 	set, _, listeners := l.snapshot()
 	c := set.Limiter.WithDefaults()
+	eng := l.engine()
 	al := AdminLimiter{
 		Name:      l.name,
+		Mode:      eng.mode(),
 		Listeners: listeners,
 		Config: AdminConfig{
 			Limit: c.Limit, Window: c.Window.String(), Classify: set.Classify,
@@ -179,7 +182,7 @@ func (l *limiter) adminView() (AdminLimiter, error) {
 	for _, p := range set.Allow {
 		al.Config.Allow = append(al.Config.Allow, p.String())
 	}
-	st, err := l.filter.Stats()
+	st, err := eng.Stats()
 	if err != nil {
 		return al, err
 	}
@@ -203,7 +206,7 @@ func (l *limiter) adminView() (AdminLimiter, error) {
 		}
 		al.Counters[familyNames[fam]] = ac
 	}
-	streams, err := l.filter.Streams()
+	streams, err := eng.Streams()
 	if err != nil {
 		return al, err
 	}

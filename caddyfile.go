@@ -36,6 +36,7 @@ func init() {
 //	    name                    <name>
 //	    dry_run
 //	    allow                   <cidr|address> ...
+//	    mode                    auto|bpf|userspace
 //	}
 //
 // Every option may be left out. The directive stands in a site block, or
@@ -113,6 +114,7 @@ func caddyfileOptions() []option {
 			return nil
 		}},
 		{name: "allow", repeatable: true, parse: parseAllowOption},
+		{name: "mode", parse: parseModeOption},
 	}
 }
 
@@ -284,6 +286,14 @@ func parseAllowOption(r *RakeLimit, d *caddyfile.Dispenser, _ string, args []str
 		}
 	}
 	r.Allow = append(r.Allow, args...)
+	return nil
+}
+
+func parseModeOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
+	if len(args) != 1 || (args[0] != ModeAuto && args[0] != ModeBPF && args[0] != ModeUserspace) {
+		return d.Errf("%s: want auto, bpf or userspace, got %q", name, strings.Join(args, " "))
+	}
+	r.Mode = args[0]
 	return nil
 }
 

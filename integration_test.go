@@ -32,6 +32,7 @@ import (
 	"github.com/quic-go/quic-go/http3"
 	"go.uber.org/zap"
 
+	"github.com/rakelimit/caddy-rakelimit/bpf"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -996,7 +997,7 @@ func TestReloadTooManyAllowPrefixes(t *testing.T) {
 	lim := limiterNamed(DefaultName)
 	err := c.load(site(5000, 1100))
 	wantErrContaining(t, err, "1100 IPv4 prefixes", "1024")
-	if n, err := lim.filter.AllowEntries(); err != nil || n != 10 {
+	if n, err := lim.kernel(t).AllowEntries(); err != nil || n != 10 {
 		t.Errorf("the kernel's allowlist has %d entries (%v), want the 10 configured", n, err)
 	}
 	if lim.settingsNow().Limiter.Limit != limit {
@@ -1018,7 +1019,7 @@ func TestReloadTooManyAllowPrefixes(t *testing.T) {
 	if err := c.load(site(limit, 11)); err != nil {
 		t.Fatalf("reload adding a prefix: %v", err)
 	}
-	if n, err := lim.filter.AllowEntries(); err != nil || n != 11 {
+	if n, err := lim.kernel(t).AllowEntries(); err != nil || n != 11 {
 		t.Errorf("after adding a prefix the allowlist has %d entries (%v), want 11", n, err)
 	}
 	t.Logf("refused: %v", err)
@@ -1029,7 +1030,7 @@ func TestReloadTooManyAllowPrefixes(t *testing.T) {
 // once, so that no packet can read a slot that is being rewritten.
 func TestReloadSwitchesConfigurationOnce(t *testing.T) {
 	requireBPF(t)
-	l, err := newLimiter("switch-once", settings{Limiter: sketch.Config{Limit: 100, Window: time.Second}}, zap.NewNop())
+	l, err := newLimiter("switch-once", settings{Limiter: sketch.Config{Limit: 100, Window: time.Second}}, ModeBPF, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1039,14 +1040,14 @@ func TestReloadSwitchesConfigurationOnce(t *testing.T) {
 			Allow: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}},
 		{Limiter: sketch.Config{Limit: 200, Window: time.Second}},
 	} {
-		before, err := l.filter.ActiveSlot()
+		before, err := l.kernel(t).ActiveSlot()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := l.apply(s); err != nil {
 			t.Fatal(err)
 		}
-		after, err := l.filter.ActiveSlot()
+		after, err := l.kernel(t).ActiveSlot()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1054,6 +1055,17 @@ func TestReloadSwitchesConfigurationOnce(t *testing.T) {
 			t.Fatalf("reload %d: the configuration slot in force is still %d: it switched twice (or not at all)", i, after)
 		}
 	}
+}
+
+// kernel returns the limiter's BPF filter; the test fails if it runs in
+// userspace.
+func (l *limiter) kernel(t *testing.T) *bpf.Filter {
+	t.Helper()
+	k, ok := l.engine().(kernelEngine)
+	if !ok {
+		t.Fatalf("limiter %q runs in %s mode, not bpf", l.name, l.modeNow())
+	}
+	return k.Filter
 }
 
 // settingsNow returns the settings in force, read under the limiter's lock.

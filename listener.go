@@ -1,5 +1,3 @@
-//go:build linux
-
 package rakelimit
 
 import (
@@ -13,7 +11,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 )
 
 // state is what a provisioned wrapper holds.
@@ -25,8 +22,8 @@ type state struct {
 // Provision checks the wrapper against its HTTP server and loads the filter
 // (or joins the one already loaded under the same name), so that every
 // error, from bad settings and a listener it could not protect to a missing
-// CAP_BPF or CAP_PERFMON, fails the configuration before any socket is
-// touched.
+// CAP_BPF or CAP_PERFMON in mode bpf, fails the configuration before any
+// socket is touched.
 func (r *RakeLimit) Provision(ctx caddy.Context) error {
 	r.logger = ctx.Logger()
 	set, err := r.settings()
@@ -61,14 +58,14 @@ func (r *RakeLimit) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
-	lim, err := limiters.acquire(r.name(), set, r.logger)
+	lim, err := limiters.acquire(r.name(), set, r.mode(), r.logger)
 	if err != nil {
 		return err
 	}
 	r.lim = lim // from here on, Cleanup releases it
 	// Each configuration load has its own metrics registry: it tells two
 	// wrappers of one load from a reload.
-	return lim.provision(app, ctx.GetMetricsRegistry(), set, r.logger)
+	return lim.provision(app, ctx.GetMetricsRegistry(), set, r.mode(), r.logger)
 }
 
 // httpServer is what a wrapper needs to know of the HTTP server whose
@@ -171,22 +168,7 @@ func checkRunning(srv *httpServer, name string) error {
 func socketIs(a caddy.NetworkAddress, conn *net.UDPConn) bool {
 	if a.IsFdNetwork() {
 		fd, err := strconv.Atoi(a.Host)
-		if err != nil {
-			return false
-		}
-		var want, got unix.Stat_t
-		if unix.Fstat(fd, &want) != nil {
-			return false
-		}
-		rc, err := conn.SyscallConn()
-		if err != nil {
-			return false
-		}
-		var statErr error
-		if err := rc.Control(func(cfd uintptr) { statErr = unix.Fstat(int(cfd), &got) }); err != nil || statErr != nil {
-			return false
-		}
-		return want.Dev == got.Dev && want.Ino == got.Ino
+		return err == nil && sameSocketFile(fd, conn)
 	}
 	la, ok := conn.LocalAddr().(*net.UDPAddr)
 	if !ok || la.Port != int(a.StartPort) {
@@ -222,11 +204,13 @@ func (r *RakeLimit) Cleanup() error {
 	return limiters.release(r.name())
 }
 
-// WrapPacketConn attaches the filter to the socket under pc and returns the
-// socket itself, a *net.UDPConn, so that quic-go keeps its fast path
-// (batched reads, GSO, ECN, path MTU discovery). Caddy calls it when it opens
-// a listener; it cannot fail the configuration, so a socket it cannot
-// protect is logged as an error and served unprotected.
+// WrapPacketConn puts the limiter in front of the socket under pc: it
+// attaches the BPF filter and returns the socket itself, a *net.UDPConn, or
+// in userspace mode returns a conn that decides each datagram before quic-go
+// reads it; either way quic-go keeps its fast path (batched reads, GSO, ECN,
+// path MTU discovery). Caddy calls it when it opens a listener; it cannot
+// fail the configuration, so a socket it cannot protect is logged as an
+// error and served unprotected.
 func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
 	conn := udpConn(pc)
 	if conn == nil {
@@ -235,7 +219,7 @@ func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
 			zap.String("limiter", r.name()), zap.String("type", fmt.Sprintf("%T", pc)))
 		return pc
 	}
-	attached, err := r.lim.attach(conn)
+	out, attached, err := r.lim.attach(conn)
 	if err != nil {
 		r.lim.attachErrors.Add(1)
 		r.logger.Error("listener NOT protected", zap.String("limiter", r.name()),
@@ -244,9 +228,10 @@ func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
 	}
 	if attached {
 		r.logger.Info("protecting listener", append([]zap.Field{zap.String("limiter", r.name()),
-			zap.String("listener", conn.LocalAddr().String())}, settingsFields(r.set)...)...)
+			zap.String("listener", conn.LocalAddr().String()), zap.String("mode", r.lim.modeNow())},
+			settingsFields(r.set)...)...)
 	}
-	return conn
+	return out
 }
 
 // udpConn finds the *net.UDPConn under Caddy's wrappers.

@@ -1,5 +1,3 @@
-//go:build linux
-
 package rakelimit
 
 import (
@@ -35,6 +33,9 @@ var (
 	negotiationDesc = prometheus.NewDesc("caddy_rakelimit_version_negotiation_per_second",
 		"Datagrams with a QUIC version quic-go lacks let through per second, for the whole socket.",
 		[]string{"limiter"}, nil)
+	modeDesc = prometheus.NewDesc("caddy_rakelimit_mode",
+		"1 for the mode each listener's limiter runs in: bpf (in the kernel) or userspace (in front of quic-go).",
+		[]string{"limiter", "listener", "mode"}, nil)
 	windowDesc = prometheus.NewDesc("caddy_rakelimit_window_seconds",
 		"The configured smoothing window.", []string{"limiter"}, nil)
 	dryRunDesc = prometheus.NewDesc("caddy_rakelimit_dry_run",
@@ -65,7 +66,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 
 // Describe implements prometheus.Collector.
 func (reg *limiterRegistry) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, windowDesc, dryRunDesc,
+	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, modeDesc, windowDesc, dryRunDesc,
 		streamsDesc, attachErrorsDesc, collectionErrorsDesc} {
 		ch <- d
 	}
@@ -95,9 +96,13 @@ func (l *limiter) collect(ch chan<- prometheus.Metric) error {
 		ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(v),
 			l.name, listener, familyNames[fam], class, verdict, level)
 	}
-	st, err := l.filter.Stats()
+	eng := l.engine()
+	st, err := eng.Stats()
 	if err != nil {
 		return err
+	}
+	for _, ln := range listeners {
+		ch <- prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, 1, l.name, ln, eng.mode())
 	}
 	for fam := range datagram.Families {
 		for _, class := range limiterClasses {
@@ -144,7 +149,7 @@ func (l *limiter) collect(ch chan<- prometheus.Metric) error {
 	}
 	ch <- prometheus.MustNewConstMetric(dryRunDesc, prometheus.GaugeValue, dry, l.name)
 	ch <- prometheus.MustNewConstMetric(attachErrorsDesc, prometheus.CounterValue, float64(l.attachErrors.Load()), l.name)
-	streams, err := l.filter.Streams()
+	streams, err := eng.Streams()
 	if err != nil {
 		return err
 	}

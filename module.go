@@ -176,6 +176,16 @@ type RakeLimit struct {
 	// office networks. Their packets are counted as allowlisted only.
 	Allow []string `json:"allow,omitempty"`
 
+	// Mode chooses where datagrams are decided: "bpf" in the kernel, by a
+	// BPF socket filter (Linux; the process needs CAP_BPF and
+	// CAP_PERFMON), or refuse to start; "userspace" in front of quic-go,
+	// on every system and without privileges, at the cost of receiving
+	// every flood datagram (see the README); "auto", the BPF filter when it
+	// loads and attaches, otherwise userspace, with one warning that says
+	// why. The mode of a running limiter changes only with a restart.
+	// Default: auto.
+	Mode string `json:"mode,omitempty"`
+
 	set settings
 	state
 }
@@ -192,6 +202,11 @@ func (s settings) equal(o settings) bool {
 
 // settings validates the module's options and converts them.
 func (r *RakeLimit) settings() (settings, error) {
+	switch r.mode() {
+	case ModeAuto, ModeBPF, ModeUserspace:
+	default:
+		return settings{}, fmt.Errorf("mode %q: want auto, bpf or userspace", r.Mode)
+	}
 	c, err := r.config()
 	if err != nil {
 		return settings{}, err
@@ -231,6 +246,14 @@ func (r *RakeLimit) settings() (settings, error) {
 		}
 	}
 	return s, nil
+}
+
+// mode returns the mode asked for, or the default.
+func (r *RakeLimit) mode() string {
+	if r.Mode == "" {
+		return ModeAuto
+	}
+	return r.Mode
 }
 
 // classify reports whether datagrams are sorted by QUIC class.

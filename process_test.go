@@ -148,8 +148,8 @@ func TestQUICKeepsFastPath(t *testing.T) {
 }
 
 // TestRefusesWithoutCapBPF runs caddy validate and caddy run without
-// CAP_BPF: both must fail, naming the capability and how to grant it,
-// rather than serve the listener unprotected.
+// CAP_BPF, in mode bpf: both must fail, naming the capability and how to
+// grant it, rather than serve the listener unprotected.
 func TestRefusesWithoutCapBPF(t *testing.T) {
 	requireBPF(t)
 	if v, _ := os.ReadFile("/proc/sys/kernel/unprivileged_bpf_disabled"); strings.TrimSpace(string(v)) == "0" {
@@ -160,7 +160,7 @@ func TestRefusesWithoutCapBPF(t *testing.T) {
 		t.Fatalf("setpriv (util-linux) is needed: %v", err)
 	}
 	port := freePort(t)
-	cfg := writeConfig(t, processCaddyfile(t, port, "", "rakelimit 1000"))
+	cfg := writeConfig(t, processCaddyfile(t, port, "", "rakelimit 1000 {\n\t\tmode bpf\n\t}"))
 	drop := []string{setpriv, "--bounding-set=-bpf,-sys_admin", "--inh-caps=-bpf,-sys_admin"}
 	for _, verb := range []string{"validate", "run"} {
 		t.Run(verb, func(t *testing.T) {
@@ -242,8 +242,12 @@ func unprivilegedDir(t *testing.T) (dir, bin string) {
 // capabilities set with setcap, and ambient capabilities as systemd's
 // AmbientCapabilities and CapabilityBoundingSet give them. Caddy loads the
 // filter, attaches it and limits a flood. With CAP_BPF alone (the old
-// advice) or with none, it refuses to start with a one-line error naming
-// what is missing, and with the log at DEBUG the verifier's log is there.
+// advice) or with none, in mode bpf it refuses to start with a one-line
+// error naming what is missing, and with the log at DEBUG the verifier's
+// log is there; in mode auto (the default) it warns once, saying why and
+// what to grant, and limits in userspace; so it does in mode userspace,
+// which never tries BPF, and as root without CAP_BPF, CAP_PERFMON and
+// CAP_SYS_ADMIN.
 func TestLeastPrivilege(t *testing.T) {
 	requireBPF(t)
 	tools := map[string]string{}
@@ -261,22 +265,31 @@ func TestLeastPrivilege(t *testing.T) {
 	asNobody := []string{tools["setpriv"], fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups"}
 	const documented = "cap_bpf,cap_perfmon,cap_net_bind_service"
 	ambient := "-all,+bpf,+perfmon,+net_bind_service"
+	dropRoot := []string{"--bounding-set=-bpf,-perfmon,-sys_admin", "--inh-caps=-bpf,-perfmon,-sys_admin"}
 	tests := []struct {
 		name string
 		// fileCaps are set on the binary with setcap; prefix adds to
-		// asNobody.
+		// asNobody, or runs as root when root is set.
 		fileCaps string
 		prefix   []string
+		root     bool
+		// mode is the directive's mode option, if any.
+		mode string
 		// refused lists what the error must say; nil: Caddy must run
-		// and limit.
+		// and limit in the mode runs.
 		refused []string
+		runs    string
 	}{
-		{"setcap " + documented, documented + "+ep", nil, nil},
+		{"setcap " + documented, documented + "+ep", nil, false, "", nil, ModeBPF},
 		{"ambient capabilities as systemd sets them", "",
-			[]string{"--inh-caps=" + ambient, "--ambient-caps=" + ambient, "--bounding-set=" + ambient}, nil},
-		{"CAP_BPF without CAP_PERFMON", "cap_bpf,cap_net_bind_service+ep", nil,
-			[]string{"lacks CAP_PERFMON", "setcap " + documented + "+ep"}},
-		{"no capability", "", nil, []string{"lacks CAP_BPF and CAP_PERFMON"}},
+			[]string{"--inh-caps=" + ambient, "--ambient-caps=" + ambient, "--bounding-set=" + ambient}, false, "", nil, ModeBPF},
+		{"CAP_BPF without CAP_PERFMON, mode bpf", "cap_bpf,cap_net_bind_service+ep", nil, false, ModeBPF,
+			[]string{"lacks CAP_PERFMON", "setcap " + documented + "+ep"}, ""},
+		{"no capability, mode bpf", "", nil, false, ModeBPF, []string{"lacks CAP_BPF and CAP_PERFMON"}, ""},
+		{"CAP_BPF without CAP_PERFMON, mode auto", "cap_bpf,cap_net_bind_service+ep", nil, false, "", nil, ModeUserspace},
+		{"no capability, mode auto", "", nil, false, "", nil, ModeUserspace},
+		{"no capability, mode userspace", "", nil, false, ModeUserspace, nil, ModeUserspace},
+		{"root without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN", "", dropRoot, true, "", nil, ModeUserspace},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -292,14 +305,22 @@ func TestLeastPrivilege(t *testing.T) {
 			port, admin := freePort(t), freePort(t)
 			cfg := filepath.Join(dir, "Caddyfile")
 			// With the admin endpoint, for the metrics, and the log at DEBUG.
-			config := strings.Replace(processCaddyfile(t, port, "debug", "rakelimit 100"), "admin off",
+			directive := "rakelimit 100"
+			if tt.mode != "" {
+				directive = "rakelimit 100 {\n\t\tmode " + tt.mode + "\n\t}"
+			}
+			config := strings.Replace(processCaddyfile(t, port, "debug", directive), "admin off",
 				fmt.Sprintf("admin localhost:%d", admin), 1)
 			if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			cmd := caddyCommand(ctx, bin, append(slices.Clone(asNobody), tt.prefix...),
+			prefix := append(slices.Clone(asNobody), tt.prefix...)
+			if tt.root {
+				prefix = append([]string{tools["setpriv"]}, tt.prefix...)
+			}
+			cmd := caddyCommand(ctx, bin, prefix,
 				[]string{"XDG_DATA_HOME=" + filepath.Join(dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(dir, "config"),
 					"HOME=" + filepath.Join(dir, "data")},
 				"run", "--config", cfg)
@@ -330,11 +351,22 @@ func TestLeastPrivilege(t *testing.T) {
 			if !strings.Contains(out.String(), "protecting listener") {
 				t.Fatal("rakelimit did not attach")
 			}
+			// Userspace: one warning, when the configuration asked for
+			// auto, that says why and what to grant.
+			warned := strings.Count(out.String(), "rakelimit filters in userspace")
+			if want := tt.runs == ModeUserspace && tt.mode != ModeUserspace; warned != map[bool]int{true: 1}[want] ||
+				want && !strings.Contains(out.String(), "grant CAP_BPF and CAP_PERFMON") {
+				t.Errorf("%d warnings about userspace, want %v", warned, want)
+			}
 			// Its filter's count of drops, from its metrics.
 			c.admin = admin
 			dropped := func() uint64 {
 				_, m := c.adminGet("/metrics")
 				return uint64(metric(t, m, "caddy_rakelimit_packets_total", `class="opening"`, `verdict="dropped"`, `level="0"`, `family="ipv4"`))
+			}
+			_, m := c.adminGet("/metrics")
+			if got := metric(t, m, "caddy_rakelimit_mode", `mode="`+tt.runs+`"`); got != 1 {
+				t.Errorf("caddy_rakelimit_mode{mode=%q} = %v, want 1", tt.runs, got)
 			}
 			const limit = 100
 			dropped0 := dropped()
@@ -342,7 +374,8 @@ func TestLeastPrivilege(t *testing.T) {
 			if d := dropped() - dropped0; !held(sent, d, limit) {
 				t.Fatalf("a flood of %d at 30x the limit: the filter dropped %d", sent, d)
 			}
-			t.Logf("as uid %d: flood of %d at 30x the limit, %d dropped", nobody, sent, dropped()-dropped0)
+			t.Logf("%s mode, as uid %d (root %v): flood of %d at 30x the limit, %d dropped", tt.runs, nobody, tt.root,
+				sent, dropped()-dropped0)
 		})
 	}
 }

@@ -1,11 +1,10 @@
-//go:build linux
-
 package rakelimit
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -13,10 +12,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/cilium/ebpf/ringbuf"
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/bpf"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
@@ -45,10 +42,15 @@ type limiterRegistry struct {
 // limiter is a loaded filter, what it protects, and the goroutines that
 // report on it.
 type limiter struct {
-	name   string
-	filter *bpf.Filter
+	name string
+	// requested is the mode the configuration asked for (ModeAuto,
+	// ModeBPF or ModeUserspace).
+	requested string
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// filter is the engine in force: the BPF filter or the userspace
+	// limiter (ModeAuto may switch to the latter when attaching fails).
+	filter engine
 	logger *zap.Logger
 	// set is the configuration in force; appliedBy the app that put it
 	// there (nil: loaded with it).
@@ -65,16 +67,17 @@ type limiter struct {
 	// not.
 	attachErrors atomic.Uint64
 
-	events *bpf.EventReader
+	// events reads the filter's reports of newly limited streams.
+	events eventReader
 	stop   chan struct{}
 	done   sync.WaitGroup
 }
 
-// acquire returns the limiter called name, loading its filter with s if it
-// does not exist yet. The caller must release it.
-func (reg *limiterRegistry) acquire(name string, s settings, logger *zap.Logger) (*limiter, error) {
+// acquire returns the limiter called name, loading its filter with s in
+// mode if it does not exist yet. The caller must release it.
+func (reg *limiterRegistry) acquire(name string, s settings, mode string, logger *zap.Logger) (*limiter, error) {
 	v, _, err := reg.pool.LoadOrNew(name, func() (caddy.Destructor, error) {
-		return newLimiter(name, s, logger)
+		return newLimiter(name, s, mode, logger)
 	})
 	if err != nil {
 		return nil, err
@@ -96,32 +99,50 @@ func (reg *limiterRegistry) each(fn func(*limiter)) {
 	})
 }
 
-func newLimiter(name string, s settings, logger *zap.Logger) (*limiter, error) {
-	f, err := bpf.Load(datagram.Config(s))
-	if err != nil {
-		// The error is one line; the verifier's log, thousands of
-		// lines, is for those who ask for it.
-		var le *bpf.LoadError
-		if errors.As(err, &le) && len(le.VerifierLog) > 0 {
-			logger.Debug("the kernel verifier's log", zap.String("limiter", name), zap.Strings("log", le.VerifierLog))
+func newLimiter(name string, s settings, mode string, logger *zap.Logger) (*limiter, error) {
+	eng, fallback, err := openEngine(mode, s)
+	if log := verifierLog(err); len(log) == 0 {
+		log = verifierLog(fallback)
+		if len(log) > 0 {
+			// The error is one line; the verifier's log, thousands of
+			// lines, is for those who ask for it.
+			logger.Debug("the kernel verifier's log", zap.String("limiter", name), zap.Strings("log", log))
 		}
-		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
+	} else {
+		logger.Debug("the kernel verifier's log", zap.String("limiter", name), zap.Strings("log", log))
 	}
-	events, err := f.Events()
 	if err != nil {
-		f.Close()
 		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
 	}
-	l := &limiter{name: name, filter: f, logger: logger, set: s, events: events, stop: make(chan struct{})}
+	if fallback != nil {
+		logger.Warn("rakelimit filters in userspace, in front of quic-go, because the BPF filter cannot be used here; "+
+			kernelGrant, zap.String("limiter", name), zap.String("reason", fallback.Error()))
+	}
+	events, err := eng.events()
+	if err != nil {
+		eng.Close()
+		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
+	}
+	l := &limiter{name: name, requested: mode, filter: eng, logger: logger, set: s, events: events, stop: make(chan struct{})}
 	l.done.Add(2)
 	go l.readEvents()
 	go l.expireStreams()
 	return l, nil
 }
 
-// provision checks that s can govern the limiter in the configuration load
-// loadID and queues the change with app.
-func (l *limiter) provision(app *App, loadID any, s settings, logger *zap.Logger) error {
+// engine returns the engine in force.
+func (l *limiter) engine() engine {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.filter
+}
+
+// modeNow returns the mode the limiter runs in: ModeBPF or ModeUserspace.
+func (l *limiter) modeNow() string { return l.engine().mode() }
+
+// provision checks that s, in mode, can govern the limiter in the
+// configuration load loadID and queues the change with app.
+func (l *limiter) provision(app *App, loadID any, s settings, mode string, logger *zap.Logger) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.loadID == loadID && !l.loadSet.equal(s) {
@@ -137,6 +158,10 @@ func (l *limiter) provision(app *App, loadID any, s settings, logger *zap.Logger
 	if !l.filter.Params().SameShape(next) {
 		return fmt.Errorf("rakelimit %q: the number of prefixes and per_destination_port cannot change "+
 			"while its listeners run; restart Caddy, or use a new name on a new listener address", l.name)
+	}
+	if running := l.filter.mode(); mode != ModeAuto && mode != running {
+		return fmt.Errorf("rakelimit %q runs in %s mode, and mode %s cannot take over its running listeners; "+
+			"restart Caddy to change the mode (mode auto keeps the one running)", l.name, running, mode)
 	}
 	l.loadID, l.loadSet = loadID, s
 	var prev settings
@@ -205,25 +230,66 @@ func settingsFields(s settings) []zap.Field {
 	return append(fields, zap.Bool("dry_run", s.DryRun), zap.Int("allowlisted_prefixes", len(s.Allow)))
 }
 
-// attach attaches the filter to conn, unless it already is. A socket has
-// one filter: one that another limiter protects is left alone.
-func (l *limiter) attach(conn *net.UDPConn) (attached bool, err error) {
+// attach puts the filter in front of conn, unless it already is, and
+// returns what quic-go must read from. A socket has one filter: one that
+// another limiter protects is left alone. In mode auto, a BPF filter that
+// cannot attach to the limiter's first socket gives way to the userspace
+// limiter.
+func (l *limiter) attach(conn *net.UDPConn) (out net.PacketConn, attached bool, err error) {
 	limiters.mu.Lock()
 	defer limiters.mu.Unlock()
 	switch owner := limiters.owners[conn]; {
 	case owner == l:
-		return false, nil
+		out, err = l.engine().protect(conn) // already protected: the same conn again
+		return out, false, err
 	case owner != nil:
-		return false, fmt.Errorf("the socket is already limited by rakelimit %q", owner.name)
+		return nil, false, fmt.Errorf("the socket is already limited by rakelimit %q", owner.name)
 	}
-	if err := l.filter.Attach(conn); err != nil {
-		return false, err
+	out, err = l.engine().protect(conn)
+	if err != nil && l.requested == ModeAuto && l.modeNow() == ModeBPF && len(l.socketsNow()) == 0 {
+		if serr := l.switchToUserspace(err); serr != nil {
+			return nil, false, fmt.Errorf("%w; and the userspace limiter: %w", err, serr)
+		}
+		out, err = l.engine().protect(conn)
+	}
+	if err != nil {
+		return nil, false, err
 	}
 	limiters.owners[conn] = l
 	l.mu.Lock()
 	l.conns = append(l.conns, conn)
 	l.mu.Unlock()
-	return true, nil
+	return out, true, nil
+}
+
+// switchToUserspace replaces a BPF filter that could not attach with the
+// userspace limiter, on the settings in force, and says so.
+func (l *limiter) switchToUserspace(why error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u, err := newUserEngine(datagram.Config(l.set))
+	if err != nil {
+		return err
+	}
+	events, err := u.events()
+	if err != nil {
+		u.Close()
+		return err
+	}
+	old, oldEvents := l.filter, l.events
+	l.filter, l.events = u, events
+	oldEvents.Close() // readEvents moves on to the new reader
+	old.Close()
+	l.logger.Warn("rakelimit filters in userspace, in front of quic-go, because the BPF filter cannot attach to the socket; "+
+		kernelGrant, zap.String("limiter", l.name), zap.String("reason", why.Error()))
+	return nil
+}
+
+// socketsNow returns the sockets the limiter protects.
+func (l *limiter) socketsNow() []*net.UDPConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.conns)
 }
 
 // snapshot returns the settings in force, the logger and the addresses of
@@ -302,7 +368,7 @@ func levelLimit(s settings, class, level int) uint32 {
 // describe names a tracked stream as an operator reads it, with its rate in
 // packets per second (0 for invalid datagrams, which are not measured).
 func (l *limiter) describe(st datagram.Stream) (string, float64) {
-	p := l.filter.Params()
+	p := l.engine().Params()
 	if st.Class == quicclass.Invalid {
 		return st.Key.Addr().String() + " -> :" + strconv.Itoa(int(st.Key.DstPort)), 0
 	}
@@ -337,9 +403,18 @@ func (l *limiter) streamFields(s settings, st datagram.Stream, listeners []strin
 func (l *limiter) readEvents() {
 	defer l.done.Done()
 	for {
-		st, err := l.events.Read()
-		if errors.Is(err, ringbuf.ErrClosed) {
-			return
+		l.mu.Lock()
+		events := l.events
+		l.mu.Unlock()
+		st, err := events.Read()
+		if errors.Is(err, os.ErrClosed) {
+			l.mu.Lock()
+			same := l.events == events
+			l.mu.Unlock()
+			if same {
+				return // closed for good
+			}
+			continue // the engine changed: read the new one
 		}
 		set, logger, listeners := l.snapshot()
 		if err != nil {
@@ -372,7 +447,7 @@ func (l *limiter) expireStreams() {
 		case <-tk.C:
 		}
 		set, logger, listeners := l.snapshot() // also forgets closed sockets
-		expired, err := l.filter.ExpireStreams(streamIdle(set))
+		expired, err := l.engine().ExpireStreams(streamIdle(set))
 		if err != nil {
 			logger.Error("expiring limited streams", zap.String("limiter", l.name), zap.Error(err))
 		}
@@ -397,7 +472,7 @@ func (l *limiter) expireStreams() {
 		}
 		if sweep--; sweep <= 0 {
 			sweep = sweepEvery
-			if _, err := l.filter.Sweep(); err != nil {
+			if _, err := l.engine().Sweep(); err != nil {
 				logger.Error("sweeping the sketches", zap.String("limiter", l.name), zap.Error(err))
 			}
 		}
@@ -415,12 +490,15 @@ func streamIdle(s settings) time.Duration {
 	return max(2*s.Limiter.Window, 2*time.Second)
 }
 
-// Destruct stops the reporting goroutines, detaches the filter from the
+// Destruct stops the reporting goroutines, takes the filter away from the
 // sockets that are still open (the wrapper was removed from them) and closes
 // it.
 func (l *limiter) Destruct() error {
 	close(l.stop)
-	l.events.Close()
+	l.mu.Lock()
+	events := l.events
+	l.mu.Unlock()
+	events.Close()
 	l.done.Wait()
 	limiters.mu.Lock()
 	for _, c := range l.conns {
@@ -429,13 +507,16 @@ func (l *limiter) Destruct() error {
 		}
 	}
 	limiters.mu.Unlock()
+	eng := l.engine()
 	for _, c := range l.conns {
-		if err := bpf.Detach(c); err == nil {
+		open, err := eng.unprotect(c)
+		switch {
+		case err != nil:
+			l.logger.Debug("taking the filter away", zap.String("limiter", l.name), zap.Error(err))
+		case open:
 			l.logger.Warn("rakelimit removed from the configuration: listener no longer protected",
 				zap.String("limiter", l.name), zap.String("listener", c.LocalAddr().String()))
-		} else if !errors.Is(err, net.ErrClosed) {
-			l.logger.Debug("detaching", zap.String("limiter", l.name), zap.Error(err))
 		}
 	}
-	return l.filter.Close()
+	return eng.Close()
 }

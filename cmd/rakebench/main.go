@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command rakebench is the end-to-end benchmark: it runs the Caddy of
 // ./cmd/caddy with and without rakelimit (and any variant given with
 // -variant), on loopback only, and measures legitimate HTTP/3 clients during

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package bench is the end-to-end benchmark behind cmd/rakebench: it runs a
 // real Caddy (the binary of ./cmd/caddy) once per variant and scenario, on
 // loopback only, and measures what an operator feels: legitimate HTTP/3
