@@ -462,11 +462,28 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 	}
 	pacing := datagram.NewPacing(c.Negotiation)
 	k.VnInterval, k.VnTau = pacing.Interval, pacing.Tau
+	k.CoarseClock = boolByte(coarseClockFits(p.WindowNanos))
 	k.DryRun = boolByte(c.DryRun)
 	k.AllowAny = boolByte(len(next) > 0)
 	k.AllowFilter, k.AllowAlways = allowFilter(c.Allow)
 	k.TrackMask = 1<<f.trackShift - 1
 	return &k
+}
+
+// coarseTicks is how many ticks of the kernel's coarse clock a window must
+// last for the filter to read that clock, a few loads, rather than the
+// precise one, which costs more than the rest of a drop: a packet's time is
+// then off by at most 1/coarseTicks of the window.
+const coarseTicks = 100
+
+// coarseClockFits reports whether a window of windowNanos is long enough for
+// the coarse clock, whose resolution is the timer tick (1 to 10 ms).
+func coarseClockFits(windowNanos uint64) bool {
+	var ts unix.Timespec
+	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil || ts.Nano() <= 0 {
+		return false
+	}
+	return uint64(ts.Nano())*coarseTicks <= windowNanos
 }
 
 // nodeIndex is a node index as the C program takes it: 0xff for none.

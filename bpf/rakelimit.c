@@ -204,7 +204,10 @@ struct config {
 	// The fair total's node and its network node, or 0xff for none.
 	__u8 fair_node;
 	__u8 fair_source;
-	__u8 pad[2];
+	// coarse_clock: read the kernel's coarse clock, whose resolution is
+	// the timer tick, when the window is long enough for it (see clock).
+	__u8 coarse_clock;
+	__u8 pad;
 	// A drop is tracked when a random number has none of these bits set:
 	// 2^k - 1 tracks one drop in 2^k, 0 every drop.
 	__u32 track_mask;
@@ -859,8 +862,11 @@ struct node_work {
 // when a cell cannot be reached.
 static __always_inline int count_node(const struct config *cfg, struct node_work *nw, struct counter *rows[DEPTH])
 {
-	nw->omin = U32_MAX;
-	nw->fmin = U32_MAX;
+	struct cell *cl[DEPTH];
+	__u32 epochs[DEPTH];
+
+	// Find both rows' cells and read their epochs first: the two reads,
+	// independent, miss the cache together when the source is new.
 #pragma unroll
 	for (int r = 0; r < DEPTH; r++) {
 		__u64 t = (mix(nw->hash[r]) >> 32) * nw->lines;
@@ -873,10 +879,16 @@ static __always_inline int count_node(const struct config *cfg, struct node_work
 		// through the multiplication that made it.
 		if (c >= CELLS_PER_LINE)
 			c = CELLS_PER_LINE - 1;
-		struct cell *cl = &ln->cells[c];
-		if (cl->epoch != nw->epoch)
-			rescale(cl, cfg, nw->epoch);
-		struct counter *ctr = &cl->budget[nw->budget & 1];
+		cl[r] = &ln->cells[c];
+		epochs[r] = cl[r]->epoch;
+	}
+	nw->omin = U32_MAX;
+	nw->fmin = U32_MAX;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		if (epochs[r] != nw->epoch)
+			rescale(cl[r], cfg, nw->epoch);
+		struct counter *ctr = &cl[r]->budget[nw->budget & 1];
 		ctr->offered = sat_add(ctr->offered, nw->w);
 		nw->omin = min32(nw->omin, ctr->offered);
 		nw->fmin = min32(nw->fmin, ctr->forwarded);
@@ -1110,6 +1122,21 @@ static __always_inline void track_invalid(const struct config *cfg, const struct
 	record(&sk, &init, now);
 }
 
+// clock is the time of the packet: the kernel's monotonic clock, or in test
+// mode the time the test put in skb->cb. The precise clock costs more than
+// the rest of a drop (it reads the TSC and scales it); the coarse one, which
+// the timer tick advances, costs a few loads, and userspace picks it when
+// the window is at least 100 ticks long, so that a packet's time is off by
+// at most 1% of the window.
+static __always_inline __u64 clock(const struct config *cfg, struct __sk_buff *skb)
+{
+	if (test_mode)
+		return (__u64)skb->cb[1] << 32 | skb->cb[0];
+	if (cfg->coarse_clock)
+		return bpf_ktime_get_coarse_ns();
+	return bpf_ktime_get_ns();
+}
+
 static __always_inline int family_slot(__u8 family)
 {
 	return family == FAMILY_IPV4 ? 1 : family == FAMILY_IPV6 ? 2 : 0;
@@ -1144,18 +1171,6 @@ int rakelimit(struct __sk_buff *skb)
 		return skb->len;
 	}
 
-	__u64 now;
-	__u32 rnd;
-	if (test_mode) {
-		now = (__u64)skb->cb[1] << 32 | skb->cb[0];
-		rnd = skb->cb[2];
-	} else {
-		now = bpf_ktime_get_ns();
-		rnd = next_random(rng);
-	}
-	if (bench_random_source)
-		k.words[0] ^= next_random(rng);
-
 	int class = CLASS_OPENING;
 	if (cfg->classify) {
 		int c = classify(&k, cfg);
@@ -1163,19 +1178,25 @@ int rakelimit(struct __sk_buff *skb)
 		v.reason = c >> 8;
 	}
 	v.class = class;
+	// One random number dithers the limiter (its top bits) and samples
+	// drops for tracking (its low bits).
+	__u32 rnd = test_mode ? skb->cb[2] : next_random(rng);
+	int sampled = (rnd & cfg->track_mask) == 0;
 	int dry = cfg->dry_run != 0;
 	if (class == CLASS_INVALID) {
+		// No clock for an invalid datagram, but for the sampled ones.
 		__u32 reason = v.reason;
 		if (reason >= NUM_REASONS) // cannot happen; bounds the index for the verifier
 			reason = REASON_UNPARSED;
 		st->invalid[dry][family_slot(k.family)][reason]++;
-		if ((next_random(rng) & cfg->track_mask) == 0)
-			track_invalid(cfg, &k, reason, now);
+		if (sampled)
+			track_invalid(cfg, &k, reason, clock(cfg, skb));
 		v.drop = 1;
 		if (test_mode)
 			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
 		return dry ? skb->len : 0;
 	}
+	__u64 now = clock(cfg, skb);
 	if (class == CLASS_NEGOTIATION) {
 		v.paced = pace(cfg, now);
 		int neg = v.paced ? NEG_PASSED : dry ? NEG_WOULD_DROP : NEG_DROPPED;
@@ -1185,6 +1206,8 @@ int rakelimit(struct __sk_buff *skb)
 			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
 		return neg == NEG_DROPPED ? 0 : skb->len;
 	}
+	if (bench_random_source)
+		k.words[0] ^= next_random(rng);
 
 	class &= NUM_CLASSES - 1; // opening (0) or established (1); bounds the index for the verifier
 	int drop = decide(cfg, class, &k, now, rnd, &v);
@@ -1199,7 +1222,7 @@ int rakelimit(struct __sk_buff *skb)
 	if (test_mode)
 		bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
 	if (drop) {
-		if ((next_random(rng) & cfg->track_mask) == 0)
+		if (sampled)
 			track(cfg, class, &k, &v, now);
 		if (dry) {
 			st->would_drop[class][fam][lvl]++;

@@ -57,7 +57,8 @@ type rakelimitConfig struct {
 	Classify     uint8
 	FairNode     uint8
 	FairSource   uint8
-	Pad          [2]uint8
+	CoarseClock  uint8
+	Pad          uint8
 	TrackMask    uint32
 }
 
