@@ -37,11 +37,13 @@ const (
 	DefaultLimit  = 1000
 	DefaultWindow = time.Second
 	// DefaultOpeningTotal caps the connection-opening packets of the whole
-	// socket (the last level of the opening class) when classifying: what
-	// quic-go behind Caddy sustains on the machine it was measured on
-	// (README, "Choosing numbers"), with the cap shared fairly among
-	// networks. A limit above it raises the cap to the limit.
-	DefaultOpeningTotal = 50_000
+	// socket (the last level of the opening class) when classifying, with
+	// the cap shared fairly among networks: of the caps measured on a
+	// 2-core machine (README, "Choosing numbers"), the one that served a
+	// quiet network's new connections as well as any higher cap, with a
+	// third of quic-go's receive-queue overflows and half the latency of
+	// 50,000. A limit above it raises the cap to the limit.
+	DefaultOpeningTotal = 20_000
 	// DefaultEstablishedLimit is the limit of established-connection
 	// packets at every level but the last, which is unlimited: 200,000
 	// packets per second is about 2.4 Gbit/s of 1,500-byte datagrams, so
@@ -117,7 +119,7 @@ type RakeLimit struct {
 
 	// UnlimitedLevels lifts the limit of these levels. The last level caps
 	// the socket's total of connection-opening packets: by default at
-	// 50,000 (or the limit, if higher), shared fairly among networks; with
+	// 20,000 (or the limit, if higher), shared fairly among networks; with
 	// classify off, at the limit.
 	UnlimitedLevels []int `json:"unlimited_levels,omitempty"`
 

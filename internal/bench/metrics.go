@@ -80,6 +80,35 @@ func parseCounters(r io.Reader) (counters, error) {
 	return out, nil
 }
 
+// modeMetric is the gauge that says which mode each listener runs in.
+const modeMetric = modulePrefix + "mode"
+
+// inUserspace reports whether a Prometheus text exposition says that a
+// listener's limiter runs in userspace.
+func inUserspace(r io.Reader) (bool, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return false, fmt.Errorf("parsing metrics: %w", err)
+	}
+	fam, ok := fams[modeMetric]
+	if !ok {
+		return false, nil
+	}
+	for _, m := range fam.GetMetric() {
+		v := m.GetGauge().GetValue()
+		if fam.GetType() == dto.MetricType_UNTYPED {
+			v = m.GetUntyped().GetValue()
+		}
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == "mode" && lp.GetValue() == "userspace" && v == 1 {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
 // delta returns the series that changed from start to c, with the change,
 // sorted by metric and labels.
 func (c counters) delta(start counters) []Series {

@@ -96,6 +96,29 @@ func TestParseCountersBadInput(t *testing.T) {
 	}
 }
 
+func TestInUserspace(t *testing.T) {
+	const header = "# HELP caddy_rakelimit_mode Mode.\n# TYPE caddy_rakelimit_mode gauge\n"
+	for _, tc := range []struct {
+		name, exposition string
+		want             bool
+	}{
+		{"no module", "# TYPE caddy_http_requests_total counter\ncaddy_http_requests_total 3\n", false},
+		{"bpf", header + `caddy_rakelimit_mode{limiter="default",listener="[::]:8443",mode="bpf"} 1` + "\n", false},
+		{"userspace", header + `caddy_rakelimit_mode{limiter="default",listener="[::]:8443",mode="userspace"} 1` + "\n", true},
+		{"userspace at 0", header + `caddy_rakelimit_mode{limiter="default",listener="[::]:8443",mode="userspace"} 0` + "\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := inUserspace(strings.NewReader(tc.exposition))
+			if err != nil || got != tc.want {
+				t.Fatalf("inUserspace = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+	if _, err := inUserspace(strings.NewReader("caddy_rakelimit_mode{mode=\"bpf\" 1\n")); err == nil {
+		t.Fatal("a broken exposition parsed")
+	}
+}
+
 func TestSummarize(t *testing.T) {
 	after, err := parseCounters(strings.NewReader(metricsAfter))
 	if err != nil {

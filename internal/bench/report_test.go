@@ -275,3 +275,19 @@ func TestRerender(t *testing.T) {
 		}
 	}
 }
+
+func TestShellJoin(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"rakebench", "-out", "docs/bench"}, "rakebench -out docs/bench"},
+		{[]string{"rakebench", "-variant", "u=rakelimit { mode userspace }"}, "rakebench -variant 'u=rakelimit { mode userspace }'"},
+		{[]string{"x", "it's"}, `x 'it'\''s'`},
+		{[]string{"x", ""}, "x ''"},
+	} {
+		if got := shellJoin(tc.args); got != tc.want {
+			t.Errorf("shellJoin(%q) = %s, want %s", tc.args, got, tc.want)
+		}
+	}
+}

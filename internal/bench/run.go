@@ -107,10 +107,14 @@ type ServerStats struct {
 	// ModuleRefused and ModuleDelivered total the module's verdicts.
 	ModuleRefused   float64 `json:"module_refused"`
 	ModuleDelivered float64 `json:"module_delivered"`
-	// RcvbufDrops is SocketDrops - ModuleRefused.
-	RcvbufDrops float64       `json:"rcvbuf_drops"`
-	Module      []ModuleGroup `json:"module,omitempty"`
-	Series      []Series      `json:"series,omitempty"`
+	// RcvbufDrops is SocketDrops - ModuleRefused, or SocketDrops when the
+	// module runs in userspace, where it refuses datagrams after the
+	// socket has received them.
+	RcvbufDrops float64 `json:"rcvbuf_drops"`
+	// Userspace is set when the module decided in userspace.
+	Userspace bool          `json:"userspace,omitempty"`
+	Module    []ModuleGroup `json:"module,omitempty"`
+	Series    []Series      `json:"series,omitempty"`
 }
 
 // bench is the state of one run.
@@ -401,7 +405,15 @@ func (w *window) end(ctx context.Context, res *RunResult) error {
 	if err != nil {
 		return err
 	}
-	m1, err := scrape(ctx, w.c)
+	body, err := w.c.admin(ctx, "/metrics")
+	if err != nil {
+		return fmt.Errorf("reading caddy's metrics: %w", err)
+	}
+	m1, err := parseCounters(bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	userspace, err := inUserspace(bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -409,11 +421,17 @@ func (w *window) end(ctx context.Context, res *RunResult) error {
 	groups := summarize(series)
 	refused, delivered := refusedDelivered(groups)
 	drops := s1.drops - w.s0.drops
+	rcvbuf := float64(drops) - refused
+	if userspace {
+		// The userspace limiter refuses datagrams the socket has
+		// received: every socket drop is a full receive buffer.
+		rcvbuf = float64(drops)
+	}
 	res.Seconds = s1.at.Sub(w.start).Seconds()
 	res.Server = ServerStats{
 		CPUPct: cpuPercent(w.s0, s1), CPUSeconds: float64(s1.cpuTicks-w.s0.cpuTicks) / clockTicks,
 		PeakRSSBytes: rss, SocketDrops: drops,
-		ModuleRefused: refused, ModuleDelivered: delivered, RcvbufDrops: float64(drops) - refused,
+		ModuleRefused: refused, ModuleDelivered: delivered, RcvbufDrops: rcvbuf, Userspace: userspace,
 		Module: groups, Series: series,
 	}
 	return nil
