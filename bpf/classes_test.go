@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -189,7 +190,7 @@ func TestSocketClasses(t *testing.T) {
 	r := receive(conn)
 	wantDelivered := 0
 	for _, src := range []string{"127.0.0.9:40000", "127.0.0.9:53", "[::1]:40001"} {
-		s := sender(t, netip.MustParseAddrPort(src))
+		s := loopbacktest.Sender(t, netip.MustParseAddrPort(src))
 		dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
 		if netip.MustParseAddrPort(src).Addr().Is6() {
 			dst = netip.AddrPortFrom(netip.IPv6Loopback(), port)
@@ -233,7 +234,7 @@ func TestSocketGSOBatches(t *testing.T) {
 	const segment, perBatch, batches = 1200, 8, 20
 	f, conn, port := attached(t, quic(100_000, 100_000), "udp")
 	r := receive(conn)
-	s := sender(t, netip.MustParseAddrPort("127.0.0.9:40000"))
+	s := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.9:40000"))
 	buf := make([]byte, 0, segment*perBatch)
 	for range perBatch {
 		buf = append(buf, quicclass.ShortHeader(segment)...)

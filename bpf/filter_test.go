@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -32,7 +33,7 @@ type twin struct {
 
 func newTwin(t testing.TB, c datagram.Config) *twin {
 	t.Helper()
-	hk := fixedKey(7)
+	hk := sketch.SeededHashKey(7)
 	f := loadTest(t, c, loadOptions{testMode: true, hashKey: &hk})
 	d, err := datagram.New(c, hk)
 	if err != nil {
@@ -482,7 +483,7 @@ func TestInfo(t *testing.T) {
 	}
 	// The kernel charges an attached filter to the socket's option memory
 	// (net.core.optmem_max): measure it.
-	conn := listen(t, "udp4", "127.0.0.1:0")
+	conn := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
 	before := optmem(t, conn)
 	if err := f.Attach(conn); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ package bpf
 import (
 	"encoding/binary"
 	"errors"
-	"math/rand/v2"
 	"net/netip"
 	"os"
 	"testing"
@@ -57,7 +56,7 @@ func quic(opening, established uint32) datagram.Config {
 func loadTest(t testing.TB, c datagram.Config, o loadOptions) *Filter {
 	t.Helper()
 	if o.hashKey == nil {
-		hk := fixedKey(1)
+		hk := sketch.SeededHashKey(1)
 		o.hashKey = &hk
 	}
 	f, err := load(c, o)
@@ -69,23 +68,6 @@ func loadTest(t testing.TB, c datagram.Config, o loadOptions) *Filter {
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
-}
-
-// fixedKey is a deterministic hash key.
-func fixedKey(seed uint64) sketch.HashKey {
-	rng := rand.New(rand.NewPCG(seed, ^seed))
-	var k sketch.HashKey
-	for r := range sketch.Depth {
-		for i := range sketch.HashWords {
-			k.A[r][i] = rng.Uint64()
-		}
-		k.B[r] = rng.Uint64()
-	}
-	for i := range sketch.HashWords {
-		k.R[i] = rng.Uint64()
-	}
-	k.RB = rng.Uint64()
-	return k
 }
 
 // skbContext is the head of struct __sk_buff up to cb[], the part that

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -32,7 +33,7 @@ func attached(t *testing.T, cfg datagram.Config, network string) (*Filter, *net.
 	if network == "udp" {
 		addr = "[::]:0"
 	}
-	conn := listen(t, network, addr)
+	conn := loopbacktest.Listen(t, network, addr)
 	if err := f.Attach(conn); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func TestDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
-	src := sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
+	src := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
 	r := receive(conn)
 	if err := flood(src, dst, rate, 2*rate, rand.New(rand.NewPCG(1, 1))); err != nil {
 		t.Fatal(err)
@@ -115,7 +116,7 @@ func TestAllowlist(t *testing.T) {
 			done := make(chan error, 1)
 			for _, src := range []string{tt.allowed, tt.other} {
 				a := netip.MustParseAddr(src)
-				s := sender(t, netip.AddrPortFrom(a, 0))
+				s := loopbacktest.Sender(t, netip.AddrPortFrom(a, 0))
 				dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
 				if a.Is6() {
 					dst = netip.AddrPortFrom(netip.IPv6Loopback(), port)

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -36,19 +37,6 @@ type receiver struct {
 	count map[netip.Addr][]int
 	total int
 	done  chan struct{}
-}
-
-func listen(t *testing.T, network, addr string) *net.UDPConn {
-	t.Helper()
-	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
-	if err != nil {
-		t.Fatalf("listen %s %s: %v", network, addr, err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	if err := conn.SetReadBuffer(8 << 20); err != nil {
-		t.Fatal(err)
-	}
-	return conn
 }
 
 func receive(conn *net.UDPConn) *receiver {
@@ -82,21 +70,6 @@ func (r *receiver) stop() map[netip.Addr][]int {
 	r.conn.Close()
 	<-r.done
 	return r.count
-}
-
-// sender sends from a socket bound to src.
-func sender(t *testing.T, src netip.AddrPort) *net.UDPConn {
-	t.Helper()
-	network := "udp4"
-	if src.Addr().Is6() {
-		network = "udp6"
-	}
-	c, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(src))
-	if err != nil {
-		t.Fatalf("bind sender %v: %v", src, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // touchedCells returns the indexes of the sketch cells that have been used.
@@ -133,14 +106,14 @@ func TestSocketProbes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			hk := fixedKey(9)
+			hk := sketch.SeededHashKey(9)
 			c := limits(1_000_000)
 			f := loadTest(t, c, loadOptions{hashKey: &hk})
 			twin, err := sketch.New(c.Limiter, hk)
 			if err != nil {
 				t.Fatal(err)
 			}
-			conn := listen(t, tt.network, tt.listen)
+			conn := loopbacktest.Listen(t, tt.network, tt.listen)
 			if err := f.Attach(conn); err != nil {
 				t.Fatal(err)
 			}
@@ -194,21 +167,8 @@ func TestSocketProbes(t *testing.T) {
 // flood sends n packets of random size (0-1350 bytes) from conn to dst at
 // about rate packets per second, then stops.
 func flood(conn *net.UDPConn, dst netip.AddrPort, rate, n int, rng *rand.Rand) error {
-	const burst = 50
-	tick := time.Duration(float64(time.Second) * burst / float64(rate))
 	buf := make([]byte, 1350)
-	next := time.Now()
-	for sent := 0; sent < n; {
-		for i := 0; i < burst && sent < n; i++ {
-			if _, err := conn.WriteToUDPAddrPort(buf[:rng.IntN(len(buf)+1)], dst); err != nil {
-				return err
-			}
-			sent++
-		}
-		next = next.Add(tick)
-		time.Sleep(time.Until(next))
-	}
-	return nil
+	return loopbacktest.Pace(conn, dst, rate, n, func() []byte { return buf[:rng.IntN(len(buf)+1)] })
 }
 
 // trickle sends one packet every interval until stop is closed.
@@ -229,20 +189,6 @@ func trickle(conn *net.UDPConn, dst netip.AddrPort, interval time.Duration, stop
 	}
 }
 
-// checkHeld asserts that every full second after the first lies within
-// limit +- 10%.
-func checkHeld(t *testing.T, what string, perSecond []int, seconds int, limit float64) {
-	t.Helper()
-	if len(perSecond) < seconds {
-		t.Fatalf("%s: received in %d seconds only: %v", what, len(perSecond), perSecond)
-	}
-	for s := 1; s < seconds; s++ {
-		if got := float64(perSecond[s]); got < 0.9*limit || got > 1.1*limit {
-			t.Errorf("%s: second %d received %v, want %v +- 10%% (all seconds: %v)", what, s, got, limit, perSecond)
-		}
-	}
-}
-
 // TestSocketFlood: on IPv4 and dual-stack sockets, a bounded flood of
 // random-size packets is held to the limit, and a 5 pps stream from another
 // network beside it loses nothing.
@@ -259,7 +205,7 @@ func TestSocketFlood(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := loadTest(t, limits(limit), loadOptions{})
-			conn := listen(t, tt.network, tt.listen)
+			conn := loopbacktest.Listen(t, tt.network, tt.listen)
 			if err := f.Attach(conn); err != nil {
 				t.Fatal(err)
 			}
@@ -270,8 +216,8 @@ func TestSocketFlood(t *testing.T) {
 				}
 				return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
 			}
-			fs := sender(t, netip.AddrPortFrom(netip.MustParseAddr(tt.flood), 0))
-			ls := sender(t, netip.AddrPortFrom(netip.MustParseAddr(tt.legit), 0))
+			fs := loopbacktest.Sender(t, netip.AddrPortFrom(netip.MustParseAddr(tt.flood), 0))
+			ls := loopbacktest.Sender(t, netip.AddrPortFrom(netip.MustParseAddr(tt.legit), 0))
 			r := receive(conn)
 			stop := make(chan struct{})
 			var legitSent int
@@ -290,7 +236,7 @@ func TestSocketFlood(t *testing.T) {
 				t.Fatal(legitErr)
 			}
 			counts := r.stop()
-			checkHeld(t, "flood", counts[netip.MustParseAddr(tt.flood)], seconds, limit)
+			loopbacktest.CheckHeld(t, "flood", counts[netip.MustParseAddr(tt.flood)], seconds, limit)
 			legit := 0
 			for _, c := range counts[netip.MustParseAddr(tt.legit)] {
 				legit += c
@@ -312,7 +258,7 @@ func TestSocketConcurrentFlood(t *testing.T) {
 		skipOrFail(t, "needs two CPUs, have %d", cpus)
 	}
 	f := loadTest(t, limits(limit), loadOptions{})
-	conn := listen(t, "udp4", "127.0.0.1:0")
+	conn := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
 	if err := f.Attach(conn); err != nil {
 		t.Fatal(err)
 	}
@@ -321,7 +267,7 @@ func TestSocketConcurrentFlood(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, cpus)
 	for cpu := range cpus {
-		s := sender(t, netip.MustParseAddrPort("127.0.0.7:0"))
+		s := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.7:0"))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -345,7 +291,7 @@ func TestSocketConcurrentFlood(t *testing.T) {
 		}
 	}
 	counts := r.stop()
-	checkHeld(t, "flood from every CPU", counts[netip.MustParseAddr("127.0.0.7")], seconds, limit)
+	loopbacktest.CheckHeld(t, "flood from every CPU", counts[netip.MustParseAddr("127.0.0.7")], seconds, limit)
 	t.Logf("flood from %d CPUs, per second: %v", cpus, counts[netip.MustParseAddr("127.0.0.7")])
 }
 
@@ -435,10 +381,10 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 			var conn, legit *net.UDPConn
 			var floods []*net.UDPConn
 			ns.do(t, func() {
-				conn = listen(t, "udp6", "[fd00:1:2:3::1]:0")
-				legit = sender(t, netip.MustParseAddrPort("[fd00:9::5]:0"))
+				conn = loopbacktest.Listen(t, "udp6", "[fd00:1:2:3::1]:0")
+				legit = loopbacktest.Sender(t, netip.MustParseAddrPort("[fd00:9::5]:0"))
 				for _, s := range tt.sources {
-					floods = append(floods, sender(t, netip.AddrPortFrom(netip.MustParseAddr(s), 0)))
+					floods = append(floods, loopbacktest.Sender(t, netip.AddrPortFrom(netip.MustParseAddr(s), 0)))
 				}
 			})
 			if err := f.Attach(conn); err != nil {
@@ -473,7 +419,7 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 					}
 				}
 			}
-			checkHeld(t, "flood", perSecond, seconds, limit)
+			loopbacktest.CheckHeld(t, "flood", perSecond, seconds, limit)
 			legitGot := 0
 			for _, c := range counts[netip.MustParseAddr("fd00:9::5")] {
 				legitGot += c

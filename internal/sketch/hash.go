@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	mathrand "math/rand/v2"
 )
 
 // Sketch dimensions, shared with bpf/rakelimit.c.
@@ -48,6 +49,25 @@ type HashKey struct {
 	B  [Depth]uint64
 	R  [HashWords]uint64
 	RB uint64
+}
+
+// SeededHashKey is the hash key a deterministic generator seeded with seed
+// draws: the same seed gives the same key. It is for tests and reproducible
+// experiments; a listener's key must be secret and comes from NewHashKey.
+func SeededHashKey(seed uint64) HashKey {
+	rng := mathrand.New(mathrand.NewPCG(seed, ^seed))
+	var k HashKey
+	for r := range Depth {
+		for i := range HashWords {
+			k.A[r][i] = rng.Uint64()
+		}
+		k.B[r] = rng.Uint64()
+	}
+	for i := range HashWords {
+		k.R[i] = rng.Uint64()
+	}
+	k.RB = rng.Uint64()
+	return k
 }
 
 // NewHashKey draws a hash key from r, or from crypto/rand when r is nil.

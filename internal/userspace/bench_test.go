@@ -10,6 +10,7 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -126,7 +127,7 @@ func floodSource(i int) netip.Addr {
 
 func benchReadBatch(b *testing.B, withLimiter, fixed bool, limit uint32) {
 	const round = 128
-	conn := listen(b, "udp4", "127.0.0.1:0")
+	conn := loopbacktest.Listen(b, "udp4", "127.0.0.1:0")
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), portOf(conn))
 	cfg := quicLimits(limit, 100_000)
 	cfg.Limiter.LevelLimits = map[int]uint32{3: limit}
@@ -141,7 +142,7 @@ func benchReadBatch(b *testing.B, withLimiter, fixed bool, limit uint32) {
 	floodAddr := "127.0.0.2:0"
 	if runtime.GOOS != "linux" {
 		floodAddr = "[::1]:0" // other systems have 127.0.0.1 alone
-		conn = listen(b, "udp", "[::]:0")
+		conn = loopbacktest.Listen(b, "udp", "[::]:0")
 		c = wrap(b, conn, l)
 		dst = netip.AddrPortFrom(netip.IPv6Loopback(), portOf(conn))
 	}

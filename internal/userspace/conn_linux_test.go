@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/bpf"
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 )
 
 // TestSocketOptionsThroughConn makes, through the Conn's raw connection, the
@@ -22,7 +23,7 @@ import (
 // IPV6_MTU_DISCOVER, for path MTU discovery) and the ECN and packet info
 // options. Each must reach the socket itself.
 func TestSocketOptionsThroughConn(t *testing.T) {
-	conn := listen(t, "udp", "[::]:0")
+	conn := loopbacktest.Listen(t, "udp", "[::]:0")
 	c := wrap(t, conn, newTestLimiter(t, limits(100), nil, -1))
 	rc, err := c.SyscallConn()
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/net/ipv6"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -80,7 +81,7 @@ func TestEveryReadFilters(t *testing.T) {
 	for _, m := range readMethods {
 		t.Run(m.name, func(t *testing.T) {
 			l := newTestLimiter(t, quicLimits(100, 1000), nil, -1)
-			c := wrap(t, listen(t, "udp4", "127.0.0.1:0"), l)
+			c := wrap(t, loopbacktest.Listen(t, "udp4", "127.0.0.1:0"), l)
 			s := sender(t, "127.0.0.1:0")
 			dst := loopbackTo("127.0.0.1:0", portOf(c.UDPConn))
 			want := initial()
@@ -113,7 +114,7 @@ func TestEveryReadFilters(t *testing.T) {
 // TestRawConnRefusesRead: the raw connection controls the socket (quic-go
 // sets its options through it) but cannot read around the limiter.
 func TestRawConnRefusesRead(t *testing.T) {
-	c := wrap(t, listen(t, "udp4", "127.0.0.1:0"), newTestLimiter(t, limits(100), nil, -1))
+	c := wrap(t, loopbacktest.Listen(t, "udp4", "127.0.0.1:0"), newTestLimiter(t, limits(100), nil, -1))
 	rc, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +142,7 @@ func TestNewConnRefuses(t *testing.T) {
 // the drops resume.
 func TestSetLimiter(t *testing.T) {
 	l := newTestLimiter(t, quicLimits(100, 1000), nil, -1)
-	c := wrap(t, listen(t, "udp4", "127.0.0.1:0"), l)
+	c := wrap(t, loopbacktest.Listen(t, "udp4", "127.0.0.1:0"), l)
 	s := sender(t, "127.0.0.1:0")
 	dst := loopbackTo("127.0.0.1:0", portOf(c.UDPConn))
 	buf := make([]byte, 1500)
@@ -169,7 +170,7 @@ func TestDroppingReadsBlock(t *testing.T) {
 	for _, m := range readMethods {
 		t.Run(m.name, func(t *testing.T) {
 			l := newTestLimiter(t, quicLimits(100, 1000), nil, -1)
-			conn := listen(t, "udp4", "127.0.0.1:0")
+			conn := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
 			c := wrap(t, conn, l)
 			s := sender(t, "127.0.0.1:0")
 			dst := loopbackTo("127.0.0.1:0", portOf(conn))
@@ -310,7 +311,7 @@ func TestMoveMessageCuts(t *testing.T) {
 func TestReadBatchPairs(t *testing.T) {
 	const rounds = 20
 	l := newTestLimiter(t, quicLimits(10_000, 10_000), nil, -1)
-	conn := listen(t, "udp", "[::]:0")
+	conn := loopbacktest.Listen(t, "udp", "[::]:0")
 	linux := runtime.GOOS == "linux"
 	if linux {
 		if err := ipv6.NewPacketConn(conn).SetControlMessage(ipv6.FlagDst, true); err != nil {
@@ -392,7 +393,7 @@ func TestReadBatchPairs(t *testing.T) {
 // traffic of a client on ::1 arrives whole.
 func TestConnFlood(t *testing.T) {
 	const limit, rate, seconds = 200, 5000, 4
-	conn := listen(t, "udp", "[::]:0")
+	conn := loopbacktest.Listen(t, "udp", "[::]:0")
 	port := portOf(conn)
 	floodS := sender(t, "127.0.0.1:0")
 	junkS := sender(t, "127.0.0.1:0")
@@ -436,7 +437,7 @@ func TestConnFlood(t *testing.T) {
 	}
 	at := func(s *net.UDPConn) netip.AddrPort { return s.LocalAddr().(*net.UDPAddr).AddrPort() }
 	flood := tl.count[at(floodS)]
-	checkHeld(t, "flood", flood, seconds, limit)
+	loopbacktest.CheckHeld(t, "flood", flood, seconds, limit)
 	if got := tl.total(at(legitS)); got != legitSent {
 		t.Errorf("legit client on ::1: sent %d, received %d", legitSent, got)
 	}

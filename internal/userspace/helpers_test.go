@@ -2,7 +2,6 @@ package userspace
 
 import (
 	"errors"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -38,23 +38,6 @@ func quicLimits(opening, established uint32) datagram.Config {
 	}
 }
 
-// fixedKey is a deterministic hash key.
-func fixedKey(seed uint64) sketch.HashKey {
-	rng := rand.New(rand.NewPCG(seed, ^seed))
-	var k sketch.HashKey
-	for r := range sketch.Depth {
-		for i := range sketch.HashWords {
-			k.A[r][i] = rng.Uint64()
-		}
-		k.B[r] = rng.Uint64()
-	}
-	for i := range sketch.HashWords {
-		k.R[i] = rng.Uint64()
-	}
-	k.RB = rng.Uint64()
-	return k
-}
-
 // fakeClock is a clock a test moves by hand.
 type fakeClock struct{ ns atomic.Int64 }
 
@@ -65,7 +48,7 @@ func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 // when it is not nil, tracking one drop in 2^shift (shift < 0: the default).
 func newTestLimiter(t testing.TB, c datagram.Config, clk *fakeClock, shift int) *Limiter {
 	t.Helper()
-	hk := fixedKey(1)
+	hk := sketch.SeededHashKey(1)
 	o := options{hashKey: &hk, seed: 0x9e3779b97f4a7c15}
 	if clk != nil {
 		o.now = clk.now
@@ -98,20 +81,6 @@ func unknownVersion() []byte {
 	return quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
 }
 
-// listen opens a UDP socket for a test, closed when it ends.
-func listen(t testing.TB, network, addr string) *net.UDPConn {
-	t.Helper()
-	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
-	if err != nil {
-		t.Fatalf("listen %s %s: %v", network, addr, err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	if err := conn.SetReadBuffer(4 << 20); err != nil {
-		t.Fatal(err)
-	}
-	return conn
-}
-
 // wrap wraps conn with l for a test.
 func wrap(t testing.TB, conn *net.UDPConn, l *Limiter) *Conn {
 	t.Helper()
@@ -125,17 +94,7 @@ func wrap(t testing.TB, conn *net.UDPConn, l *Limiter) *Conn {
 // sender opens a socket bound to src (port 0: any).
 func sender(t testing.TB, src string) *net.UDPConn {
 	t.Helper()
-	a := netip.MustParseAddrPort(src)
-	network := "udp4"
-	if a.Addr().Is6() {
-		network = "udp6"
-	}
-	c, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(a))
-	if err != nil {
-		t.Fatalf("bind sender %v: %v", src, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return loopbacktest.Sender(t, netip.MustParseAddrPort(src))
 }
 
 // portOf is a socket's local port.
@@ -226,35 +185,8 @@ func readBatches(t testing.TB, c *Conn, tl *tally, keepBytes bool) <-chan error 
 	return done
 }
 
-// checkHeld asserts that every full second after the first lies within
-// limit +- 10%.
-func checkHeld(t *testing.T, what string, perSecond []int, seconds int, limit float64) {
-	t.Helper()
-	if len(perSecond) < seconds {
-		t.Fatalf("%s: received in %d seconds only: %v", what, len(perSecond), perSecond)
-	}
-	for s := 1; s < seconds; s++ {
-		if got := float64(perSecond[s]); got < 0.9*limit || got > 1.1*limit {
-			t.Errorf("%s: second %d received %v, want %v +- 10%% (all seconds: %v)", what, s, got, limit, perSecond)
-		}
-	}
-}
-
 // pace sends n copies of payload from conn to dst at about rate per second
 // (in bursts of 50), then stops.
 func pace(conn *net.UDPConn, dst netip.AddrPort, payload []byte, rate, n int) error {
-	const burst = 50
-	tick := time.Duration(float64(time.Second) * burst / float64(rate))
-	next := time.Now()
-	for sent := 0; sent < n; {
-		for i := 0; i < burst && sent < n; i++ {
-			if _, err := conn.WriteToUDPAddrPort(payload, dst); err != nil {
-				return err
-			}
-			sent++
-		}
-		next = next.Add(tick)
-		time.Sleep(time.Until(next))
-	}
-	return nil
+	return loopbacktest.Pace(conn, dst, rate, n, func() []byte { return payload })
 }

@@ -37,7 +37,7 @@ func TestLimiterIsTheFilter(t *testing.T) {
 	clk := &fakeClock{}
 	clk.advance(time.Hour)
 	l := newTestLimiter(t, c, clk, -1)
-	hk := fixedKey(1)
+	hk := sketch.SeededHashKey(1)
 	twin, err := datagram.New(c, hk)
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -214,7 +215,7 @@ func tail(out []byte) string {
 // dual-stack wildcard socket like Caddy's, and prints the result.
 func quicChild(t *testing.T, mode string) {
 	serverTLS, clientTLS := tlsConfigs(t)
-	conn := listen(t, "udp", "[::]:0")
+	conn := loopbacktest.Listen(t, "udp", "[::]:0")
 	var pc net.PacketConn
 	var cc *countingConn
 	switch mode {
@@ -253,7 +254,7 @@ func floodInitial() []byte {
 func TestQUICGoUnderFlood(t *testing.T) {
 	const limit, rate, seconds = 200, 5000, 3
 	serverTLS, clientTLS := tlsConfigs(t)
-	conn := listen(t, "udp", "[::]:0")
+	conn := loopbacktest.Listen(t, "udp", "[::]:0")
 	port := portOf(conn)
 	l := newTestLimiter(t, quicLimits(limit, 100_000), nil, -1)
 	cc := &countingConn{Conn: wrap(t, conn, l)}
