@@ -331,7 +331,8 @@ func TestDifferential(t *testing.T) {
 // and the Go limiter drop it there. Every more specific stream of the flood
 // sends a third of the limit; together they send 40 times the limit. In the
 // second of the flood no more pass than the burst, the noise margin, a second
-// at the limit and, at the total, what passes while its fair share settles.
+// at the limit and, at the total, what passes while its fair share settles
+// (up to another limit's worth).
 func TestLatticeNodes(t *testing.T) {
 	const limit, n = 100, 4000
 	type shape struct {
@@ -377,8 +378,14 @@ func TestLatticeNodes(t *testing.T) {
 					}
 				}
 				w.compareState()
-				if len(drops) != 1 || drops[want] < n-3*limit {
-					t.Fatalf("drops by node %v, want at least %d, all at %s", drops, n-3*limit, want)
+				// At the total, the forwarded count may reach twice the
+				// limit while the fair share settles (sketch.FairSlack).
+				minDrops := n - 3*limit
+				if s.node == p.Nodes[p.FairNode] {
+					minDrops = n - 4*limit
+				}
+				if len(drops) != 1 || drops[want] < minDrops {
+					t.Fatalf("drops by node %v, want at least %d, all at %s", drops, minDrops, want)
 				}
 			})
 		}

@@ -49,7 +49,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define THRESH_UNLIMITED U32_MAX
 // The fair total (sketch.FairStep, FairSlack, FairUnbounded).
 #define FAIR_STEP 8
-#define FAIR_SLACK 2
+#define FAIR_SLACK 0
 #define FAIR_UNBOUNDED ((1ULL << 48) - 1)
 #define FAIR_ONE (1ULL << 16)
 
@@ -789,6 +789,9 @@ static __always_inline void rescale(struct cell *c, const struct config *cfg, __
 __noinline int admit_fair(__u64 *share, __u64 want, __u32 total, __u32 forwarded, __u64 thr)
 {
 	if (!share || total == 0)
+		return 1;
+	// Room under the limit: admit, and leave the share as it is.
+	if ((__u64)forwarded < thr)
 		return 1;
 	__u64 s = *share;
 	__u64 bar = s;

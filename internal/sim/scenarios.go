@@ -174,6 +174,17 @@ func Scenarios() []*Scenario {
 			},
 		},
 		{
+			Name: "quiet-network-pulse",
+			Description: "1024 sources in 256 /24s, 400,000 pps for 0.5 s every 2 s, over the socket's total, capped at 20,000 pps; " +
+				"a client in a quiet /24 opens connections, 50 pps from random ports; limit 1000",
+			Config:  capped,
+			Seconds: 10,
+			Streams: []Stream{
+				{Flood, Pulses{Rate: 400_000, Until: 10 * second, On: second / 2, Period: 2 * second}, oneOf(wide)},
+				{Legit, poisson(50, 10), randomIn("192.0.2.10/32", 0)},
+			},
+		},
+		{
 			Name:        "new-client-burst",
 			Description: "a client idle for 10 windows sends limit x window packets back to back, 10 times; limit 1000, window 1 s",
 			Config:      cfg(1000),

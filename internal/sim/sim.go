@@ -44,6 +44,28 @@ func (p Poisson) Next(t int64, rng *rand.Rand) (int64, bool) {
 	return n, n < p.Until
 }
 
+// Pulses are Poisson arrivals at Rate packets per second during the first
+// On nanoseconds of every Period from From, until Until: a flood that
+// starts and stops.
+type Pulses struct {
+	Rate                    float64
+	From, Until, On, Period int64
+}
+
+// First implements Arrivals.
+func (p Pulses) First(rng *rand.Rand) (int64, bool) { return p.Next(p.From, rng) }
+
+// Next implements Arrivals.
+func (p Pulses) Next(t int64, rng *rand.Rand) (int64, bool) {
+	gap := int64(math.Ceil(rng.ExpFloat64() / p.Rate * 1e9))
+	n := t + max(gap, 1)
+	if into := (n - p.From) % p.Period; into >= p.On {
+		// The pulse has ended: the next one starts afresh.
+		n += p.Period - into
+	}
+	return n, n < p.Until
+}
+
 // Bursts sends Count packets Spacing apart, every Every, starting at From,
 // Times times.
 type Bursts struct {

@@ -183,6 +183,14 @@ const FairUnbounded = 1<<48 - 1
 // total and limit thr (both scaled to the packet's slot, thr < total), and
 // moves the share. forwarded is the total's forwarded count.
 func admitFair(share *uint64, rank, network, total, forwarded uint32, thr uint64) bool {
+	// While the total forwards less than its limit there is room: the
+	// packet passes, and the share, which is what fills the limit, does not
+	// move. The offered rate, smoothed over the window, stays over the limit
+	// for a while after a flood stops; learning from the few packets of the
+	// quiet that follows would shrink the share to a fraction of them.
+	if uint64(forwarded) < thr {
+		return true
+	}
 	want := uint64(rank) * uint64(network)
 	bar := *share
 	if fwd, slack := uint64(forwarded), thr>>FairSlack; fwd > thr && slack > 0 {
@@ -203,10 +211,13 @@ func admitFair(share *uint64, rank, network, total, forwarded uint32, thr uint64
 // FairSlack bounds the fair total while its share settles: as a flood
 // starts, the offered rate is still ramping up and the share admits too
 // much. Once the forwarded count is over the limit, the share admits less in
-// proportion, down to nothing at thr + thr/2^FairSlack. The forwarded count
-// settles where what is admitted fills the limit, which is a max-min fair
-// share too: the flood's sources are cut, a quiet network's still pass.
-const FairSlack = 2
+// proportion, down to nothing at thr + thr/2^FairSlack: twice the limit.
+// That scaling cuts every network alike, one under the fair share too, so
+// its range is wide: with a range of a quarter of the limit, a network near
+// the fair share lost packets in every pulse of a flood that stops and
+// starts (scenario quiet-network-pulse, and the end-to-end benchmark's
+// pulse).
+const FairSlack = 0
 
 // Decide counts a packet of class class (0 or 1) with key k arriving at time
 // now (nanoseconds on a monotonic clock) and decides its fate. rnd is a

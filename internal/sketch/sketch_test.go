@@ -682,3 +682,60 @@ func TestHashSpreadsProgressions(t *testing.T) {
 		t.Fatalf("256 consecutive /24s: up to %d collisions in a row of %d cells", worst, OpeningWidth)
 	}
 }
+
+// TestFairTotalAfterFlood: after a wide flood stops, the total's offered
+// rate, smoothed over the window, stays over its cap for about two seconds.
+// A network sending 75 pps, near the fair share of the flood (20,000 / 256,
+// about 78), then sends alone: once the total's forwarded count has decayed
+// under the cap (a few tenths of a second), it loses nothing. A share that
+// went on learning from what arrives would admit only cap / offered of it.
+func TestFairTotalAfterFlood(t *testing.T) {
+	l := newLimiter(t, Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 20_000}})
+	rng := rand.New(rand.NewPCG(5, 5))
+	now := start
+	quiet := func() Key {
+		return KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, 10}), uint16(1024+rng.IntN(60000))), 443)
+	}
+	// The quiet network alone for 3 s, so that its estimate is its rate;
+	// then 0.5 s at 400,000 pps from 1024 addresses in 256 /24s, the quiet
+	// network still sending among them.
+	for range 225 {
+		now += int64(time.Second) / 75
+		q := quiet()
+		l.Decide(&q, 0, now, rng.Uint32())
+	}
+	for i := range 200_000 {
+		now += 2500
+		n, a := rng.IntN(256), rng.IntN(4)
+		k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(n), byte(1 + a)}), uint16(30000+n)), 443)
+		l.Decide(&k, 0, now, rng.Uint32())
+		if i%5333 == 0 {
+			q := quiet()
+			l.Decide(&q, 0, now, rng.Uint32())
+		}
+	}
+	end := now
+	totalNode := l.p.Nodes[l.p.FairNode]
+	if pps := l.PPS(l.Estimate(&Key{Family: IPv4}, 0, totalNode, Clean, now)); pps < 2*20_000 {
+		t.Fatalf("the total's offered rate is %.0f pps at the end of the flood, want over twice the cap", pps)
+	}
+	early, late := 0, 0
+	for range 112 { // 1.5 s at 75 pps
+		now += int64(time.Second) / 75
+		q := quiet()
+		if l.Decide(&q, 0, now, rng.Uint32()).Drop {
+			if now-end < int64(time.Second/2) {
+				early++
+			} else {
+				late++
+			}
+		}
+	}
+	if pps := l.PPS(l.Estimate(&Key{Family: IPv4}, 0, totalNode, Clean, now)); pps < 20_000 {
+		t.Fatalf("the total's offered rate is %.0f pps 1.5 s after the flood, want still over the cap", pps)
+	}
+	if late != 0 {
+		t.Fatalf("from 0.5 s after the flood on, the quiet network lost %d packets (%d in the first 0.5 s)", late, early)
+	}
+	t.Logf("lost %d packets in the first 0.5 s after the flood, while the total still forwarded over its cap", early)
+}
