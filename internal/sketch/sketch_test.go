@@ -10,27 +10,10 @@ import (
 	"time"
 )
 
-// testKey is a fixed hash key, so that test outcomes do not depend on luck.
-func testKey(t testing.TB, seed uint64) HashKey {
-	t.Helper()
-	rng := rand.New(rand.NewPCG(seed, seed))
-	var k HashKey
-	for r := range Depth {
-		for i := range HashWords {
-			k.A[r][i] = rng.Uint64()
-		}
-		k.B[r] = rng.Uint64()
-	}
-	for i := range HashWords {
-		k.R[i] = rng.Uint64()
-	}
-	k.RB = rng.Uint64()
-	return k
-}
-
 func newLimiter(t testing.TB, c Config) *Limiter {
 	t.Helper()
-	l, err := New(c, testKey(t, 1))
+	// A fixed hash key, so that test outcomes do not depend on luck.
+	l, err := New(c, SeededHashKey(1))
 	if err != nil {
 		t.Fatalf("New(%+v): %v", c, err)
 	}
