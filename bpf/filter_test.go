@@ -400,10 +400,7 @@ func TestConfigureErrors(t *testing.T) {
 	good.Allow = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
 	f := loadTest(t, good, loadOptions{})
 	before, active := f.Params(), f.active
-	tooMany := limits(5000)
-	for i := range 1100 {
-		tooMany.Allow = append(tooMany.Allow, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24))
-	}
+	tooMany := withAllow(limits(5000), prefixes(1, 1100), false)
 	perDport := limits(100)
 	perDport.Limiter.PerDstPort = true
 	tests := []struct {

@@ -790,9 +790,6 @@ __noinline int admit_fair(__u64 *share, __u64 want, __u32 total, __u32 forwarded
 {
 	if (!share || total == 0)
 		return 1;
-	// Room under the limit: admit, and leave the share as it is.
-	if ((__u64)forwarded < thr)
-		return 1;
 	__u64 s = *share;
 	__u64 bar = s;
 	__u64 slack = thr >> FAIR_SLACK;
@@ -926,11 +923,14 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	if (!enforcing)
 		return JUDGE_OVER;
 	int drop;
-	if (fs && nw->network)
-		drop = !admit_fair(&fs->share[class][budget],
-				   (__u64)rank(cfg, k, nw->now >> PERIOD_SHIFT) * nw->network, omin, fmin,
-				   scale(thr, nw->g));
-	else
+	if (fs && nw->network) {
+		// Room under the total's limit: pass, and leave the share as
+		// it is (see Limiter.Decide). Only a packet over it is ranked.
+		__u64 t = scale(thr, nw->g);
+		drop = fmin >= t && !admit_fair(&fs->share[class][budget],
+						(__u64)rank(cfg, k, nw->now >> PERIOD_SHIFT) * nw->network,
+						omin, fmin, t);
+	} else
 		drop = fmin >= scale(thr - nw->dither, nw->g);
 	return drop ? JUDGE_DROP : JUDGE_OVER;
 }

@@ -181,16 +181,9 @@ const FairUnbounded = 1<<48 - 1
 
 // admitFair decides a packet at the fair total, whose offered count is
 // total and limit thr (both scaled to the packet's slot, thr < total), and
-// moves the share. forwarded is the total's forwarded count.
+// moves the share. forwarded is the total's forwarded count, at least thr:
+// under it there is room, and Decide lets the packet pass without asking.
 func admitFair(share *uint64, rank, network, total, forwarded uint32, thr uint64) bool {
-	// While the total forwards less than its limit there is room: the
-	// packet passes, and the share, which is what fills the limit, does not
-	// move. The offered rate, smoothed over the window, stays over the limit
-	// for a while after a flood stops; learning from the few packets of the
-	// quiet that follows would shrink the share to a fraction of them.
-	if uint64(forwarded) < thr {
-		return true
-	}
 	want := uint64(rank) * uint64(network)
 	bar := *share
 	if fwd, slack := uint64(forwarded), thr>>FairSlack; fwd > thr && slack > 0 {
@@ -286,7 +279,17 @@ func (l *Limiter) Decide(k *Key, class int, now int64, rnd uint32) Verdict {
 			over := Verdict{Limited: true, Level: level, Node: n, Estimate: mulQ32(uint64(omin), p.GInv[slot])}
 			if enforcing {
 				if i == p.FairNode && network != 0 {
-					over.Drop = !admitFair(&l.fair[class][budget], l.hk.rank(k, t>>PeriodShift), network, omin, fmin, scale(thr, g))
+					// While the total forwards less than its limit
+					// there is room: the packet passes, and the share,
+					// which is what fills the limit, does not move.
+					// The offered rate, smoothed over the window, stays
+					// over the limit for a while after a flood stops;
+					// learning from the few packets of the quiet that
+					// follows would shrink the share to a fraction of
+					// them. Only a packet over the limit is ranked.
+					st := scale(thr, g)
+					over.Drop = uint64(fmin) >= st &&
+						!admitFair(&l.fair[class][budget], l.hk.rank(k, t>>PeriodShift), network, omin, fmin, st)
 				} else {
 					over.Drop = uint64(fmin) >= scale(thr-dither, g)
 				}

@@ -151,11 +151,7 @@ func benchReadBatch(b *testing.B, withLimiter, fixed bool, limit uint32) {
 	sentinel := sender(b, "127.0.0.1:0")
 	sentinelDst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), portOf(conn))
 	payload := initial()
-	ms := make([]ipv4.Message, 8)
-	for i := range ms {
-		ms[i].Buffers = [][]byte{make([]byte, 1452)}
-		ms[i].OOB = make([]byte, 128)
-	}
+	ms, _ := quicGoBatch()
 	sent := 0
 	send := func(n int) {
 		for range n {

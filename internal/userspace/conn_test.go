@@ -327,13 +327,7 @@ func TestReadBatchPairs(t *testing.T) {
 		}
 		srcs = append(srcs, sender(t, addr))
 	}
-	ms := make([]ipv4.Message, 8)
-	bufs := make([][]byte, len(ms))
-	for i := range ms {
-		bufs[i] = make([]byte, 1452)
-		ms[i].Buffers = [][]byte{bufs[i]}
-		ms[i].OOB = make([]byte, 128)
-	}
+	ms, bufs := quicGoBatch()
 	batches, mixed := 0, 0
 	for round := range rounds {
 		for i, s := range srcs {
@@ -467,10 +461,8 @@ func TestConnFlood(t *testing.T) {
 func TestFilterBatchAllocatesNothing(t *testing.T) {
 	l := newTestLimiter(t, quicLimits(100, 100_000), nil, 0)
 	c := &Conn{port: 443}
-	ms := make([]ipv4.Message, 8)
+	ms, _ := quicGoBatch()
 	for i := range ms {
-		ms[i].Buffers = [][]byte{make([]byte, 1452)}
-		ms[i].OOB = make([]byte, 128)
 		ms[i].Addr = &net.UDPAddr{IP: net.IPv4(192, 0, 2, byte(i%2)), Port: 40000}
 	}
 	// A flood of Initials from 192.0.2.1, dropped, between short-header

@@ -150,18 +150,26 @@ var (
 	errSwapped   = errors.New("ReadBatch moved a buffer between messages")
 )
 
-// readBatches reads c with ReadBatch in batches of 8, as quic-go does, each
-// slot with its own buffer, until the socket is closed; it checks that
-// ReadBatch never returns 0 without an error and never swaps buffers.
-func readBatches(t testing.TB, c *Conn, tl *tally, keepBytes bool) <-chan error {
-	done := make(chan error, 1)
-	ms := make([]ipv4.Message, 8)
-	bufs := make([][]byte, len(ms))
+// quicGoBatch is a batch of 8 messages as quic-go reads them: each with
+// one buffer of its own, of 1452 bytes, and room for control messages;
+// bufs are the buffers, to check that they stay in place.
+func quicGoBatch() (ms []ipv4.Message, bufs [][]byte) {
+	ms = make([]ipv4.Message, 8)
+	bufs = make([][]byte, len(ms))
 	for i := range ms {
 		bufs[i] = make([]byte, 1452)
 		ms[i].Buffers = [][]byte{bufs[i]}
 		ms[i].OOB = make([]byte, 128)
 	}
+	return ms, bufs
+}
+
+// readBatches reads c with ReadBatch in batches of 8, as quic-go does, each
+// slot with its own buffer, until the socket is closed; it checks that
+// ReadBatch never returns 0 without an error and never swaps buffers.
+func readBatches(t testing.TB, c *Conn, tl *tally, keepBytes bool) <-chan error {
+	done := make(chan error, 1)
+	ms, bufs := quicGoBatch()
 	go func() {
 		for {
 			n, err := c.ReadBatch(ms, 0)

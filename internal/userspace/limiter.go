@@ -233,20 +233,22 @@ func (l *Limiter) DecideBatch(ds []datagram.Datagram, drop []bool) {
 }
 
 // decide is Decide with the lock held, as the kernel's entry point does it:
-// a drop of the limiter's classes (applied or not) and an invalid datagram
-// are tracked when a random number has none of the sampling bits set.
+// one random number per datagram dithers the limiter (its top bits) and
+// samples drops (its low bits): a drop of the limiter's classes (applied or
+// not) and an invalid datagram are tracked when it has none of the sampling
+// bits set.
 func (l *Limiter) decide(d *datagram.Datagram, now int64) datagram.Outcome {
-	out := l.f.Decide(d, now, l.random())
+	rnd := l.random()
+	out := l.f.Decide(d, now, rnd)
+	if rnd&l.mask != 0 {
+		return out
+	}
 	switch {
 	case out.Allowlisted || out.Class == quicclass.Negotiation:
 	case out.Class == quicclass.Invalid:
-		if l.random()&l.mask == 0 {
-			l.trackInvalid(&d.Key, out.Reason, now)
-		}
+		l.trackInvalid(&d.Key, out.Reason, now)
 	case out.Verdict.Drop:
-		if l.random()&l.mask == 0 {
-			l.track(&d.Key, &out, now)
-		}
+		l.track(&d.Key, &out, now)
 	}
 	return out
 }
