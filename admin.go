@@ -11,12 +11,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 )
-
-func init() {
-	caddy.RegisterModule(Admin{})
-}
 
 // Admin serves GET /rakelimit/ on Caddy's admin endpoint: every limiter,
 // the listeners it protects, its settings, its counters and the streams it
@@ -39,13 +36,13 @@ func (Admin) Routes() []caddy.AdminRoute {
 // topStreams is how many limited streams the admin view lists per limiter.
 const topStreams = 20
 
-// AdminView is the JSON of GET /rakelimit/.
-type AdminView struct {
-	Limiters []AdminLimiter `json:"limiters"`
+// view is the JSON of GET /rakelimit/.
+type view struct {
+	Limiters []viewLimiter `json:"limiters"`
 }
 
-// AdminLimiter describes one limiter.
-type AdminLimiter struct {
+// viewLimiter describes one limiter.
+type viewLimiter struct {
 	Name string `json:"name"`
 	// Mode is where the limiter decides: bpf (in the kernel) or
 	// userspace (in front of quic-go).
@@ -53,18 +50,18 @@ type AdminLimiter struct {
 	Listeners []string `json:"listeners"`
 	// Config is the configuration in force, with every default filled in;
 	// LevelLimits gives each level's limit (0: unlimited).
-	Config AdminConfig `json:"config"`
+	Config viewConfig `json:"config"`
 	// Counters are packet counts by family ("ipv4", "ipv6", "unknown").
-	Counters map[string]AdminCounters `json:"counters"`
+	Counters map[string]viewCounters `json:"counters"`
 	// LimitedStreams are the streams with recent drops, the fastest first,
 	// at most 20.
-	LimitedStreams []AdminStream `json:"limited_streams"`
+	LimitedStreams []viewStream `json:"limited_streams"`
 	// LimitedStreamsTotal counts them all.
 	LimitedStreamsTotal int `json:"limited_streams_total"`
 }
 
-// AdminConfig is a limiter's configuration.
-type AdminConfig struct {
+// viewConfig is a limiter's configuration.
+type viewConfig struct {
 	Limit    uint32 `json:"limit"`
 	Window   string `json:"window"`
 	Classify bool   `json:"classify"`
@@ -83,11 +80,11 @@ type AdminConfig struct {
 	Allow              []string `json:"allow"`
 }
 
-// AdminCounters are one family's datagram counts.
-type AdminCounters struct {
+// viewCounters are one family's datagram counts.
+type viewCounters struct {
 	// Classes are the counts of the limiter classes: "opening" and
 	// "established", or "all" without classify.
-	Classes map[string]AdminClassCounters `json:"classes"`
+	Classes map[string]viewClassCounters `json:"classes"`
 	// Negotiation counts datagrams with a version quic-go lacks: passed,
 	// dropped over the cap, or dry_run.
 	Negotiation map[string]uint64 `json:"negotiation"`
@@ -98,18 +95,18 @@ type AdminCounters struct {
 	Allowlisted   uint64            `json:"allowlisted"`
 }
 
-// AdminClassCounters are one limiter class's counts; the maps are keyed by
+// viewClassCounters are one limiter class's counts; the maps are keyed by
 // level.
-type AdminClassCounters struct {
+type viewClassCounters struct {
 	Passed  uint64            `json:"passed"`
 	Limited map[string]uint64 `json:"limited"`
 	Dropped map[string]uint64 `json:"dropped"`
 	DryRun  map[string]uint64 `json:"dry_run"`
 }
 
-// AdminStream is a stream with recent drops, or a source of invalid
+// viewStream is a stream with recent drops, or a source of invalid
 // datagrams.
-type AdminStream struct {
+type viewStream struct {
 	// Stream names the generalisation that drops it, e.g.
 	// "198.51.100.0/24 sport=* -> :443", or the source of invalid
 	// datagrams, "198.51.100.7 -> :443".
@@ -135,49 +132,51 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 	}
-	view, err := adminView()
+	v, err := readView()
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 	}
 	w.Header().Set("Content-Type", "application/json")
-	return json.NewEncoder(w).Encode(view)
+	return json.NewEncoder(w).Encode(v)
 }
 
-// adminView reads every limiter.
-func adminView() (AdminView, error) {
-	view := AdminView{Limiters: []AdminLimiter{}}
+// readView reads every limiter.
+func readView() (view, error) {
+	v := view{Limiters: []viewLimiter{}}
 	var firstErr error
-	limiters.each(func(l *limiter) {
-		al, err := l.adminView()
+	limiters.each(func(l *engine.Limiter) {
+		al, err := viewOf(l)
 		if err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("limiter %q: %w", l.name, err)
+			firstErr = fmt.Errorf("limiter %q: %w", l.Name(), err)
 		}
-		view.Limiters = append(view.Limiters, al)
+		v.Limiters = append(v.Limiters, al)
 	})
-	sort.Slice(view.Limiters, func(i, j int) bool { return view.Limiters[i].Name < view.Limiters[j].Name })
-	return view, firstErr
+	sort.Slice(v.Limiters, func(i, j int) bool { return v.Limiters[i].Name < v.Limiters[j].Name })
+	return v, firstErr
 }
 
-func (l *limiter) adminView() (AdminLimiter, error) {
-	set, _, listeners := l.snapshot()
+// viewOf reads one limiter.
+func viewOf(l *engine.Limiter) (viewLimiter, error) {
+	put, listeners := l.Snapshot()
+	set := put.Config
 	c := set.Limiter.WithDefaults()
-	eng := l.engine()
-	al := AdminLimiter{
-		Name:      l.name,
-		Mode:      eng.mode(),
+	eng := l.Engine()
+	al := viewLimiter{
+		Name:      l.Name(),
+		Mode:      eng.Mode(),
 		Listeners: listeners,
-		Config: AdminConfig{
+		Config: viewConfig{
 			Limit: c.Limit, Window: c.Window.String(), Classify: set.Classify,
 			IPv4Prefixes: ints(c.IPv4Prefixes), IPv6Prefixes: ints(c.IPv6Prefixes), PerDestinationPort: c.PerDstPort,
 			BlockSourcePorts: portRanges(set.BlockedPorts), VersionNegotiation: set.Negotiation,
 			DryRun: set.DryRun, Allow: []string{},
 		},
-		Counters:       map[string]AdminCounters{},
-		LimitedStreams: []AdminStream{},
+		Counters:       map[string]viewCounters{},
+		LimitedStreams: []viewStream{},
 	}
 	for lvl := range c.Levels() {
-		al.Config.LevelLimits = append(al.Config.LevelLimits, levelLimit(set, 0, lvl))
-		al.Config.EstablishedLevelLimits = append(al.Config.EstablishedLevelLimits, levelLimit(set, 1, lvl))
+		al.Config.LevelLimits = append(al.Config.LevelLimits, engine.LevelLimit(set, 0, lvl))
+		al.Config.EstablishedLevelLimits = append(al.Config.EstablishedLevelLimits, engine.LevelLimit(set, 1, lvl))
 	}
 	for _, p := range set.Allow {
 		al.Config.Allow = append(al.Config.Allow, p.String())
@@ -187,19 +186,19 @@ func (l *limiter) adminView() (AdminLimiter, error) {
 		return al, err
 	}
 	for fam := range datagram.Families {
-		ac := AdminCounters{Classes: map[string]AdminClassCounters{}, Allowlisted: st.Allowed[fam],
+		ac := viewCounters{Classes: map[string]viewClassCounters{}, Allowlisted: st.Allowed[fam],
 			Negotiation: map[string]uint64{"passed": st.Negotiation[fam][0], "dropped": st.Negotiation[fam][1],
 				"dry_run": st.Negotiation[fam][2]},
 			Invalid: map[string]uint64{}, InvalidDryRun: map[string]uint64{}}
-		for _, class := range limiterClasses {
-			cc := AdminClassCounters{Passed: st.Unlimited(int(class), fam),
+		for _, class := range engine.LimiterClasses {
+			cc := viewClassCounters{Passed: st.Unlimited(int(class), fam),
 				Limited: map[string]uint64{}, Dropped: map[string]uint64{}, DryRun: map[string]uint64{}}
 			for lvl := range c.Levels() {
 				k := strconv.Itoa(lvl)
 				cc.Limited[k], cc.Dropped[k], cc.DryRun[k] = st.Limited[class][fam][lvl], st.Dropped[class][fam][lvl],
 					st.WouldDrop[class][fam][lvl]
 			}
-			ac.Classes[className(set, class)] = cc
+			ac.Classes[engine.ClassName(set, class)] = cc
 		}
 		for r := quicclass.Reason(1); r < quicclass.NumReasons; r++ {
 			ac.Invalid[r.String()], ac.InvalidDryRun[r.String()] = st.Invalid[0][fam][r], st.Invalid[1][fam][r]
@@ -213,13 +212,13 @@ func (l *limiter) adminView() (AdminLimiter, error) {
 	al.LimitedStreamsTotal = len(streams)
 	sort.Slice(streams, func(i, j int) bool { return streams[i].Estimate > streams[j].Estimate })
 	for _, s := range streams[:min(len(streams), topStreams)] {
-		name, rate := l.describe(s)
-		as := AdminStream{Stream: name, Class: className(set, s.Class), Level: s.Level, RatePPS: rate,
+		name, rate := l.Describe(s)
+		as := viewStream{Stream: name, Class: engine.ClassName(set, s.Class), Level: s.Level, RatePPS: rate,
 			Since: s.First, LastDrop: s.Last, Dropped: s.Drops, DryRun: s.DryRun}
 		if s.Class == quicclass.Invalid {
 			as.Reason, as.Level = s.Reason.String(), -1
 		} else {
-			as.LimitPPS = levelLimit(set, int(s.Class), s.Level)
+			as.LimitPPS = engine.LevelLimit(set, int(s.Class), s.Level)
 		}
 		al.LimitedStreams = append(al.LimitedStreams, as)
 	}

@@ -6,21 +6,30 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
-// App commits the settings of rakelimit wrappers to live filters when a
+// App commits the settings of rakelimit wrappers to running limiters when a
 // configuration starts. Caddy provisions a new configuration while the old
-// one still runs, and may still abandon it; so a wrapper whose filter already
-// serves a socket does not change it in Provision, it queues the change here,
-// and Start applies it once the configuration is sure to run. If a later app
-// fails to start, Caddy stops this one, and Stop puts the previous settings
-// back. Wrappers load the app themselves; it has nothing to configure.
+// one still runs, and may still abandon it; so a wrapper whose limiter
+// already serves a socket does not change it in Provision, it queues the
+// change here, and Start applies it once the configuration is sure to run.
+// If a later app fails to start, Caddy stops this one, and Stop puts the
+// previous settings back. Wrappers load the app themselves; it has nothing to
+// configure.
 type App struct {
 	commits []commit
 	started []commit
 	// servers maps the name of each HTTP server with a rakelimit wrapper
 	// to its limiter's name.
 	servers map[string]string
+	// configs are the configurations this load gives each limiter, by
+	// name: two wrappers of one load must agree.
+	configs map[string]datagram.Config
 }
 
 // commit is one queued change: apply puts it in force; revert undoes it if
@@ -61,8 +70,43 @@ func (a *App) claim(server string, listen []string, name string) (first bool, er
 	return false, nil
 }
 
-// queue adds a change to apply when the configuration starts.
-func (a *App) queue(c commit) { a.commits = append(a.commits, c) }
+// govern checks that c, in mode, can govern the running limiter l and queues
+// the change for Start.
+func (a *App) govern(l *engine.Limiter, c datagram.Config, mode string, logger *zap.Logger) error {
+	name := l.Name()
+	if prev, ok := a.configs[name]; ok && !engine.Equal(prev, c) {
+		return fmt.Errorf("rakelimit %q is configured twice in this configuration with different settings "+
+			"(limit %d window %v, and limit %d window %v, or other options): sites on one listener must agree; "+
+			"limiters that differ need distinct names",
+			name, prev.Limiter.Limit, prev.Limiter.Window, c.Limiter.Limit, c.Limiter.Window)
+	}
+	next, err := sketch.Compile(c.Limiter)
+	if err != nil {
+		return err
+	}
+	eng := l.Engine()
+	if !eng.Params().SameShape(next) {
+		return fmt.Errorf("rakelimit %q: the number of prefixes and per_destination_port cannot change "+
+			"while its listeners run; restart Caddy, or use a new name on a new listener address", name)
+	}
+	if running := eng.Mode(); mode != ModeAuto && mode != running {
+		return fmt.Errorf("rakelimit %q runs in %s mode, and mode %s cannot take over its running listeners; "+
+			"restart Caddy to change the mode (mode auto keeps the one running)", name, running, mode)
+	}
+	if a.configs == nil {
+		a.configs = map[string]datagram.Config{}
+	}
+	a.configs[name] = c
+	var prev engine.Setting
+	a.commits = append(a.commits, commit{
+		apply: func() (err error) {
+			prev, err = l.Put(engine.Setting{Config: c, Logger: logger, By: a})
+			return err
+		},
+		revert: func() { l.Restore(prev, a) },
+	})
+	return nil
+}
 
 // Start applies the queued changes, or none of them.
 func (a *App) Start() error {

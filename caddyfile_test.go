@@ -408,11 +408,11 @@ func TestUnmarshalJSON(t *testing.T) {
 	}
 }
 
-// wantConfig checks the limit and window that config() derives, defaults
-// filled in.
+// wantConfig checks the limit and window that limiterConfig() derives,
+// defaults filled in.
 func wantConfig(t *testing.T, r *RakeLimit, limit uint32, window time.Duration) {
 	t.Helper()
-	c, err := r.config()
+	c, err := r.limiterConfig()
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}

@@ -34,6 +34,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/bpf"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -180,20 +181,12 @@ func (c *testCaddy) load(sites string) error {
 }
 
 // limiterNamed returns the live limiter called name, or nil.
-func limiterNamed(name string) *limiter {
-	var found *limiter
-	limiters.pool.Range(func(k, v any) bool {
-		if k == name {
-			found = v.(*limiter)
-		}
-		return true
-	})
-	return found
-}
+func limiterNamed(name string) *engine.Limiter { return limiters.named(name) }
 
-func (l *limiter) stats(t *testing.T) (passed, dropped uint64) {
+// limiterStats sums a limiter's passed and dropped datagrams.
+func limiterStats(t *testing.T, l *engine.Limiter) (passed, dropped uint64) {
 	t.Helper()
-	st, err := l.filter.Stats()
+	st, err := l.Engine().Stats()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +448,7 @@ func TestIntegrationFlood(t *testing.T) {
 		t.Fatal("no limiter loaded")
 	}
 	drops0 := socketDrops(t, c.port)
-	_, dropped0 := lim.stats(t)
+	_, dropped0 := limiterStats(t, lim)
 
 	var sent int
 	done := make(chan struct{})
@@ -485,7 +478,7 @@ func TestIntegrationFlood(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond)
 	drops := socketDrops(t, c.port) - drops0
-	_, dropped := lim.stats(t)
+	_, dropped := limiterStats(t, lim)
 	dropped -= dropped0
 	// At most a burst (limit x window), the noise margin and one window
 	// at the limit per second get through.
@@ -554,7 +547,7 @@ func TestIntegrationWithoutDirective(t *testing.T) {
 
 // passRate floods dst for d at rate and returns how many packets per second
 // the limiter let through, for each of the d/1s seconds.
-func passRate(t *testing.T, lim *limiter, dst netip.AddrPort, rate int, d time.Duration) []float64 {
+func passRate(t *testing.T, lim *engine.Limiter, dst netip.AddrPort, rate int, d time.Duration) []float64 {
 	t.Helper()
 	var out []float64
 	done := make(chan struct{})
@@ -564,13 +557,13 @@ func passRate(t *testing.T, lim *limiter, dst netip.AddrPort, rate int, d time.D
 	// Each rate is over the time that really passed between two reads:
 	// on a busy machine (the race detector, parallel packages) a tick may
 	// come late, and a count per tick would be off by the delay.
-	prev, _ := lim.stats(t)
+	prev, _ := limiterStats(t, lim)
 	prevAt := time.Now()
 	tk := time.NewTicker(time.Second)
 	defer tk.Stop()
 	for range int(d / time.Second) {
 		<-tk.C
-		p, _ := lim.stats(t)
+		p, _ := limiterStats(t, lim)
 		now := time.Now()
 		out = append(out, math.Round(float64(p-prev)/now.Sub(prevAt).Seconds()))
 		prev, prevAt = p, now
@@ -588,17 +581,17 @@ func TestReloadChangesLimit(t *testing.T) {
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(c.port))
 	lim := limiterNamed(DefaultName)
 	before := passRate(t, lim, dst, 4000, 3*time.Second)
-	passed0, dropped0 := lim.stats(t)
+	passed0, dropped0 := limiterStats(t, lim)
 	if err := c.load(strings.Replace(fmt.Sprintf(siteWithLimit, 600), "window 1s", "window 2s", 1)); err != nil {
 		t.Fatal(err)
 	}
-	if limiterNamed(DefaultName) != lim || len(lim.listenersNow()) != 1 {
-		t.Fatalf("the reload replaced the limiter or attached again (%d sockets)", len(lim.listenersNow()))
+	if limiterNamed(DefaultName) != lim || len(listenersOf(lim)) != 1 {
+		t.Fatalf("the reload replaced the limiter or attached again (%d sockets)", len(listenersOf(lim)))
 	}
-	if lim.settingsNow().Limiter.Limit != 600 || lim.settingsNow().Limiter.Window != 2*time.Second {
-		t.Fatalf("limiter settings after reload: %+v", lim.settingsNow().Limiter)
+	if lim.Setting().Config.Limiter.Limit != 600 || lim.Setting().Config.Limiter.Window != 2*time.Second {
+		t.Fatalf("limiter settings after reload: %+v", lim.Setting().Config.Limiter)
 	}
-	passed1, dropped1 := lim.stats(t)
+	passed1, dropped1 := limiterStats(t, lim)
 	if passed1 < passed0 || dropped1 < dropped0 {
 		t.Fatal("the reload reset the counters")
 	}
@@ -691,8 +684,8 @@ func TestFailedReloadKeepsSettings(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "different settings") {
 		t.Fatalf("conflicting reload: err = %v", err)
 	}
-	if limiterNamed(DefaultName) != lim || lim.settingsNow().Limiter.Limit != 200 {
-		t.Fatalf("after a failed provisioning the limiter is %+v", lim.settingsNow().Limiter)
+	if limiterNamed(DefaultName) != lim || lim.Setting().Config.Limiter.Limit != 200 {
+		t.Fatalf("after a failed provisioning the limiter is %+v", lim.Setting().Config.Limiter)
 	}
 	// A new listener on a taken port fails at start, after the rakelimit
 	// app may already have applied the new limit.
@@ -706,12 +699,12 @@ func TestFailedReloadKeepsSettings(t *testing.T) {
 	if err := c.load(bad); err == nil {
 		t.Fatal("reload onto a taken port succeeded")
 	}
-	if limiterNamed(DefaultName) != lim || lim.settingsNow().Limiter.Limit != 200 {
-		t.Fatalf("after a failed start the limiter is %+v", lim.settingsNow().Limiter)
+	if limiterNamed(DefaultName) != lim || lim.Setting().Config.Limiter.Limit != 200 {
+		t.Fatalf("after a failed start the limiter is %+v", lim.Setting().Config.Limiter)
 	}
 	// And a good reload still works.
-	if err := c.load(fmt.Sprintf(siteWithLimit, 300)); err != nil || lim.settingsNow().Limiter.Limit != 300 {
-		t.Fatalf("good reload: %v, limit %d", err, lim.settingsNow().Limiter.Limit)
+	if err := c.load(fmt.Sprintf(siteWithLimit, 300)); err != nil || lim.Setting().Config.Limiter.Limit != 300 {
+		t.Fatalf("good reload: %v, limit %d", err, lim.Setting().Config.Limiter.Limit)
 	}
 }
 
@@ -824,7 +817,7 @@ func TestSitesShareOneSocket(t *testing.T) {
 		"127.0.0.1:{port}, localhost:{port}", "[::1]:{port}", 1))
 	progs, _ := bpfObjects(t)
 	lim := limiterNamed(DefaultName)
-	if lim == nil || len(lim.listenersNow()) != 1 || progs != progs0+1 {
+	if lim == nil || len(listenersOf(lim)) != 1 || progs != progs0+1 {
 		t.Fatalf("limiter %v, %d programs loaded (before: %d)", lim, progs, progs0)
 	}
 	if _, _, err := h3Get(context.Background(), legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", c.port)); err != nil {
@@ -850,8 +843,8 @@ func (c *testCaddy) floodDropped(limit int) (sent int, dropped uint64) {
 func filterDrops(t *testing.T) uint64 {
 	t.Helper()
 	var n uint64
-	limiters.each(func(l *limiter) {
-		_, d := l.stats(t)
+	limiters.each(func(l *engine.Limiter) {
+		_, d := limiterStats(t, l)
 		n += d
 	})
 	return n
@@ -997,11 +990,11 @@ func TestReloadTooManyAllowPrefixes(t *testing.T) {
 	lim := limiterNamed(DefaultName)
 	err := c.load(site(5000, 1100))
 	wantErrContaining(t, err, "1100 IPv4 prefixes", "1024")
-	if n, err := lim.kernel(t).AllowEntries(); err != nil || n != 10 {
+	if n, err := kernelOf(t, lim).AllowEntries(); err != nil || n != 10 {
 		t.Errorf("the kernel's allowlist has %d entries (%v), want the 10 configured", n, err)
 	}
-	if lim.settingsNow().Limiter.Limit != limit {
-		t.Errorf("the limiter's settings say limit %d", lim.settingsNow().Limiter.Limit)
+	if lim.Setting().Config.Limiter.Limit != limit {
+		t.Errorf("the limiter's settings say limit %d", lim.Setting().Config.Limiter.Limit)
 	}
 	_, m := c.adminGet("/metrics")
 	if got := metric(t, m, "caddy_rakelimit_limit_packets_per_second", `class="opening"`, `level="0"`); got != limit {
@@ -1011,15 +1004,15 @@ func TestReloadTooManyAllowPrefixes(t *testing.T) {
 	if !strings.Contains(view, fmt.Sprintf(`"limit":%d,`, limit)) {
 		t.Errorf("admin view: %s", view)
 	}
-	_, dropped0 := lim.stats(t)
+	_, dropped0 := limiterStats(t, lim)
 	sent, _ := c.floodDropped(limit)
-	if _, dropped := lim.stats(t); !held(sent, dropped-dropped0, limit) {
+	if _, dropped := limiterStats(t, lim); !held(sent, dropped-dropped0, limit) {
 		t.Errorf("a flood of %d at 30x the old limit: the filter dropped %d: the kernel does not enforce %d", sent, dropped-dropped0, limit)
 	}
 	if err := c.load(site(limit, 11)); err != nil {
 		t.Fatalf("reload adding a prefix: %v", err)
 	}
-	if n, err := lim.kernel(t).AllowEntries(); err != nil || n != 11 {
+	if n, err := kernelOf(t, lim).AllowEntries(); err != nil || n != 11 {
 		t.Errorf("after adding a prefix the allowlist has %d entries (%v), want 11", n, err)
 	}
 	t.Logf("refused: %v", err)
@@ -1030,24 +1023,24 @@ func TestReloadTooManyAllowPrefixes(t *testing.T) {
 // once, so that no packet can read a slot that is being rewritten.
 func TestReloadSwitchesConfigurationOnce(t *testing.T) {
 	requireBPF(t)
-	l, err := newLimiter("switch-once", settings{Limiter: sketch.Config{Limit: 100, Window: time.Second}}, ModeBPF, zap.NewNop())
+	l, err := engine.New("switch-once", datagram.Config{Limiter: sketch.Config{Limit: 100, Window: time.Second}}, ModeBPF, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Destruct()
-	for i, s := range []settings{
+	defer l.Close()
+	for i, s := range []datagram.Config{
 		{Limiter: sketch.Config{Limit: 600, Window: 2 * time.Second}, DryRun: true,
 			Allow: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}},
 		{Limiter: sketch.Config{Limit: 200, Window: time.Second}},
 	} {
-		before, err := l.kernel(t).ActiveSlot()
+		before, err := kernelOf(t, l).ActiveSlot()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := l.apply(s); err != nil {
+		if _, err := l.Put(engine.Setting{Config: s, Logger: zap.NewNop()}); err != nil {
 			t.Fatal(err)
 		}
-		after, err := l.kernel(t).ActiveSlot()
+		after, err := kernelOf(t, l).ActiveSlot()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1057,25 +1050,19 @@ func TestReloadSwitchesConfigurationOnce(t *testing.T) {
 	}
 }
 
-// kernel returns the limiter's BPF filter; the test fails if it runs in
+// kernelOf returns the limiter's BPF filter; the test fails if it runs in
 // userspace.
-func (l *limiter) kernel(t *testing.T) *bpf.Filter {
+func kernelOf(t *testing.T, l *engine.Limiter) *bpf.Filter {
 	t.Helper()
-	k, ok := l.engine().(kernelEngine)
+	k, ok := engine.Kernel(l.Engine())
 	if !ok {
-		t.Fatalf("limiter %q runs in %s mode, not bpf", l.name, l.modeNow())
+		t.Fatalf("limiter %q runs in %s mode, not bpf", l.Name(), l.Mode())
 	}
-	return k.Filter
+	return k
 }
 
-// settingsNow returns the settings in force, read under the limiter's lock.
-func (l *limiter) settingsNow() settings {
-	s, _, _ := l.snapshot()
-	return s
-}
-
-// listenersNow returns the open sockets the filter is attached to.
-func (l *limiter) listenersNow() []string {
-	_, _, addrs := l.snapshot()
+// listenersOf returns the open sockets the limiter protects.
+func listenersOf(l *engine.Limiter) []string {
+	_, addrs := l.Snapshot()
 	return addrs
 }

@@ -6,10 +6,12 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 )
 
@@ -49,13 +51,20 @@ var (
 		"Failed reads of a filter's counters or streams while collecting metrics.", nil, nil)
 )
 
-// registerMetrics registers the registry's collector with a configuration's
+// collector is the Prometheus collector of every running limiter.
+type collector struct {
+	pool *pool
+	// errors counts failed reads of a filter's counters.
+	errors atomic.Uint64
+}
+
+// registerMetrics registers the pool's collector with a configuration's
 // metrics registry; each configuration load has a fresh one.
-func registerMetrics(reg *prometheus.Registry) error {
+func (p *pool) registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	if err := reg.Register(limiters); err != nil {
+	if err := reg.Register(p.metrics); err != nil {
 		var already prometheus.AlreadyRegisteredError
 		if !errors.As(err, &already) {
 			return fmt.Errorf("registering rakelimit metrics: %w", err)
@@ -65,7 +74,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 }
 
 // Describe implements prometheus.Collector.
-func (reg *limiterRegistry) Describe(ch chan<- *prometheus.Desc) {
+func (*collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, modeDesc, windowDesc, dryRunDesc,
 		streamsDesc, attachErrorsDesc, collectionErrorsDesc} {
 		ch <- d
@@ -73,40 +82,38 @@ func (reg *limiterRegistry) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector.
-func (reg *limiterRegistry) Collect(ch chan<- prometheus.Metric) {
-	reg.each(func(l *limiter) {
-		if err := l.collect(ch); err != nil {
-			reg.collectionErrors.Add(1)
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	c.pool.each(func(l *engine.Limiter) {
+		if err := collect(l, ch); err != nil {
+			c.errors.Add(1)
 		}
 	})
-	ch <- prometheus.MustNewConstMetric(collectionErrorsDesc, prometheus.CounterValue,
-		float64(reg.collectionErrors.Load()))
+	ch <- prometheus.MustNewConstMetric(collectionErrorsDesc, prometheus.CounterValue, float64(c.errors.Load()))
 }
 
 var familyNames = [datagram.Families]string{"unknown", "ipv4", "ipv6"}
 
-// limiterClasses are the classes with limiters, as the counters index them.
-var limiterClasses = []quicclass.Class{quicclass.Opening, quicclass.Established}
-
-func (l *limiter) collect(ch chan<- prometheus.Metric) error {
-	set, _, listeners := l.snapshot()
+// collect sends the metrics of one limiter.
+func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
+	put, listeners := l.Snapshot()
+	set, name := put.Config, l.Name()
 	listener := strings.Join(listeners, ",")
 	levels := set.Limiter.WithDefaults().Levels()
 	counter := func(v uint64, fam int, class, verdict, level string) {
 		ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(v),
-			l.name, listener, familyNames[fam], class, verdict, level)
+			name, listener, familyNames[fam], class, verdict, level)
 	}
-	eng := l.engine()
+	eng := l.Engine()
 	st, err := eng.Stats()
 	if err != nil {
 		return err
 	}
 	for _, ln := range listeners {
-		ch <- prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, 1, l.name, ln, eng.mode())
+		ch <- prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, 1, name, ln, eng.Mode())
 	}
 	for fam := range datagram.Families {
-		for _, class := range limiterClasses {
-			name := className(set, class)
+		for _, class := range engine.LimiterClasses {
+			name := engine.ClassName(set, class)
 			counter(st.Unlimited(int(class), fam), fam, name, "passed", "")
 			for lvl := range levels {
 				level := strconv.Itoa(lvl)
@@ -124,35 +131,35 @@ func (l *limiter) collect(ch chan<- prometheus.Metric) error {
 			invalid += st.Invalid[0][fam][r]
 			wouldDrop += st.Invalid[1][fam][r]
 			ch <- prometheus.MustNewConstMetric(invalidDesc, prometheus.CounterValue, float64(st.Invalid[0][fam][r]),
-				l.name, listener, familyNames[fam], r.String(), "dropped")
+				name, listener, familyNames[fam], r.String(), "dropped")
 			ch <- prometheus.MustNewConstMetric(invalidDesc, prometheus.CounterValue, float64(st.Invalid[1][fam][r]),
-				l.name, listener, familyNames[fam], r.String(), "dry_run")
+				name, listener, familyNames[fam], r.String(), "dry_run")
 		}
 		counter(invalid, fam, quicclass.Invalid.String(), "invalid", "")
 		counter(wouldDrop, fam, quicclass.Invalid.String(), "dry_run", "")
 		counter(st.Allowed[fam], fam, "", "allowlisted", "")
 	}
-	for _, class := range limiterClasses {
+	for _, class := range engine.LimiterClasses {
 		for lvl := range levels {
-			lim := float64(levelLimit(set, int(class), lvl))
+			lim := float64(engine.LevelLimit(set, int(class), lvl))
 			if lim == 0 {
 				lim = math.Inf(1)
 			}
-			ch <- prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, lim, l.name, className(set, class), strconv.Itoa(lvl))
+			ch <- prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, lim, name, engine.ClassName(set, class), strconv.Itoa(lvl))
 		}
 	}
-	ch <- prometheus.MustNewConstMetric(negotiationDesc, prometheus.GaugeValue, float64(set.Negotiation), l.name)
-	ch <- prometheus.MustNewConstMetric(windowDesc, prometheus.GaugeValue, set.Limiter.Window.Seconds(), l.name)
+	ch <- prometheus.MustNewConstMetric(negotiationDesc, prometheus.GaugeValue, float64(set.Negotiation), name)
+	ch <- prometheus.MustNewConstMetric(windowDesc, prometheus.GaugeValue, set.Limiter.Window.Seconds(), name)
 	dry := 0.0
 	if set.DryRun {
 		dry = 1
 	}
-	ch <- prometheus.MustNewConstMetric(dryRunDesc, prometheus.GaugeValue, dry, l.name)
-	ch <- prometheus.MustNewConstMetric(attachErrorsDesc, prometheus.CounterValue, float64(l.attachErrors.Load()), l.name)
+	ch <- prometheus.MustNewConstMetric(dryRunDesc, prometheus.GaugeValue, dry, name)
+	ch <- prometheus.MustNewConstMetric(attachErrorsDesc, prometheus.CounterValue, float64(l.AttachErrors()), name)
 	streams, err := eng.Streams()
 	if err != nil {
 		return err
 	}
-	ch <- prometheus.MustNewConstMetric(streamsDesc, prometheus.GaugeValue, float64(len(streams)), l.name)
+	ch <- prometheus.MustNewConstMetric(streamsDesc, prometheus.GaugeValue, float64(len(streams)), name)
 	return nil
 }

@@ -32,7 +32,7 @@ func TestUserspaceMode(t *testing.T) {
 	const limit = 100
 	c := startCaddyWith(t, &testCaddy{admin: freePort(t)}, fmt.Sprintf(siteWithMode, limit, ModeUserspace))
 	lim := limiterNamed(DefaultName)
-	if lim == nil || lim.modeNow() != ModeUserspace {
+	if lim == nil || lim.Mode() != ModeUserspace {
 		t.Fatalf("limiter %v not in userspace mode", lim)
 	}
 	url := fmt.Sprintf("https://127.0.0.1:%d/", c.port)
@@ -59,7 +59,7 @@ func TestUserspaceMode(t *testing.T) {
 		t.Errorf("caddy_rakelimit_mode{mode=userspace} = %v", got)
 	}
 	_, body := c.adminGet("/rakelimit/")
-	var view AdminView
+	var view view
 	if err := json.Unmarshal([]byte(body), &view); err != nil || len(view.Limiters) != 1 || view.Limiters[0].Mode != ModeUserspace {
 		t.Errorf("admin view %s, %v: want mode userspace", body, err)
 	}
@@ -68,8 +68,8 @@ func TestUserspaceMode(t *testing.T) {
 	if err := c.load(fmt.Sprintf(siteWithMode, 3*limit, ModeAuto)); err != nil {
 		t.Fatal(err)
 	}
-	if limiterNamed(DefaultName) != lim || lim.settingsNow().Limiter.Limit != 3*limit || lim.modeNow() != ModeUserspace {
-		t.Fatalf("after the reload: limiter %v, limit %d, mode %s", lim, lim.settingsNow().Limiter.Limit, lim.modeNow())
+	if limiterNamed(DefaultName) != lim || lim.Setting().Config.Limiter.Limit != 3*limit || lim.Mode() != ModeUserspace {
+		t.Fatalf("after the reload: limiter %v, limit %d, mode %s", lim, lim.Setting().Config.Limiter.Limit, lim.Mode())
 	}
 	err := c.load(fmt.Sprintf(siteWithMode, limit, ModeBPF))
 	if err == nil || !strings.Contains(err.Error(), "runs in userspace mode, and mode bpf cannot take over its running listeners; restart Caddy") {
@@ -101,7 +101,7 @@ func TestModeChangeRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "runs in bpf mode, and mode userspace cannot take over") {
 		t.Fatalf("a reload to mode userspace: %v", err)
 	}
-	if limiterNamed(DefaultName) != lim || lim.modeNow() != ModeBPF {
+	if limiterNamed(DefaultName) != lim || lim.Mode() != ModeBPF {
 		t.Fatal("the refused reload changed the limiter")
 	}
 	if sent, dropped := c.floodDropped(limit); !held(sent, dropped, limit) {

@@ -9,51 +9,22 @@
 package rakelimit
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"net/netip"
-	"sort"
-	"strconv"
-	"strings"
-	"time"
+	"net"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/bpf"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
 
 func init() {
 	caddy.RegisterModule(RakeLimit{})
 	caddy.RegisterModule(App{})
+	caddy.RegisterModule(Admin{})
 }
-
-// Defaults for options left out.
-const (
-	DefaultName   = "default"
-	DefaultLimit  = 1000
-	DefaultWindow = time.Second
-	// DefaultOpeningTotal caps the connection-opening packets of the whole
-	// socket (the last level of the opening class) when classifying, with
-	// the cap shared fairly among networks: of the caps measured on a
-	// 2-core machine (README, "Choosing numbers"), the one that served a
-	// quiet network's new connections as well as any higher cap, with a
-	// third of quic-go's receive-queue overflows and half the latency of
-	// 50,000. A limit above it raises the cap to the limit.
-	DefaultOpeningTotal = 20_000
-	// DefaultEstablishedLimit is the limit of established-connection
-	// packets at every level but the last, which is unlimited: 200,000
-	// packets per second is about 2.4 Gbit/s of 1,500-byte datagrams, so
-	// that one client's gigabit transfer in either direction passes
-	// untouched.
-	DefaultEstablishedLimit = 200_000
-	// DefaultVersionNegotiation is how many datagrams with a QUIC version
-	// quic-go lacks pass per second, for the whole socket.
-	DefaultVersionNegotiation = 10
-)
 
 // RakeLimit is a packet conn wrapper that rate-limits the UDP datagrams of
 // the sockets it wraps in the kernel, with a BPF socket filter, before quic-go
@@ -188,138 +159,11 @@ type RakeLimit struct {
 	// Default: auto.
 	Mode string `json:"mode,omitempty"`
 
-	set settings
-	state
-}
-
-// settings is everything a wrapper asks of its limiter.
-type settings datagram.Config
-
-// equal reports whether two settings would limit alike.
-func (s settings) equal(o settings) bool {
-	ja, _ := json.Marshal(s)
-	jb, _ := json.Marshal(o)
-	return bytes.Equal(ja, jb)
-}
-
-// settings validates the module's options and converts them.
-func (r *RakeLimit) settings() (settings, error) {
-	switch r.mode() {
-	case ModeAuto, ModeBPF, ModeUserspace:
-	default:
-		return settings{}, fmt.Errorf("mode %q: want auto, bpf or userspace", r.Mode)
-	}
-	c, err := r.config()
-	if err != nil {
-		return settings{}, err
-	}
-	s := settings{Limiter: c, DryRun: r.DryRun, Classify: r.classify(), Negotiation: DefaultVersionNegotiation}
-	if r.VersionNegotiation != nil {
-		s.Negotiation = *r.VersionNegotiation
-		if s.Negotiation > datagram.MaxNegotiation {
-			return settings{}, fmt.Errorf("version_negotiation %d out of range [0, %d] datagrams per second",
-				s.Negotiation, datagram.MaxNegotiation)
-		}
-	}
-	if s.BlockedPorts, err = blockedPorts(r.BlockSourcePorts); err != nil {
-		return settings{}, err
-	}
-	seen := map[netip.Prefix]bool{}
-	for _, a := range r.Allow {
-		p, err := parsePrefix(a)
-		if err != nil {
-			return settings{}, fmt.Errorf("allow: %w", err)
-		}
-		if !seen[p] {
-			seen[p] = true
-			s.Allow = append(s.Allow, p)
-		}
-	}
-	for fi, fam := range []string{"IPv4", "IPv6"} {
-		n := 0
-		for _, p := range s.Allow {
-			if p.Addr().Is6() == (fi == 1) {
-				n++
-			}
-		}
-		if n > bpf.MaxAllow {
-			return settings{}, fmt.Errorf("allow: %d %s prefixes, more than the %d of a family the kernel's allowlist holds; "+
-				"merge them into shorter prefixes", n, fam, bpf.MaxAllow)
-		}
-	}
-	return s, nil
-}
-
-// mode returns the mode asked for, or the default.
-func (r *RakeLimit) mode() string {
-	if r.Mode == "" {
-		return ModeAuto
-	}
-	return r.Mode
-}
-
-// classify reports whether datagrams are sorted by QUIC class.
-func (r *RakeLimit) classify() bool { return r.Classify == nil || *r.Classify }
-
-// blockedPorts reads block_source_ports: nil for the default set, "none"
-// for no port.
-func blockedPorts(spec []string) (*quicclass.Ports, error) {
-	if len(spec) == 0 {
-		return quicclass.DefaultBlockedPorts(), nil
-	}
-	if len(spec) == 1 && spec[0] == "none" {
-		return nil, nil
-	}
-	var ports quicclass.Ports
-	for _, s := range spec {
-		lo, hi, isRange := strings.Cut(s, "-")
-		l, errLo := strconv.ParseUint(lo, 10, 16)
-		h, errHi := l, error(nil)
-		if isRange {
-			h, errHi = strconv.ParseUint(hi, 10, 16)
-		}
-		if errLo != nil || errHi != nil || h < l {
-			return nil, fmt.Errorf("block_source_ports: invalid port %q: want a port (0 to 65535), a range such as 0-1023, "+
-				"or none", s)
-		}
-		ports.Add(uint16(l), uint16(h))
-	}
-	return &ports, nil
-}
-
-// parsePrefix reads a CIDR prefix or a single address (a /32 or /128).
-func parsePrefix(s string) (netip.Prefix, error) {
-	addr, length, isPrefix := strings.Cut(s, "/")
-	a, err := netip.ParseAddr(addr)
-	if err != nil {
-		if isPrefix {
-			return netip.Prefix{}, fmt.Errorf("invalid prefix %q: %q is not an IP address", s, addr)
-		}
-		return netip.Prefix{}, fmt.Errorf("invalid address %q: want an address or a CIDR prefix", s)
-	}
-	if a.Zone() != "" {
-		return netip.Prefix{}, fmt.Errorf("invalid address %q: zones are not allowed", s)
-	}
-	if !isPrefix {
-		a = a.Unmap()
-		return netip.PrefixFrom(a, a.BitLen()), nil
-	}
-	bits, err := strconv.Atoi(length)
-	if err != nil || bits < 0 || bits > a.BitLen() || length != strconv.Itoa(bits) {
-		family := "IPv4"
-		if a.Is6() {
-			family = "IPv6"
-		}
-		return netip.Prefix{}, fmt.Errorf("invalid prefix %q: the length of an %s prefix is 0 to %d", s, family, a.BitLen())
-	}
-	p := netip.PrefixFrom(a, bits)
-	if a.Is4In6() {
-		if bits < 96 {
-			return p, fmt.Errorf("invalid prefix %q: an IPv4-mapped prefix needs at least 96 bits", s)
-		}
-		p = netip.PrefixFrom(a.Unmap(), bits-96)
-	}
-	return p.Masked(), nil
+	// set is the decision configuration the options make; logger and
+	// lim are the provisioned wrapper's.
+	set    datagram.Config
+	logger *zap.Logger
+	lim    *engine.Limiter
 }
 
 // CaddyModule returns the Caddy module information.
@@ -330,141 +174,113 @@ func (RakeLimit) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// UnmarshalJSON decodes the configuration strictly (unknown fields are
-// errors) and names the field of a value that does not decode.
-func (r *RakeLimit) UnmarshalJSON(b []byte) error {
-	type plain RakeLimit
-	if err := strictJSON(b, (*plain)(r)); err != nil {
-		var fields map[string]json.RawMessage
-		if json.Unmarshal(b, &fields) == nil {
-			names := make([]string, 0, len(fields))
-			for name := range fields {
-				names = append(names, name)
-			}
-			sort.Strings(names)
-			for _, name := range names {
-				one, _ := json.Marshal(map[string]json.RawMessage{name: fields[name]})
-				var p plain
-				if ferr := strictJSON(one, &p); ferr != nil {
-					return fmt.Errorf("%s: invalid value %s: %w", name, fields[name], ferr)
-				}
-			}
-		}
+// Provision checks the wrapper against its HTTP server and loads the filter
+// (or joins the one already loaded under the same name), so that every
+// error, from bad settings and a listener it could not protect to a missing
+// CAP_BPF or CAP_PERFMON in mode bpf, fails the configuration before any
+// socket is touched.
+func (r *RakeLimit) Provision(ctx caddy.Context) error {
+	r.logger = ctx.Logger()
+	set, err := r.config()
+	if err != nil {
 		return err
 	}
-	return nil
-}
-
-func strictJSON(b []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	return dec.Decode(v)
-}
-
-// config fills the defaults and converts the module's settings to the
-// limiter's configuration, reporting the first bad field.
-func (r *RakeLimit) config() (sketch.Config, error) {
-	c := sketch.Config{
-		Limit:      r.Limit,
-		Window:     time.Duration(r.Window),
-		PerDstPort: r.PerDestinationPort,
+	r.set = set
+	app, err := loadApp(ctx)
+	if err != nil {
+		return err
 	}
-	var err error
-	if c.IPv4Prefixes, err = prefixLengths("ipv4_prefixes", r.IPv4Prefixes, 32); err != nil {
-		return c, err
+	srv, err := serverOf(ctx)
+	if err != nil {
+		return err
 	}
-	if c.IPv6Prefixes, err = prefixLengths("ipv6_prefixes", r.IPv6Prefixes, 128); err != nil {
-		return c, err
-	}
-	if c.Limit == 0 {
-		c.Limit = DefaultLimit
-	}
-	if c.Window == 0 {
-		c.Window = DefaultWindow
-	}
-	c = c.WithDefaults()
-	top := c.Levels() - 1
-	if c.LevelLimits, err = levelLimits("", r.LevelLimits, r.UnlimitedLevels, top); err != nil {
-		return c, err
-	}
-	// The defaults of the opening total and of established connections
-	// are capped at the largest burst the counters hold, for long windows.
-	burstCap := uint32(min(float64(sketch.MaxBurst)/c.Window.Seconds(), sketch.MaxLimit))
-	_, totalSet := c.LevelLimits[top]
-	if r.classify() && !totalSet {
-		c.LevelLimits[top] = max(min(DefaultOpeningTotal, burstCap), c.Limit)
-	}
-	c.Established = sketch.Limits{Limit: r.EstablishedLimit}
-	if c.Established.Limit == 0 {
-		c.Established.Limit = min(DefaultEstablishedLimit, burstCap)
-	}
-	if c.Established.LevelLimits, err = levelLimits("established_", r.EstablishedLevelLimits, r.EstablishedUnlimitedLevels, top); err != nil {
-		return c, err
-	}
-	if _, ok := c.Established.LevelLimits[top]; !ok {
-		c.Established.LevelLimits[top] = sketch.Unlimited
-	}
-	if err := c.Validate(); err != nil {
-		return c, err
-	}
-	return c, nil
-}
-
-// levelLimits merges a class's level_limits and unlimited_levels (field
-// names prefixed with prefix) for levels 0 to top.
-func levelLimits(prefix string, limits map[int]uint32, unlimited []int, top int) (map[int]uint32, error) {
-	out := map[int]uint32{}
-	for lvl, lim := range limits {
-		if lim == sketch.Unlimited { // the limiter's sentinel: use unlimited_levels
-			return nil, fmt.Errorf("%slevel_limits[%d] %d out of range [1, %d] packets per second", prefix, lvl, lim, sketch.MaxLimit)
+	if srv != nil {
+		first, err := app.claim(srv.name, srv.listen, r.name())
+		if err != nil {
+			return err
 		}
-		out[lvl] = lim
+		if first && len(srv.h3) == 0 {
+			r.logger.Warn("rakelimit protects nothing on this server: it has no HTTP/3 listener",
+				zap.String("server", srv.name), zap.Strings("listen", srv.listen),
+				zap.String("limiter", r.name()), zap.String("why", srv.noH3))
+		}
+		if first {
+			if err := checkRunning(srv, r.name()); err != nil {
+				return err
+			}
+		}
 	}
-	for _, lvl := range unlimited {
-		if lvl < 0 || lvl > top {
-			return nil, fmt.Errorf("%sunlimited_levels (%slevel_limit %d off): level %d does not exist: levels are 0 to %d",
-				prefix, prefix, lvl, lvl, top)
-		}
-		if _, ok := limits[lvl]; ok {
-			return nil, fmt.Errorf("level %d is in both %slevel_limits and %sunlimited_levels (%slevel_limit %d off)",
-				lvl, prefix, prefix, prefix, lvl)
-		}
-		if out[lvl] == sketch.Unlimited {
-			return nil, fmt.Errorf("%sunlimited_levels: level %d listed twice", prefix, lvl)
-		}
-		out[lvl] = sketch.Unlimited
+	if err := limiters.registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
 	}
-	return out, nil
-}
-
-// prefixLengths checks a list of prefix lengths of at most bits bits.
-func prefixLengths(field string, lens []int, bits int) ([]uint8, error) {
-	var out []uint8
-	for _, l := range lens {
-		if l < 0 {
-			return nil, fmt.Errorf("%s %v: /%d is not a prefix length: lengths are 0 to %d", field, lens, l, bits)
-		}
-		if l > bits {
-			return nil, fmt.Errorf("%s %v: /%d is longer than %d bits", field, lens, l, bits)
-		}
-		out = append(out, uint8(l))
+	lim, err := limiters.acquire(r.name(), set, r.mode(), r.logger)
+	if err != nil {
+		return err
 	}
-	return out, nil
-}
-
-// name returns the limiter's name, or the default.
-func (r *RakeLimit) name() string {
-	if r.Name == "" {
-		return DefaultName
-	}
-	return r.Name
+	r.lim = lim // from here on, Cleanup releases it
+	return app.govern(lim, set, r.mode(), r.logger)
 }
 
 // Validate reports the first thing wrong with the configuration, naming the
 // field and the value.
 func (r *RakeLimit) Validate() error {
-	_, err := r.settings()
+	_, err := r.config()
 	return err
+}
+
+// Cleanup releases the limiter; the last wrapper of a name to go detaches
+// its filter from the sockets that remain and closes it.
+func (r *RakeLimit) Cleanup() error {
+	if r.lim == nil {
+		return nil
+	}
+	r.lim = nil
+	return limiters.release(r.name())
+}
+
+// WrapPacketConn puts the limiter in front of the socket under pc: it
+// attaches the BPF filter and returns the socket itself, a *net.UDPConn, or
+// in userspace mode returns a conn that decides each datagram before quic-go
+// reads it; either way quic-go keeps its fast path (batched reads, GSO, ECN,
+// path MTU discovery). Caddy calls it when it opens a listener; it cannot
+// fail the configuration, so a socket it cannot protect is logged as an
+// error and served unprotected.
+func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
+	conn := udpConn(pc)
+	if conn == nil {
+		r.lim.AttachError()
+		r.logger.Error("listener NOT protected: no UDP socket under the packet conn",
+			zap.String("limiter", r.name()), zap.String("type", fmt.Sprintf("%T", pc)))
+		return pc
+	}
+	out, attached, err := limiters.attach(r.lim, conn)
+	if err != nil {
+		r.lim.AttachError()
+		r.logger.Error("listener NOT protected", zap.String("limiter", r.name()),
+			zap.String("listener", conn.LocalAddr().String()), zap.Error(err))
+		return conn
+	}
+	if attached {
+		r.logger.Info("protecting listener", append([]zap.Field{zap.String("limiter", r.name()),
+			zap.String("listener", conn.LocalAddr().String()), zap.String("mode", r.lim.Mode())},
+			engine.SettingsFields(r.set)...)...)
+	}
+	return out
+}
+
+// udpConn finds the *net.UDPConn under Caddy's wrappers.
+func udpConn(pc net.PacketConn) *net.UDPConn {
+	for pc != nil {
+		if c, ok := pc.(*net.UDPConn); ok {
+			return c
+		}
+		u, ok := pc.(interface{ Unwrap() net.PacketConn })
+		if !ok {
+			return nil
+		}
+		pc = u.Unwrap()
+	}
+	return nil
 }
 
 // Interface guards

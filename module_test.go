@@ -65,7 +65,7 @@ func manyPrefixes(n int) string {
 // prefixes fit however often they are repeated.
 func TestAllowDuplicatesCountOnce(t *testing.T) {
 	r := RakeLimit{Allow: []string{"10.0.0.1", "10.0.0.1/32", "::ffff:10.0.0.1/128", "10.0.0.0/8", "10.1.2.3/8"}}
-	s, err := r.settings()
+	s, err := r.config()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -107,7 +107,7 @@ func TestMetricsAndAdmin(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("/rakelimit/: %d %s", code, body)
 	}
-	var view AdminView
+	var view view
 	if err := json.Unmarshal([]byte(body), &view); err != nil {
 		t.Fatalf("decoding %s: %v", body, err)
 	}
@@ -177,7 +177,7 @@ func TestDryRunReload(t *testing.T) {
 	if err := c.load(fmt.Sprintf(siteWithLimit, limit)); err != nil {
 		t.Fatal(err)
 	}
-	if limiterNamed(DefaultName) != lim || len(lim.listenersNow()) != 1 {
+	if limiterNamed(DefaultName) != lim || len(listenersOf(lim)) != 1 {
 		t.Fatal("the reload replaced the limiter or attached again")
 	}
 	drops1 := socketDrops(t, c.port)
@@ -201,14 +201,14 @@ func TestAllowlistedFlood(t *testing.T) {
 	// may also overflow the socket's receive queue, which the socket's
 	// drop counter would mix in.
 	lim := limiterNamed(DefaultName)
-	_, drops0 := lim.stats(t)
+	_, drops0 := limiterStats(t, lim)
 	done := make(chan int)
 	go func() { done <- quicFlood(t, allowed, dst, rate, 2*time.Second) }()
 	sentOther := quicFlood(t, floodSrc, dst, rate, 2*time.Second)
 	sentAllowed := <-done
 	_, m := c.adminGet("/metrics")
 	allowlisted := metric(t, m, "caddy_rakelimit_packets_total", `verdict="allowlisted"`, `family="ipv4"`)
-	_, drops := lim.stats(t)
+	_, drops := limiterStats(t, lim)
 	drops -= drops0
 	if allowlisted != float64(sentAllowed) {
 		t.Errorf("allowlisted counter %v, the allowed source sent %d", allowlisted, sentAllowed)
@@ -313,7 +313,7 @@ func TestClosedListenersForgotten(t *testing.T) {
 			t.Fatalf("reload %d: %v", i, err)
 		}
 		want := fmt.Sprintf("[::]:%d", c.port)
-		var view AdminView
+		var view view
 		var labels []string
 		// Caddy closes the old socket as it stops the old configuration.
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {

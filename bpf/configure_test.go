@@ -92,7 +92,7 @@ func TestConfigureAllOrNothing(t *testing.T) {
 		{"new lattice", withAllow(perDport, prefixes(0, 10), false), 0, []string{"cannot change the lattice"}},
 		{"bad limit", withAllow(limits(0), prefixes(0, 10), false), 0, []string{"limit 0"}},
 		{"trie full half way", withAllow(big, append(prefixes(0, 10), prefixes(2, 20)...), false),
-			MaxAllow - 10 - 7, []string{"adding", "to the allowlist"}},
+			datagram.MaxAllow - 10 - 7, []string{"adding", "to the allowlist"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -68,7 +68,7 @@ type loadOptions struct {
 	benchRandomSource bool
 	// hashKey replaces the random hash key.
 	hashKey *sketch.HashKey
-	// trackShift, when set, replaces DefaultTrackShift (0 tracks every
+	// trackShift, when set, replaces datagram.DefaultTrackShift (0 tracks every
 	// drop).
 	trackShift *uint8
 }
@@ -85,7 +85,7 @@ func load(c datagram.Config, o loadOptions) (_ *Filter, err error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Filter{trackShift: DefaultTrackShift}
+	f := &Filter{trackShift: datagram.DefaultTrackShift}
 	if o.trackShift != nil {
 		f.trackShift = *o.trackShift
 	}
@@ -99,9 +99,13 @@ func load(c datagram.Config, o loadOptions) (_ *Filter, err error) {
 		return nil, fmt.Errorf("reading the embedded BPF object: %w", err)
 	}
 	spec.Maps[rakelimitMapCells].MaxEntries = uint32(p.TotalLines)
-	for _, m := range []string{rakelimitMapAllow4, rakelimitMapAllow6} {
-		if n := spec.Maps[m].MaxEntries; n != MaxAllow {
-			return nil, fmt.Errorf("the BPF object's %s holds %d prefixes, the loader expects MaxAllow = %d", m, n, MaxAllow)
+	// The sizes of the maps are the kernel contract's (internal/datagram),
+	// which the userspace limiter keeps too; the generated types do not
+	// carry them, so they are checked here rather than at compile time.
+	for m, want := range map[string]uint32{rakelimitMapAllow4: datagram.MaxAllow, rakelimitMapAllow6: datagram.MaxAllow,
+		rakelimitMapStreams: datagram.MaxTrackedStreams} {
+		if n := spec.Maps[m].MaxEntries; n != want {
+			return nil, fmt.Errorf("the BPF object's %s holds %d entries, internal/datagram says %d", m, n, want)
 		}
 	}
 	for name, on := range map[string]bool{
@@ -139,9 +143,6 @@ func load(c datagram.Config, o loadOptions) (_ *Filter, err error) {
 // compile validates a configuration and compiles its limiter.
 func compile(c *datagram.Config) (*sketch.Params, error) {
 	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	if err := checkAllowCapacity(c.Allow); err != nil {
 		return nil, err
 	}
 	return sketch.Compile(c.Limiter)
@@ -342,7 +343,7 @@ func (f *Filter) configure(c datagram.Config, p *sketch.Params) (err error) {
 	for _, e := range add {
 		total[e.family()]++
 	}
-	early := total[0] > MaxAllow || total[1] > MaxAllow
+	early := total[0] > datagram.MaxAllow || total[1] > datagram.MaxAllow
 	// The undo log: entries added and removed so far, and whether the
 	// switch happened.
 	var added, removed []allowEntry

@@ -412,7 +412,7 @@ func TestConfigureErrors(t *testing.T) {
 		{"zero limit", limits(0), "limit 0 out of range"},
 		{"tiny window", datagram.Config{Limiter: sketch.Config{Limit: 100, Window: time.Nanosecond}}, "window 1ns out of range"},
 		{"allowlist over capacity", tooMany, "allow: 1100 IPv4 prefixes, more than the filter holds (at most 1024 per family)"},
-		{"negotiation", datagram.Config{Limiter: good.Limiter, Negotiation: datagram.MaxNegotiation + 1}, "version_negotiation"},
+		{"negotiation", datagram.Config{Limiter: good.Limiter, Negotiation: datagram.MaxNegotiation + 1}, "version negotiation"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -456,7 +456,7 @@ func countAllow(t *testing.T, f *Filter) int {
 func TestConfigureRollsBack(t *testing.T) {
 	f := loadTest(t, limits(100), loadOptions{})
 	// Fill the IPv4 trie behind the filter's back.
-	for i := range MaxAllow {
+	for i := range datagram.MaxAllow {
 		e := allowEntry{bits: 32, addr: netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)}).As16()}
 		if err := f.allowAdd(e); err != nil {
 			t.Fatal(err)
@@ -468,9 +468,9 @@ func TestConfigureRollsBack(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "adding") {
 		t.Fatalf("Configure into a full trie: %v", err)
 	}
-	if f.Config().Limiter.Limit != 100 || countAllow(t, f) != MaxAllow {
+	if f.Config().Limiter.Limit != 100 || countAllow(t, f) != datagram.MaxAllow {
 		t.Fatalf("after the failure: limit %d, %d allowlist entries (want 100 and %d)", f.Config().Limiter.Limit,
-			countAllow(t, f), MaxAllow)
+			countAllow(t, f), datagram.MaxAllow)
 	}
 }
 

@@ -20,10 +20,6 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
-// DefaultTrackShift is the default sampling of drops for stream tracking:
-// one drop in 2^4 looks the stream up in the kernel's tracking map.
-const DefaultTrackShift = 4
-
 // allowEntry is an allowlist prefix as one of the two tries keys it.
 type allowEntry struct {
 	v6   bool
@@ -57,24 +53,6 @@ func (e allowEntry) prefix() netip.Prefix {
 		a = a.Unmap()
 	}
 	return netip.PrefixFrom(a, int(e.bits))
-}
-
-// checkAllowCapacity refuses more prefixes of a family than its trie holds.
-func checkAllowCapacity(prefixes []netip.Prefix) error {
-	var n [2]int
-	for p := range newAllowSet(prefixes) {
-		if p.v6 {
-			n[1]++
-		} else {
-			n[0]++
-		}
-	}
-	for fi, fam := range []string{"IPv4", "IPv6"} {
-		if n[fi] > MaxAllow {
-			return fmt.Errorf("allow: %d %s prefixes, more than the filter holds (at most %d per family)", n[fi], fam, MaxAllow)
-		}
-	}
-	return nil
 }
 
 func (f *Filter) allowAdd(e allowEntry) error {
@@ -146,9 +124,6 @@ func allowFilter(prefixes []netip.Prefix) (filter [2][allowFilterBits / 64]uint6
 	return filter, always
 }
 
-// invalidNode is the stream key's node of invalid datagrams (INVALID_NODE).
-const invalidNode = 0xff
-
 // stream converts the kernel's record.
 func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono monoClock) datagram.Stream {
 	s := datagram.Stream{
@@ -162,7 +137,7 @@ func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono mono
 		Estimate: st.Estimate,
 		DryRun:   st.DryRun != 0,
 	}
-	if k.Node == invalidNode {
+	if k.Node == datagram.InvalidNode {
 		s.Class, s.Reason, s.Node, s.Level = quicclass.Invalid, quicclass.Reason(st.Reason), 0, -1
 	}
 	return s

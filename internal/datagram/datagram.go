@@ -43,10 +43,18 @@ type Config struct {
 // is for the rare client with a version quic-go lacks.
 const MaxNegotiation = 1_000_000
 
-// Validate reports the first thing wrong with c.
+// Validate reports the first thing wrong with c: it is the whole
+// validation of a decision configuration, the kernel filter's and the
+// userspace limiter's alike. A value out of range is a *sketch.FieldError,
+// which names values neutrally ("window", "version negotiation") and which a
+// caller may render with its own names.
 func (c *Config) Validate() error {
 	if c.Negotiation > MaxNegotiation {
-		return fmt.Errorf("version_negotiation %d out of range [0, %d] datagrams per second", c.Negotiation, MaxNegotiation)
+		return &sketch.FieldError{Values: []sketch.FieldValue{{Name: "version negotiation", Value: fmt.Sprint(c.Negotiation)}},
+			Format: fmt.Sprintf("%%s out of range [0, %d] datagrams per second", MaxNegotiation)}
+	}
+	if err := checkAllowCapacity(c.Allow); err != nil {
+		return err
 	}
 	return c.Limiter.WithDefaults().Validate()
 }

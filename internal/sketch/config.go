@@ -125,8 +125,8 @@ func (c Config) Class(class int) Limits {
 	return Limits{Limit: c.Limit, LevelLimits: c.LevelLimits}
 }
 
-// classField prefixes the configuration field names of class 1 in errors.
-var classField = [NumClasses]string{"", "established_"}
+// className prefixes the names of class 1's values in errors.
+var className = [NumClasses]string{"", "established "}
 
 // WithDefaults returns c with empty prefix lists replaced by the defaults.
 func (c Config) WithDefaults() Config {
@@ -151,22 +151,22 @@ func (c Config) Levels() int {
 // Validate reports the first thing wrong with c, naming the field and value.
 func (c Config) Validate() error {
 	if c.Window < MinWindow || c.Window > MaxWindow {
-		return fmt.Errorf("window %v out of range [%v, %v]", c.Window, MinWindow, MaxWindow)
+		return fieldError("%s out of range ["+MinWindow.String()+", "+MaxWindow.String()+"]", value("window", c.Window))
 	}
 	for class := range NumClasses {
 		if err := c.validateClass(class); err != nil {
 			return err
 		}
 	}
-	if err := checkPrefixes("ipv4_prefixes", c.IPv4Prefixes, 32); err != nil {
+	if err := checkPrefixes("IPv4 prefixes", c.IPv4Prefixes, 32); err != nil {
 		return err
 	}
-	if err := checkPrefixes("ipv6_prefixes", c.IPv6Prefixes, 128); err != nil {
+	if err := checkPrefixes("IPv6 prefixes", c.IPv6Prefixes, 128); err != nil {
 		return err
 	}
 	if len(c.IPv4Prefixes) != len(c.IPv6Prefixes) {
-		return fmt.Errorf("ipv4_prefixes %v and ipv6_prefixes %v must have the same length: level i is prefix i of either family",
-			c.IPv4Prefixes, c.IPv6Prefixes)
+		return fieldError("%s and %s must have the same length: level i is prefix i of either family",
+			value("IPv4 prefixes", c.IPv4Prefixes), value("IPv6 prefixes", c.IPv6Prefixes))
 	}
 	return nil
 }
@@ -174,19 +174,20 @@ func (c Config) Validate() error {
 // validateClass checks the limits of one class.
 func (c Config) validateClass(class int) error {
 	lim := c.Class(class)
-	prefix := classField[class]
+	prefix := className[class]
 	if err := checkLimit(prefix+"limit", lim.Limit, c.Window); err != nil {
 		return err
 	}
 	levels := c.WithDefaults().Levels()
 	for lvl, l := range lim.LevelLimits {
 		if lvl < 0 || lvl >= levels {
-			return fmt.Errorf("%slevel_limits: level %d does not exist: levels are 0 to %d", prefix, lvl, levels-1)
+			return fieldError(fmt.Sprintf("%%s: level %d does not exist: levels are 0 to %d", lvl, levels-1),
+				value(prefix+"level limits", ""))
 		}
 		if l == Unlimited {
 			continue
 		}
-		if err := checkLimit(fmt.Sprintf("%slevel_limits[%d]", prefix, lvl), l, c.Window); err != nil {
+		if err := checkLimit(fmt.Sprintf("%slevel %d limit", prefix, lvl), l, c.Window); err != nil {
 			return err
 		}
 	}
@@ -195,38 +196,38 @@ func (c Config) validateClass(class int) error {
 
 func checkLimit(field string, lim uint32, window time.Duration) error {
 	if lim == 0 || lim > MaxLimit {
-		return fmt.Errorf("%s %d out of range [1, %d] packets per second", field, lim, MaxLimit)
+		return fieldError(fmt.Sprintf("%%s out of range [1, %d] packets per second", MaxLimit), value(field, lim))
 	}
 	if window <= 0 {
 		return nil
 	}
 	burst := float64(lim) * window.Seconds()
 	if burst < 1 {
-		return fmt.Errorf("%s %d with window %v allows a burst of less than one packet (limit x window must be at least 1)",
-			field, lim, window)
+		return fieldError("%s with %s allows a burst of less than one packet (limit x window must be at least 1)",
+			value(field, lim), value("window", window))
 	}
 	if burst > MaxBurst {
-		return fmt.Errorf("%s %d with window %v: limit x window is %.0f packets, more than the counters hold (at most %d); "+
-			"shorten the window or lower the limit", field, lim, window, burst, MaxBurst)
+		return fieldError(fmt.Sprintf("%%s with %%s: limit x window is %.0f packets, more than the counters hold (at most %d); "+
+			"shorten the window or lower the limit", burst, MaxBurst), value(field, lim), value("window", window))
 	}
 	return nil
 }
 
 func checkPrefixes(field string, p []uint8, bits uint8) error {
 	if len(p) < 1 || len(p) > MaxPrefixes {
-		return fmt.Errorf("%s %v: want 1 to %d prefix lengths", field, p, MaxPrefixes)
+		return fieldError(fmt.Sprintf("%%s: want 1 to %d prefix lengths", MaxPrefixes), value(field, p))
 	}
 	for i, l := range p {
 		if l > bits {
-			return fmt.Errorf("%s %v: /%d is longer than %d bits", field, p, l, bits)
+			return fieldError(fmt.Sprintf("%%s: /%d is longer than %d bits", l, bits), value(field, p))
 		}
 		if i > 0 && l >= p[i-1] {
-			return fmt.Errorf("%s %v: lengths must be strictly decreasing (most specific first)", field, p)
+			return fieldError("%s: lengths must be strictly decreasing (most specific first)", value(field, p))
 		}
 	}
 	if p[len(p)-1] != 0 {
-		return fmt.Errorf("%s %v: the last prefix must be 0 (all sources), which counts the socket's total and packets that cannot be parsed",
-			field, p)
+		return fieldError("%s: the last prefix must be 0 (all sources), which counts the socket's total and packets that cannot be parsed",
+			value(field, p))
 	}
 	return nil
 }

@@ -43,15 +43,15 @@ func TestValidate(t *testing.T) {
 		{"huge window", func(c *Config) { c.Window = 2 * time.Hour }, "window 2h0m0s out of range"},
 		{"burst below one packet", func(c *Config) { c.Limit = 10; c.Window = 50 * time.Millisecond }, "burst of less than one packet"},
 		{"burst over the counters", func(c *Config) { c.Limit = 10000; c.Window = time.Hour }, "limit 10000 with window 1h0m0s: limit x window is 36000000 packets"},
-		{"established burst", func(c *Config) { c.Established = Limits{Limit: 9_000_000} }, "established_limit 9000000 with window 1s"},
+		{"established burst", func(c *Config) { c.Established = Limits{Limit: 9_000_000} }, "established limit 9000000 with window 1s"},
 		{"established level", func(c *Config) {
 			c.Established = Limits{Limit: 100, LevelLimits: map[int]uint32{7: 5}}
-		}, "established_level_limits: level 7 does not exist"},
+		}, "established level limits: level 7 does not exist"},
 		{"established unlimited total", func(c *Config) {
 			c.Established = Limits{Limit: 250_000, LevelLimits: map[int]uint32{3: Unlimited}}
 		}, ""},
-		{"v4 prefix too long", func(c *Config) { c.IPv4Prefixes = []uint8{33, 24, 0} }, "ipv4_prefixes [33 24 0]: /33 is longer than 32 bits"},
-		{"v6 prefix too long", func(c *Config) { c.IPv6Prefixes = []uint8{129, 48, 0} }, "ipv6_prefixes [129 48 0]: /129"},
+		{"v4 prefix too long", func(c *Config) { c.IPv4Prefixes = []uint8{33, 24, 0} }, "IPv4 prefixes [33 24 0]: /33 is longer than 32 bits"},
+		{"v6 prefix too long", func(c *Config) { c.IPv6Prefixes = []uint8{129, 48, 0} }, "IPv6 prefixes [129 48 0]: /129"},
 		{"not decreasing", func(c *Config) { c.IPv4Prefixes = []uint8{24, 32, 0} }, "strictly decreasing"},
 		{"no all-sources", func(c *Config) { c.IPv4Prefixes = []uint8{32, 24, 16} }, "the last prefix must be 0"},
 		{"too many prefixes", func(c *Config) {
@@ -63,7 +63,7 @@ func TestValidate(t *testing.T) {
 			c.IPv6Prefixes = []uint8{128, 64, 48, 0}
 		}, ""},
 		{"level out of range", func(c *Config) { c.LevelLimits = map[int]uint32{4: 5} }, "level 4 does not exist"},
-		{"level limit zero", func(c *Config) { c.LevelLimits = map[int]uint32{1: 0} }, "level_limits[1] 0 out of range"},
+		{"level limit zero", func(c *Config) { c.LevelLimits = map[int]uint32{1: 0} }, "level 1 limit 0 out of range"},
 		{"level unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{3: Unlimited} }, ""},
 		{"per-dport adds a level", func(c *Config) {
 			c.PerDstPort = true

@@ -6,14 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rakelimit/caddy-rakelimit/bpf"
 	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 )
 
@@ -57,26 +55,6 @@ func TestSocketOptionsThroughConn(t *testing.T) {
 	})
 	if pmtu != unix.IPV6_PMTUDISC_PROBE || recvtos != 1 {
 		t.Fatalf("the socket has IPV6_MTU_DISCOVER %d, IP_RECVTOS %d: the options did not reach it", pmtu, recvtos)
-	}
-}
-
-// TestKernelDimensions: the userspace limiter accepts and tracks exactly
-// what the kernel filter does.
-func TestKernelDimensions(t *testing.T) {
-	if bpf.MaxAllow != MaxAllow || bpf.DefaultTrackShift != DefaultTrackShift {
-		t.Fatalf("bpf: MaxAllow %d, DefaultTrackShift %d; userspace: %d, %d",
-			bpf.MaxAllow, bpf.DefaultTrackShift, MaxAllow, DefaultTrackShift)
-	}
-	src, err := os.ReadFile("../../bpf/rakelimit.c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`#define MAX_TRACKED_STREAMS (\d+)`).FindSubmatch(src)
-	if m == nil {
-		t.Fatal("MAX_TRACKED_STREAMS not found in bpf/rakelimit.c")
-	}
-	if n, _ := strconv.Atoi(string(m[1])); n != MaxTrackedStreams {
-		t.Fatalf("the kernel tracks %d streams, userspace %d", n, MaxTrackedStreams)
 	}
 }
 

@@ -9,9 +9,9 @@
 // (package datagram, the Go twin of bpf/rakelimit.c): the allowlist, the QUIC
 // classes, the version negotiation cap and the hierarchical fair-share
 // limiter, with the same counters (datagram.Stats), the same limited-stream
-// records (datagram.Stream: sampled one drop in 2^DefaultTrackShift, keyed
+// records (datagram.Stream: sampled one drop in 2^datagram.DefaultTrackShift, keyed
 // by the dropping node, one event per new stream, at most
-// MaxTrackedStreams) and the same all-or-nothing reconfiguration, which
+// datagram.MaxTrackedStreams) and the same all-or-nothing reconfiguration, which
 // refuses exactly what the kernel filter refuses. A dropped datagram never
 // reaches quic-go: it builds no connection for a flood of Initials, sends no
 // Version Negotiation reply past the cap, and parses no junk.

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -15,23 +14,9 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
-// The kernel filter's dimensions, kept here so that a configuration valid
-// for one mode is valid for the other (bpf/rakelimit.c and bpf/filter.go
-// define the same numbers; a Linux test checks that they agree).
-const (
-	// DefaultTrackShift samples one drop in 2^4 for stream tracking, as
-	// bpf.DefaultTrackShift.
-	DefaultTrackShift = 4
-	// MaxTrackedStreams is how many limited streams are remembered at once
-	// (MAX_TRACKED_STREAMS); past it the least recently dropped one is
-	// forgotten, as the kernel's LRU map does.
-	MaxTrackedStreams = 1024
-	// MaxAllow is the most allowlist prefixes of one family (bpf.MaxAllow).
-	MaxAllow = 1024
-	// eventQueue is how many reports of new streams wait for the reader;
-	// more are lost, as when the kernel's ring buffer is full.
-	eventQueue = 512
-)
+// eventQueue is how many reports of new streams wait for the reader; more
+// are lost, as when the kernel's ring buffer is full.
+const eventQueue = 512
 
 // Limiter is a datagram.Filter that is safe for concurrent use, with its own
 // monotonic clock and random numbers, and tracks the streams it drops
@@ -86,9 +71,6 @@ func New(c datagram.Config) (*Limiter, error) {
 
 func newLimiter(c datagram.Config, o options) (*Limiter, error) {
 	c = cloneConfig(c)
-	if err := checkAllowCapacity(c.Allow); err != nil {
-		return nil, err
-	}
 	var hk sketch.HashKey
 	var err error
 	if o.hashKey != nil {
@@ -105,8 +87,8 @@ func newLimiter(c datagram.Config, o options) (*Limiter, error) {
 		cfg:    c,
 		rng:    o.seed,
 		clock:  clock{base: time.Now(), test: o.now},
-		shift:  DefaultTrackShift,
-		tab:    newStreamTable(MaxTrackedStreams),
+		shift:  datagram.DefaultTrackShift,
+		tab:    newStreamTable(datagram.MaxTrackedStreams),
 		events: make(chan datagram.Stream, eventQueue),
 		closed: make(chan struct{}),
 	}
@@ -139,37 +121,11 @@ func cloneConfig(c datagram.Config) datagram.Config {
 	return c
 }
 
-// checkAllowCapacity refuses more distinct prefixes of a family than the
-// kernel filter's tries hold, with the kernel filter's message.
-func checkAllowCapacity(prefixes []netip.Prefix) error {
-	var seen [2]map[netip.Prefix]bool
-	for _, p := range prefixes {
-		p = p.Masked()
-		fi := 0
-		if p.Addr().Is6() {
-			fi = 1
-		}
-		if seen[fi] == nil {
-			seen[fi] = map[netip.Prefix]bool{}
-		}
-		seen[fi][p] = true
-	}
-	for fi, fam := range []string{"IPv4", "IPv6"} {
-		if n := len(seen[fi]); n > MaxAllow {
-			return fmt.Errorf("allow: %d %s prefixes, more than the filter holds (at most %d per family)", n, fam, MaxAllow)
-		}
-	}
-	return nil
-}
-
 // Configure replaces the configuration, all or nothing: on an error the
 // limiter is left as it was. The sketches, counters and tracked streams are
 // kept. The lattice (prefix count and PerDstPort) cannot change.
 func (l *Limiter) Configure(c datagram.Config) error {
 	c = cloneConfig(c)
-	if err := checkAllowCapacity(c.Allow); err != nil {
-		return err
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.f.Update(c); err != nil {

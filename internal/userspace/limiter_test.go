@@ -309,7 +309,7 @@ func TestExpireStreams(t *testing.T) {
 	}
 }
 
-// TestStreamTableFull: past MaxTrackedStreams, new streams replace those
+// TestStreamTableFull: past datagram.MaxTrackedStreams, new streams replace those
 // that saw no drop lately, never those still dropped.
 func TestStreamTableFull(t *testing.T) {
 	clk := &fakeClock{}
@@ -318,36 +318,36 @@ func TestStreamTableFull(t *testing.T) {
 		d := dgram(fmt.Sprintf("10.%d.%d.1:40000", i/256, i%256), junk())
 		l.Decide(&d)
 	}
-	for i := range MaxTrackedStreams {
+	for i := range datagram.MaxTrackedStreams {
 		send(i)
 	}
 	clk.advance(time.Millisecond)
-	for i := range MaxTrackedStreams / 2 {
+	for i := range datagram.MaxTrackedStreams / 2 {
 		send(i) // still dropped
 	}
 	for i := range 100 {
-		send(MaxTrackedStreams + i) // new
+		send(datagram.MaxTrackedStreams + i) // new
 	}
 	streams, _ := l.Streams()
-	if len(streams) != MaxTrackedStreams {
-		t.Fatalf("%d streams, want %d", len(streams), MaxTrackedStreams)
+	if len(streams) != datagram.MaxTrackedStreams {
+		t.Fatalf("%d streams, want %d", len(streams), datagram.MaxTrackedStreams)
 	}
 	have := map[netip.Addr]bool{}
 	for _, s := range streams {
 		have[s.Key.Addr()] = true
 	}
-	for i := range MaxTrackedStreams / 2 {
+	for i := range datagram.MaxTrackedStreams / 2 {
 		if a := netip.MustParseAddr(fmt.Sprintf("10.%d.%d.1", i/256, i%256)); !have[a] {
 			t.Fatalf("stream %v, still dropped, was evicted", a)
 		}
 	}
 	for i := range 100 {
-		if a := netip.MustParseAddr(fmt.Sprintf("10.%d.%d.1", (MaxTrackedStreams+i)/256, (MaxTrackedStreams+i)%256)); !have[a] {
+		if a := netip.MustParseAddr(fmt.Sprintf("10.%d.%d.1", (datagram.MaxTrackedStreams+i)/256, (datagram.MaxTrackedStreams+i)%256)); !have[a] {
 			t.Fatalf("new stream %v is missing", a)
 		}
 	}
-	if n := len(l.tab.index); n != MaxTrackedStreams {
-		t.Fatalf("index holds %d streams, want %d", n, MaxTrackedStreams)
+	if n := len(l.tab.index); n != datagram.MaxTrackedStreams {
+		t.Fatalf("index holds %d streams, want %d", n, datagram.MaxTrackedStreams)
 	}
 }
 
@@ -356,7 +356,7 @@ func TestStreamTableFull(t *testing.T) {
 // datagram and keeps the counts.
 func TestConfigure(t *testing.T) {
 	base := quicLimits(100, 1000)
-	many := make([]netip.Prefix, MaxAllow+1)
+	many := make([]netip.Prefix, datagram.MaxAllow+1)
 	for i := range many {
 		many[i] = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
 	}
@@ -367,9 +367,9 @@ func TestConfigure(t *testing.T) {
 	}{
 		{"zero limit", func(c *datagram.Config) { c.Limiter.Limit = 0 }, "limit 0 out of range"},
 		{"window too short", func(c *datagram.Config) { c.Limiter.Window = time.Millisecond }, "window 1ms out of range"},
-		{"established limit", func(c *datagram.Config) { c.Limiter.Established.Limit = 20_000_000 }, "established_limit 20000000"},
-		{"level", func(c *datagram.Config) { c.Limiter.LevelLimits = map[int]uint32{7: 5} }, "level_limits: level 7 does not exist"},
-		{"negotiation", func(c *datagram.Config) { c.Negotiation = 2_000_000 }, "version_negotiation 2000000"},
+		{"established limit", func(c *datagram.Config) { c.Limiter.Established.Limit = 20_000_000 }, "established limit 20000000"},
+		{"level", func(c *datagram.Config) { c.Limiter.LevelLimits = map[int]uint32{7: 5} }, "level limits: level 7 does not exist"},
+		{"negotiation", func(c *datagram.Config) { c.Negotiation = 2_000_000 }, "version negotiation 2000000"},
 		{"fewer prefixes", func(c *datagram.Config) {
 			c.Limiter.IPv4Prefixes, c.Limiter.IPv6Prefixes = []uint8{32, 0}, []uint8{64, 0}
 		}, "cannot change the lattice"},

@@ -11,13 +11,9 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
-// invalidNode is the stream key's node of invalid datagrams (INVALID_NODE in
-// bpf/rakelimit.c).
-const invalidNode = 0xff
-
 // streamKey is a stream as the kernel keys it (struct stream_key): the
 // packet's key reduced to what the dropping node counts, or an invalid
-// datagram's source address with node invalidNode.
+// datagram's source address with node datagram.InvalidNode.
 type streamKey struct {
 	words  [4]uint32
 	sport  uint16
@@ -135,7 +131,7 @@ func (l *Limiter) track(k *sketch.Key, out *datagram.Outcome, now int64) {
 // trackInvalid records an invalid datagram from k's source address
 // (track_invalid() in bpf/rakelimit.c).
 func (l *Limiter) trackInvalid(k *sketch.Key, reason quicclass.Reason, now int64) {
-	sk := streamKey{family: k.Family, node: invalidNode, class: quicclass.Invalid, dport: k.DstPort, words: k.Words}
+	sk := streamKey{family: k.Family, node: datagram.InvalidNode, class: quicclass.Invalid, dport: k.DstPort, words: k.Words}
 	st := streamState{first: now, last: now, sampled: 1, reason: reason, dryRun: l.cfg.DryRun}
 	l.record(&sk, &st)
 }
@@ -166,7 +162,7 @@ func (l *Limiter) stream(k *streamKey, st *streamState) datagram.Stream {
 		Estimate: st.estimate,
 		DryRun:   st.dryRun,
 	}
-	if k.node == invalidNode {
+	if k.node == datagram.InvalidNode {
 		s.Class, s.Reason, s.Node, s.Level = quicclass.Invalid, st.reason, 0, -1
 	}
 	return s

@@ -10,63 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 )
-
-// state is what a provisioned wrapper holds.
-type state struct {
-	logger *zap.Logger
-	lim    *limiter
-}
-
-// Provision checks the wrapper against its HTTP server and loads the filter
-// (or joins the one already loaded under the same name), so that every
-// error, from bad settings and a listener it could not protect to a missing
-// CAP_BPF or CAP_PERFMON in mode bpf, fails the configuration before any
-// socket is touched.
-func (r *RakeLimit) Provision(ctx caddy.Context) error {
-	r.logger = ctx.Logger()
-	set, err := r.settings()
-	if err != nil {
-		return err
-	}
-	r.set = set
-	app, err := loadApp(ctx)
-	if err != nil {
-		return err
-	}
-	srv, err := serverOf(ctx)
-	if err != nil {
-		return err
-	}
-	if srv != nil {
-		first, err := app.claim(srv.name, srv.listen, r.name())
-		if err != nil {
-			return err
-		}
-		if first && len(srv.h3) == 0 {
-			r.logger.Warn("rakelimit protects nothing on this server: it has no HTTP/3 listener",
-				zap.String("server", srv.name), zap.Strings("listen", srv.listen),
-				zap.String("limiter", r.name()), zap.String("why", srv.noH3))
-		}
-		if first {
-			if err := checkRunning(srv, r.name()); err != nil {
-				return err
-			}
-		}
-	}
-	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return err
-	}
-	lim, err := limiters.acquire(r.name(), set, r.mode(), r.logger)
-	if err != nil {
-		return err
-	}
-	r.lim = lim // from here on, Cleanup releases it
-	// Each configuration load has its own metrics registry: it tells two
-	// wrappers of one load from a reload.
-	return lim.provision(app, ctx.GetMetricsRegistry(), set, r.mode(), r.logger)
-}
 
 // httpServer is what a wrapper needs to know of the HTTP server whose
 // sockets it wraps.
@@ -153,10 +97,10 @@ func checkRunning(srv *httpServer, name string) error {
 				"Caddy keeps its socket across a reload without calling packet conn wrappers, so it would stay "+
 				"unprotected; restart Caddy to add rakelimit to a running listener (or use a new listener address)",
 				name, a.Network, hostport, srv.name)
-		case owner.name != name:
+		case owner.Name() != name:
 			return fmt.Errorf("cannot rename rakelimit %q to %q on the running HTTP/3 listener %s/%s of server %s: "+
 				"its socket keeps the filter of %q until it closes; restart Caddy to rename a limiter "+
-				"(or use a new listener address)", owner.name, name, a.Network, hostport, srv.name, owner.name)
+				"(or use a new listener address)", owner.Name(), name, a.Network, hostport, srv.name, owner.Name())
 		}
 	}
 	return nil
@@ -192,59 +136,4 @@ func socketIs(a caddy.NetworkAddress, conn *net.UDPConn) bool {
 		}
 	}
 	return false
-}
-
-// Cleanup releases the limiter; the last wrapper of a name to go detaches
-// its filter from the sockets that remain and closes it.
-func (r *RakeLimit) Cleanup() error {
-	if r.lim == nil {
-		return nil
-	}
-	r.lim = nil
-	return limiters.release(r.name())
-}
-
-// WrapPacketConn puts the limiter in front of the socket under pc: it
-// attaches the BPF filter and returns the socket itself, a *net.UDPConn, or
-// in userspace mode returns a conn that decides each datagram before quic-go
-// reads it; either way quic-go keeps its fast path (batched reads, GSO, ECN,
-// path MTU discovery). Caddy calls it when it opens a listener; it cannot
-// fail the configuration, so a socket it cannot protect is logged as an
-// error and served unprotected.
-func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
-	conn := udpConn(pc)
-	if conn == nil {
-		r.lim.attachErrors.Add(1)
-		r.logger.Error("listener NOT protected: no UDP socket under the packet conn",
-			zap.String("limiter", r.name()), zap.String("type", fmt.Sprintf("%T", pc)))
-		return pc
-	}
-	out, attached, err := r.lim.attach(conn)
-	if err != nil {
-		r.lim.attachErrors.Add(1)
-		r.logger.Error("listener NOT protected", zap.String("limiter", r.name()),
-			zap.String("listener", conn.LocalAddr().String()), zap.Error(err))
-		return conn
-	}
-	if attached {
-		r.logger.Info("protecting listener", append([]zap.Field{zap.String("limiter", r.name()),
-			zap.String("listener", conn.LocalAddr().String()), zap.String("mode", r.lim.modeNow())},
-			settingsFields(r.set)...)...)
-	}
-	return out
-}
-
-// udpConn finds the *net.UDPConn under Caddy's wrappers.
-func udpConn(pc net.PacketConn) *net.UDPConn {
-	for pc != nil {
-		if c, ok := pc.(*net.UDPConn); ok {
-			return c
-		}
-		u, ok := pc.(interface{ Unwrap() net.PacketConn })
-		if !ok {
-			return nil
-		}
-		pc = u.Unwrap()
-	}
-	return nil
 }

@@ -1,0 +1,315 @@
+package rakelimit
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+// Defaults for options left out.
+const (
+	DefaultName   = "default"
+	DefaultLimit  = 1000
+	DefaultWindow = time.Second
+	// DefaultOpeningTotal caps the connection-opening packets of the whole
+	// socket (the last level of the opening class) when classifying, with
+	// the cap shared fairly among networks: of the caps measured on a
+	// 2-core machine (README, "Choosing numbers"), the one that served a
+	// quiet network's new connections as well as any higher cap, with a
+	// third of quic-go's receive-queue overflows and half the latency of
+	// 50,000. A limit above it raises the cap to the limit.
+	DefaultOpeningTotal = 20_000
+	// DefaultEstablishedLimit is the limit of established-connection
+	// packets at every level but the last, which is unlimited: 200,000
+	// packets per second is about 2.4 Gbit/s of 1,500-byte datagrams, so
+	// that one client's gigabit transfer in either direction passes
+	// untouched.
+	DefaultEstablishedLimit = 200_000
+	// DefaultVersionNegotiation is how many datagrams with a QUIC version
+	// quic-go lacks pass per second, for the whole socket.
+	DefaultVersionNegotiation = 10
+)
+
+// Modes a limiter runs in (see RakeLimit.Mode).
+const (
+	ModeAuto      = engine.ModeAuto
+	ModeBPF       = engine.ModeBPF
+	ModeUserspace = engine.ModeUserspace
+)
+
+// config validates the module's options and converts them to the decision
+// configuration, reporting the first bad field.
+func (r *RakeLimit) config() (datagram.Config, error) {
+	if !engine.ValidMode(r.mode()) {
+		return datagram.Config{}, fmt.Errorf("mode %q: want auto, bpf or userspace", r.Mode)
+	}
+	c, err := r.limiterConfig()
+	if err != nil {
+		return datagram.Config{}, err
+	}
+	s := datagram.Config{Limiter: c, DryRun: r.DryRun, Classify: r.classify(), Negotiation: DefaultVersionNegotiation}
+	if r.VersionNegotiation != nil {
+		s.Negotiation = *r.VersionNegotiation
+	}
+	if s.BlockedPorts, err = blockedPorts(r.BlockSourcePorts); err != nil {
+		return datagram.Config{}, err
+	}
+	seen := map[netip.Prefix]bool{}
+	for _, a := range r.Allow {
+		p, err := parsePrefix(a)
+		if err != nil {
+			return datagram.Config{}, fmt.Errorf("allow: %w", err)
+		}
+		if !seen[p] {
+			seen[p] = true
+			s.Allow = append(s.Allow, p)
+		}
+	}
+	if err := s.Validate(); err != nil {
+		return datagram.Config{}, jsonError(err)
+	}
+	return s, nil
+}
+
+// jsonError renders a validation error of the decision configuration with
+// the names of the module's JSON fields.
+func jsonError(err error) error {
+	var fe *sketch.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	return errors.New(fe.Render(func(v sketch.FieldValue) string {
+		return strings.TrimSpace(jsonField(v.Name) + " " + v.Value)
+	}))
+}
+
+// levelLimitName matches the neutral name of one level's limit.
+var levelLimitName = regexp.MustCompile(`^(established )?level (\d+) limit$`)
+
+// jsonField names, as the module's JSON does, a value that the decision
+// configuration's validation names neutrally ("established level 2 limit":
+// "established_level_limits[2]").
+func jsonField(name string) string {
+	if m := levelLimitName.FindStringSubmatch(name); m != nil {
+		return strings.ReplaceAll(m[1], " ", "_") + "level_limits[" + m[2] + "]"
+	}
+	switch name {
+	case "IPv4 prefixes", "IPv6 prefixes":
+		return strings.ToLower(strings.ReplaceAll(name, " ", "_"))
+	}
+	return strings.ReplaceAll(name, " ", "_")
+}
+
+// mode returns the mode asked for, or the default.
+func (r *RakeLimit) mode() string {
+	if r.Mode == "" {
+		return ModeAuto
+	}
+	return r.Mode
+}
+
+// classify reports whether datagrams are sorted by QUIC class.
+func (r *RakeLimit) classify() bool { return r.Classify == nil || *r.Classify }
+
+// blockedPorts reads block_source_ports: nil for the default set, "none"
+// for no port.
+func blockedPorts(spec []string) (*quicclass.Ports, error) {
+	if len(spec) == 0 {
+		return quicclass.DefaultBlockedPorts(), nil
+	}
+	if len(spec) == 1 && spec[0] == "none" {
+		return nil, nil
+	}
+	var ports quicclass.Ports
+	for _, s := range spec {
+		lo, hi, isRange := strings.Cut(s, "-")
+		l, errLo := strconv.ParseUint(lo, 10, 16)
+		h, errHi := l, error(nil)
+		if isRange {
+			h, errHi = strconv.ParseUint(hi, 10, 16)
+		}
+		if errLo != nil || errHi != nil || h < l {
+			return nil, fmt.Errorf("block_source_ports: invalid port %q: want a port (0 to 65535), a range such as 0-1023, "+
+				"or none", s)
+		}
+		ports.Add(uint16(l), uint16(h))
+	}
+	return &ports, nil
+}
+
+// parsePrefix reads a CIDR prefix or a single address (a /32 or /128).
+func parsePrefix(s string) (netip.Prefix, error) {
+	addr, length, isPrefix := strings.Cut(s, "/")
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		if isPrefix {
+			return netip.Prefix{}, fmt.Errorf("invalid prefix %q: %q is not an IP address", s, addr)
+		}
+		return netip.Prefix{}, fmt.Errorf("invalid address %q: want an address or a CIDR prefix", s)
+	}
+	if a.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("invalid address %q: zones are not allowed", s)
+	}
+	if !isPrefix {
+		a = a.Unmap()
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	bits, err := strconv.Atoi(length)
+	if err != nil || bits < 0 || bits > a.BitLen() || length != strconv.Itoa(bits) {
+		family := "IPv4"
+		if a.Is6() {
+			family = "IPv6"
+		}
+		return netip.Prefix{}, fmt.Errorf("invalid prefix %q: the length of an %s prefix is 0 to %d", s, family, a.BitLen())
+	}
+	p := netip.PrefixFrom(a, bits)
+	if a.Is4In6() {
+		if bits < 96 {
+			return p, fmt.Errorf("invalid prefix %q: an IPv4-mapped prefix needs at least 96 bits", s)
+		}
+		p = netip.PrefixFrom(a.Unmap(), bits-96)
+	}
+	return p.Masked(), nil
+}
+
+// UnmarshalJSON decodes the configuration strictly (unknown fields are
+// errors) and names the field of a value that does not decode.
+func (r *RakeLimit) UnmarshalJSON(b []byte) error {
+	type plain RakeLimit
+	if err := strictJSON(b, (*plain)(r)); err != nil {
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(b, &fields) == nil {
+			names := make([]string, 0, len(fields))
+			for name := range fields {
+				names = append(names, name)
+			}
+			sort.Strings(names)
+			for _, name := range names {
+				one, _ := json.Marshal(map[string]json.RawMessage{name: fields[name]})
+				var p plain
+				if ferr := strictJSON(one, &p); ferr != nil {
+					return fmt.Errorf("%s: invalid value %s: %w", name, fields[name], ferr)
+				}
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+func strictJSON(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
+}
+
+// limiterConfig fills the defaults and converts the module's limits to the
+// limiter's configuration, reporting the first bad field.
+func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
+	c := sketch.Config{
+		Limit:      r.Limit,
+		Window:     time.Duration(r.Window),
+		PerDstPort: r.PerDestinationPort,
+	}
+	var err error
+	if c.IPv4Prefixes, err = prefixLengths("ipv4_prefixes", r.IPv4Prefixes, 32); err != nil {
+		return c, err
+	}
+	if c.IPv6Prefixes, err = prefixLengths("ipv6_prefixes", r.IPv6Prefixes, 128); err != nil {
+		return c, err
+	}
+	if c.Limit == 0 {
+		c.Limit = DefaultLimit
+	}
+	if c.Window == 0 {
+		c.Window = DefaultWindow
+	}
+	c = c.WithDefaults()
+	top := c.Levels() - 1
+	if c.LevelLimits, err = levelLimits("", r.LevelLimits, r.UnlimitedLevels, top); err != nil {
+		return c, err
+	}
+	// The defaults of the opening total and of established connections
+	// are capped at the largest burst the counters hold, for long windows.
+	burstCap := uint32(min(float64(sketch.MaxBurst)/c.Window.Seconds(), sketch.MaxLimit))
+	_, totalSet := c.LevelLimits[top]
+	if r.classify() && !totalSet {
+		c.LevelLimits[top] = max(min(DefaultOpeningTotal, burstCap), c.Limit)
+	}
+	c.Established = sketch.Limits{Limit: r.EstablishedLimit}
+	if c.Established.Limit == 0 {
+		c.Established.Limit = min(DefaultEstablishedLimit, burstCap)
+	}
+	if c.Established.LevelLimits, err = levelLimits("established_", r.EstablishedLevelLimits, r.EstablishedUnlimitedLevels, top); err != nil {
+		return c, err
+	}
+	if _, ok := c.Established.LevelLimits[top]; !ok {
+		c.Established.LevelLimits[top] = sketch.Unlimited
+	}
+	if err := c.Validate(); err != nil {
+		return c, jsonError(err)
+	}
+	return c, nil
+}
+
+// levelLimits merges a class's level_limits and unlimited_levels (field
+// names prefixed with prefix) for levels 0 to top.
+func levelLimits(prefix string, limits map[int]uint32, unlimited []int, top int) (map[int]uint32, error) {
+	out := map[int]uint32{}
+	for lvl, lim := range limits {
+		if lim == sketch.Unlimited { // the limiter's sentinel: use unlimited_levels
+			return nil, fmt.Errorf("%slevel_limits[%d] %d out of range [1, %d] packets per second", prefix, lvl, lim, sketch.MaxLimit)
+		}
+		out[lvl] = lim
+	}
+	for _, lvl := range unlimited {
+		if lvl < 0 || lvl > top {
+			return nil, fmt.Errorf("%sunlimited_levels (%slevel_limit %d off): level %d does not exist: levels are 0 to %d",
+				prefix, prefix, lvl, lvl, top)
+		}
+		if _, ok := limits[lvl]; ok {
+			return nil, fmt.Errorf("level %d is in both %slevel_limits and %sunlimited_levels (%slevel_limit %d off)",
+				lvl, prefix, prefix, prefix, lvl)
+		}
+		if out[lvl] == sketch.Unlimited {
+			return nil, fmt.Errorf("%sunlimited_levels: level %d listed twice", prefix, lvl)
+		}
+		out[lvl] = sketch.Unlimited
+	}
+	return out, nil
+}
+
+// prefixLengths checks a list of prefix lengths of at most bits bits.
+func prefixLengths(field string, lens []int, bits int) ([]uint8, error) {
+	var out []uint8
+	for _, l := range lens {
+		if l < 0 {
+			return nil, fmt.Errorf("%s %v: /%d is not a prefix length: lengths are 0 to %d", field, lens, l, bits)
+		}
+		if l > bits {
+			return nil, fmt.Errorf("%s %v: /%d is longer than %d bits", field, lens, l, bits)
+		}
+		out = append(out, uint8(l))
+	}
+	return out, nil
+}
+
+// name returns the limiter's name, or the default.
+func (r *RakeLimit) name() string {
+	if r.Name == "" {
+		return DefaultName
+	}
+	return r.Name
+}

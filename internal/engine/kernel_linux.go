@@ -1,0 +1,70 @@
+//go:build linux
+
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/rakelimit/caddy-rakelimit/bpf"
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+)
+
+// kernelEngine is the BPF socket filter.
+type kernelEngine struct{ *bpf.Filter }
+
+// OpenKernel loads the BPF socket filter for c.
+func OpenKernel(c datagram.Config) (Engine, error) {
+	f, err := bpf.Load(c)
+	if err != nil {
+		return nil, err
+	}
+	return kernelEngine{f}, nil
+}
+
+// Kernel returns the BPF filter e runs on, if it is one.
+func Kernel(e Engine) (*bpf.Filter, bool) {
+	k, ok := e.(kernelEngine)
+	return k.Filter, ok
+}
+
+func (kernelEngine) Mode() string { return ModeBPF }
+
+func (k kernelEngine) Events() (EventReader, error) { return k.Filter.Events() }
+
+// Protect attaches the filter to the socket and returns the socket itself,
+// a *net.UDPConn, so that quic-go keeps its fast path (batched reads, GSO,
+// ECN, path MTU discovery).
+func (k kernelEngine) Protect(conn *net.UDPConn) (net.PacketConn, error) {
+	if err := k.Attach(conn); err != nil {
+		return nil, err
+	}
+	return conn, nil
+}
+
+// Unprotect detaches whatever socket filter the socket has.
+func (kernelEngine) Unprotect(conn *net.UDPConn) (bool, error) {
+	if err := bpf.Detach(conn); err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// VerifierLog is the kernel verifier's log of a failed load, which the
+// one-line error leaves out.
+func VerifierLog(err error) []string {
+	var le *bpf.LoadError
+	if errors.As(err, &le) {
+		return le.VerifierLog
+	}
+	return nil
+}
+
+// KernelGrant says what gives a process the kernel filter.
+var KernelGrant = fmt.Sprintf("grant CAP_BPF and CAP_PERFMON (setcap cap_bpf,cap_perfmon,cap_net_bind_service+ep on the binary, "+
+	"AmbientCapabilities under systemd, --cap-add BPF --cap-add PERFMON in Docker; see Privileges in the README) %s",
+	"to filter in the kernel")
