@@ -50,8 +50,19 @@ const (
 )
 
 // config validates the module's options and converts them to the decision
-// configuration, reporting the first bad field.
+// configuration, reporting the first bad field by its JSON name.
 func (r *RakeLimit) config() (datagram.Config, error) {
+	c, err := r.convert()
+	if err != nil {
+		return c, jsonError(err)
+	}
+	return c, nil
+}
+
+// convert converts the module's options to the decision configuration and
+// validates it; a value out of range is a *sketch.FieldError, with neutral
+// names.
+func (r *RakeLimit) convert() (datagram.Config, error) {
 	if !engine.ValidMode(r.mode()) {
 		return datagram.Config{}, fmt.Errorf("mode %q: want auto, bpf or userspace", r.Mode)
 	}
@@ -78,7 +89,7 @@ func (r *RakeLimit) config() (datagram.Config, error) {
 		}
 	}
 	if err := s.Validate(); err != nil {
-		return datagram.Config{}, jsonError(err)
+		return datagram.Config{}, err
 	}
 	return s, nil
 }
@@ -259,7 +270,7 @@ func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
 		c.Established.LevelLimits[top] = sketch.Unlimited
 	}
 	if err := c.Validate(); err != nil {
-		return c, jsonError(err)
+		return c, err
 	}
 	return c, nil
 }
