@@ -84,7 +84,7 @@ func (c barChart) svg() string {
 	base := y.Pos(y.Lo)
 	for gi, g := range c.groups {
 		gx := float64(padL) + float64(gi)*groupW
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", gx+groupW/2, chartH-padB+18, svgchart.Esc(g))
+		b.WriteString(groupLabel(gx+groupW/2, chartH-padB+18, g, groupW))
 		for si, s := range c.series {
 			x := gx + groupW*0.1 + float64(si)*barW
 			v := math.NaN()
@@ -125,6 +125,27 @@ func (c barChart) svg() string {
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
+}
+
+// labelCharW is the width of a character of a group label at the chart's
+// font size, about.
+const labelCharW = 7.0
+
+// groupLabel is a group's name centred at x on the baseline y; a name wider
+// than width is split after the "-" nearest its middle into two smaller
+// lines (spoofed-long-min: "spoofed-" over "long-min").
+func groupLabel(x float64, y int, name string, width float64) string {
+	i := -1
+	for j, c := range name {
+		if c == '-' && (i < 0 || max(j+1, len(name)-j-1) < max(i+1, len(name)-i-1)) {
+			i = j
+		}
+	}
+	if float64(len(name))*labelCharW <= width || i < 0 {
+		return fmt.Sprintf(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, y, svgchart.Esc(name))
+	}
+	return fmt.Sprintf(`<text x="%.1f" y="%d" text-anchor="middle" font-size="11"><tspan x="%.1f">%s</tspan><tspan x="%.1f" dy="13">%s</tspan></text>`+"\n",
+		x, y, x, svgchart.Esc(name[:i+1]), x, svgchart.Esc(name[i+1:]))
 }
 
 // charts returns the report's charts: legitimate success and p99 per

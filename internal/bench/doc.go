@@ -16,6 +16,7 @@
 //     from /proc (CPU, peak RSS, socket drops)
 //   - metrics.go: the module's Prometheus counters, parsed generically
 //   - packets.go, flood.go: flood datagrams and their bounded senders
+//   - spoof.go: spoofed floods, whole IPv4 datagrams from a raw socket
 //   - clients.go: the legitimate HTTP/3 clients and gtlsclient
 //   - transfers.go: the downloads, the upload and its backend
 //   - stats.go: percentiles, medians, ratios
@@ -23,6 +24,7 @@
 //   - report.go, charts.go: results.json, results.md and the SVG charts
 //
 // Network rule: every datagram goes to a loopback address (127.0.0.0/8 or
-// ::1), from sockets bound to the loopback address they claim, and every
-// flood is bounded by a count and a duration.
+// ::1), from sockets bound to the loopback address they claim or, for a
+// spoofed flood, from a raw socket that writes sources in 127.0.0.0/8 only,
+// and every flood is bounded by a count and a duration.
 package bench

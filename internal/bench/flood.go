@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -18,9 +19,13 @@ import (
 
 // FloodResult is what one flood sent and what came back to its sockets.
 type FloodResult struct {
-	Kind      PacketKind `json:"kind"`
-	Sockets   int        `json:"sockets"`
-	Addresses int        `json:"addresses"`
+	Kind    PacketKind `json:"kind"`
+	Sockets int        `json:"sockets"`
+	// Addresses counts the flood's source addresses: those its sockets
+	// are bound to, or the distinct ones a spoofed flood sent from.
+	Addresses int `json:"addresses"`
+	// Spoofed is the source range of a spoofed flood, empty otherwise.
+	Spoofed string `json:"spoofed,omitempty"`
 	// Sent and Bytes count datagrams the kernel accepted from the senders.
 	Sent  uint64 `json:"sent"`
 	Bytes uint64 `json:"bytes"`
@@ -35,7 +40,8 @@ type FloodResult struct {
 	SendErrors uint64 `json:"send_errors"`
 	FirstError string `json:"first_error,omitempty"`
 	// Reflected counts datagrams received on the flood's sockets: what
-	// the server sent back to the sources it was flooded from.
+	// the server sent back to the sources it was flooded from. A spoofed
+	// flood has no socket at its sources: it counts nothing.
 	Reflected      uint64 `json:"reflected"`
 	ReflectedBytes uint64 `json:"reflected_bytes"`
 }
@@ -49,11 +55,37 @@ type batchWriter interface {
 // floodBatch is the number of datagrams per sendmmsg.
 const floodBatch = 64
 
+// datagrams writes a flood's datagrams, each into one of floodBatch buffers
+// of its own.
+type datagrams interface {
+	// next writes the next datagram into buffer i and returns it.
+	next(i int) []byte
+}
+
+// boundDatagrams are the datagrams of a flood from bound sockets: payloads
+// only.
+type boundDatagrams struct {
+	gen  *packetGen
+	bufs [][]byte
+}
+
+func newBoundDatagrams(kind PacketKind, seed uint64) *boundDatagrams {
+	d := &boundDatagrams{gen: newPacketGen(kind, seed)}
+	for range floodBatch {
+		d.bufs = append(d.bufs, d.gen.newBuffer())
+	}
+	return d
+}
+
+func (d *boundDatagrams) next(i int) []byte { return d.gen.next(d.bufs[i]) }
+
 // flood is a set of sockets, each bound to the source address it claims and
-// connected to the target, with a reader per socket counting replies.
+// connected to the target, with a reader per socket counting replies; or,
+// for a spoofed flood, one raw socket connected to the target.
 type flood struct {
 	spec    *FloodSpec
-	conns   []*net.UDPConn
+	dst     netip.AddrPort
+	conns   []io.Closer
 	writers []batchWriter
 	readers sync.WaitGroup
 
@@ -62,9 +94,22 @@ type flood struct {
 
 // openFlood binds one socket per source and connects it to dst: the IPv4
 // loopback address 127.0.0.1 for IPv4 sources, ::1 for IPv6 ones. Only
-// loopback sources are accepted.
+// loopback sources are accepted. A spoofed flood opens one raw socket to
+// 127.0.0.1; its source range must be in 127.0.0.0/8.
 func openFlood(spec *FloodSpec, port uint16) (*flood, error) {
 	f := &flood{spec: spec}
+	if spec.Spoofed.IsValid() {
+		f.dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), port)
+		if err := checkSpoofed(spec.Spoofed, f.dst); err != nil {
+			return nil, err
+		}
+		c, w, err := openRawSender(f.dst)
+		if err != nil {
+			return nil, err
+		}
+		f.conns, f.writers = []io.Closer{c}, []batchWriter{w}
+		return f, nil
+	}
 	for _, src := range spec.Sources {
 		if !src.IsLoopback() {
 			f.close()
@@ -112,11 +157,24 @@ func (f *flood) read(c *net.UDPConn) {
 // only during the On part of each period.
 func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uint64) FloodResult {
 	res := FloodResult{Kind: f.spec.Kind, Sockets: len(f.conns), Addresses: countAddrs(f.spec.Sources)}
-	gen := newPacketGen(f.spec.Kind, seed)
+	var gen datagrams = newBoundDatagrams(f.spec.Kind, seed)
+	var spoofed *spoofGen
+	if f.spec.Spoofed.IsValid() {
+		var err error
+		if spoofed, err = newSpoofGen(f.spec.Kind, f.spec.Spoofed, f.dst, seed); err != nil {
+			res.SendErrors, res.FirstError = 1, err.Error()
+			return res
+		}
+		gen = spoofed
+		res.Spoofed = f.spec.Spoofed.String()
+	}
+	// Bytes counts UDP payloads, also of the spoofed flood's IP datagrams.
+	headers := 0
+	if spoofed != nil {
+		headers = spoofHeaders
+	}
 	msgs := make([]ipv4.Message, floodBatch)
-	bufs := make([][]byte, floodBatch)
 	for i := range msgs {
-		bufs[i] = gen.newBuffer()
 		msgs[i].Buffers = [][]byte{nil}
 	}
 	start := time.Now()
@@ -144,11 +202,11 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 		}
 		n := int(min(uint64(floodBatch), count-res.Sent))
 		for j := range n {
-			msgs[j].Buffers[0] = gen.next(bufs[j])
+			msgs[j].Buffers[0] = gen.next(j)
 		}
 		k, err := f.writers[i].WriteBatch(msgs[:n], 0)
 		for j := range k {
-			res.Bytes += uint64(len(msgs[j].Buffers[0]))
+			res.Bytes += uint64(len(msgs[j].Buffers[0]) - headers)
 		}
 		res.Sent += uint64(max(k, 0))
 		if err != nil {
@@ -159,6 +217,9 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 		}
 	}
 	elapsed := time.Since(start)
+	if spoofed != nil {
+		res.Addresses = spoofed.distinct
+	}
 	sending := elapsed
 	if f.spec.On > 0 {
 		sending = onTime(elapsed, f.spec.On, f.spec.Off)

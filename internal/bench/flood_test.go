@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/netip"
 	"strings"
@@ -210,13 +211,21 @@ func TestScenarioAddresses(t *testing.T) {
 		"one-source": {1, 1}, "many-ports": {1024, 1}, "carpet-24": {256, 1}, "spread-1024": {1024, 256},
 		"invalid": {1024, 256}, "short-one": {1, 1}, "short-1024": {1024, 256}, "pulse": {1024, 256},
 	}
+	spoofed := map[string]PacketKind{}
 	for _, sc := range Scenarios() {
 		if sc.Flood == nil {
 			continue
 		}
+		if sp := sc.Flood.Spoofed; sp.IsValid() {
+			spoofed[sc.Name] = sc.Flood.Kind
+			if sp != spoofedNet || len(sc.Flood.Sources) > 0 {
+				t.Errorf("%s: spoofed from %v and %d sockets", sc.Name, sp, len(sc.Flood.Sources))
+			}
+			continue
+		}
 		nets := map[netip.Prefix]bool{}
 		for _, a := range sc.Flood.Sources {
-			if !a.Is4() || !a.IsLoopback() || legit.Contains(a) || transfer.Contains(a) || caddyNet.Contains(a) {
+			if !a.Is4() || !a.IsLoopback() || legit.Contains(a) || transfer.Contains(a) || caddyNet.Contains(a) || spoofedNet.Contains(a) {
 				t.Errorf("%s: source %v", sc.Name, a)
 			}
 			nets[netip.PrefixFrom(a, 24).Masked()] = true
@@ -224,6 +233,15 @@ func TestScenarioAddresses(t *testing.T) {
 		if w := wantSockets[sc.Name]; len(sc.Flood.Sources) != w[0] || len(nets) != w[1] {
 			t.Errorf("%s: %d sockets in %d /24s, want %v", sc.Name, len(sc.Flood.Sources), len(nets), w)
 		}
+	}
+	// The spoofed range: 32,768 /24s in 127.0.0.0/8, none of them the
+	// clients', the transfer's or Caddy's.
+	lo := netip.MustParsePrefix("127.0.0.0/8")
+	if !lo.Contains(spoofedNet.Addr()) || spoofedNet.Bits() != 9 || spoofedNet.Overlaps(legit) || spoofedNet.Overlaps(transfer) || spoofedNet.Overlaps(caddyNet) {
+		t.Errorf("spoofed range %v", spoofedNet)
+	}
+	if want := map[string]PacketKind{"spoofed-initial": PacketInitial, "spoofed-long-min": PacketLongMin, "spoofed-short": PacketShortSmall}; !maps.Equal(spoofed, want) {
+		t.Errorf("spoofed scenarios %v, want %v", spoofed, want)
 	}
 }
 

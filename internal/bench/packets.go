@@ -25,10 +25,32 @@ const (
 	// PacketShort is a 1200-byte short-header datagram with a random
 	// (unknown) destination connection ID.
 	PacketShort PacketKind = "short"
+	// PacketLongMin is the smallest long header: 7 bytes, e0 00000001 00
+	// 00 (type Handshake, version 1, both connection IDs empty), the same
+	// every time.
+	PacketLongMin PacketKind = "long-min"
+	// PacketShortSmall is short-header junk of 60 to 100 bytes: a first
+	// byte from 0x40 to 0x7f, then random bytes.
+	PacketShortSmall PacketKind = "short-small"
 )
 
 // MaxDatagram is the largest datagram a flood sends.
 const MaxDatagram = 1200
+
+// Sizes of the small kinds; with empty connection IDs, the SCID length
+// follows the DCID length.
+const (
+	offMinSCIDLen     = offDCIDLen + 1
+	longMinSize       = 7
+	shortSmallMin     = 60
+	shortSmallMax     = 100
+	shortSmallRewrite = 17 // first byte and 16 bytes: any connection ID length up to 16
+)
+
+// rewrittenPrefix bounds what next writes: every kind rewrites only the first
+// rewrittenPrefix bytes of a buffer, the rest keeps newBuffer's random bytes
+// (a spoofed flood sums them once for the UDP checksum).
+const rewrittenPrefix = 32
 
 // The long-header layout the generator writes: first byte, version,
 // DCID length and DCID (8), SCID length and SCID (8), token length (0), a
@@ -89,6 +111,18 @@ func (g *packetGen) next(buf []byte) []byte {
 		buf[0] = 0x40 | byte(r)&0x3f // short header, fixed bit set
 		binary.LittleEndian.PutUint64(buf[1:], g.rng.Uint64())
 		return buf[:MaxDatagram]
+	case PacketLongMin:
+		buf[0] = 0xe0 // long header, fixed bit, type Handshake
+		binary.BigEndian.PutUint32(buf[offVersion:], 1)
+		buf[offDCIDLen] = 0
+		buf[offMinSCIDLen] = 0
+		return buf[:longMinSize]
+	case PacketShortSmall:
+		buf[0] = 0x40 | byte(r)&0x3f
+		for i := 1; i < shortSmallRewrite; i += 8 {
+			binary.LittleEndian.PutUint64(buf[i:], g.rng.Uint64())
+		}
+		return buf[:shortSmallMin+int(r>>32)%(shortSmallMax-shortSmallMin+1)]
 	case PacketInvalid:
 		return g.invalid(buf, r)
 	}

@@ -83,3 +83,47 @@ func TestShortHeaderPackets(t *testing.T) {
 		}
 	}
 }
+
+func TestSmallPackets(t *testing.T) {
+	long := newPacketGen(PacketLongMin, 4)
+	buf := long.newBuffer()
+	for i := range 10 {
+		if p := long.next(buf); !bytes.Equal(p, []byte{0xe0, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00}) {
+			t.Fatalf("minimal long header %d: % x", i, p)
+		}
+	}
+	short := newPacketGen(PacketShortSmall, 5)
+	buf = short.newBuffer()
+	sizes, firsts := map[int]bool{}, map[byte]bool{}
+	var prevCID []byte
+	for i := range 2000 {
+		p := short.next(buf)
+		if len(p) < 60 || len(p) > 100 || p[0] < 0x40 || p[0] > 0x7f {
+			t.Fatalf("short junk %d: %d bytes, first byte %#x", i, len(p), p[0])
+		}
+		if bytes.Equal(p[1:17], prevCID) {
+			t.Fatalf("short junk %d repeats its first 16 bytes", i)
+		}
+		prevCID = bytes.Clone(p[1:17])
+		sizes[len(p)], firsts[p[0]] = true, true
+	}
+	if len(sizes) != 41 || len(firsts) != 64 {
+		t.Errorf("%d sizes (want 60 to 100: 41), %d first bytes (want 64)", len(sizes), len(firsts))
+	}
+}
+
+// TestRewrittenPrefix: no kind writes past rewrittenPrefix, which the
+// spoofed flood's checksum relies on.
+func TestRewrittenPrefix(t *testing.T) {
+	for _, kind := range []PacketKind{PacketInitial, PacketInvalid, PacketShort, PacketLongMin, PacketShortSmall} {
+		g := newPacketGen(kind, 6)
+		buf := g.newBuffer()
+		tail := bytes.Clone(buf[rewrittenPrefix:])
+		for range 400 {
+			g.next(buf)
+		}
+		if !bytes.Equal(buf[rewrittenPrefix:], tail) {
+			t.Errorf("%s rewrites bytes past %d", kind, rewrittenPrefix)
+		}
+	}
+}

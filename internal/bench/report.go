@@ -41,6 +41,7 @@ type Summary struct {
 const (
 	figOffered     = "flood.offered_pps"
 	figReflected   = "flood.reflected"
+	figKernelDrop  = "flood.kernel_refused_pct"
 	figNewOK       = "new.success_pct"
 	figNewP50      = "new.p50_ms"
 	figNewP99      = "new.p99_ms"
@@ -75,7 +76,12 @@ func figures(r RunResult) map[string]float64 {
 	f := map[string]float64{}
 	if r.Flood != nil {
 		f[figOffered] = r.Flood.OfferedPPS
-		f[figReflected] = float64(r.Flood.Reflected)
+		if r.Flood.Spoofed == "" {
+			f[figReflected] = float64(r.Flood.Reflected)
+		}
+		if pct, ok := kernelRefusedPct(r); ok {
+			f[figKernelDrop] = pct
+		}
 	}
 	legit := func(s *LegitStats, ok, p50, p99 string) {
 		if s == nil {
@@ -116,6 +122,18 @@ func figures(r RunResult) map[string]float64 {
 		f[figStop] = math.NaN()
 	}
 	return f
+}
+
+// kernelRefusedPct is the share of a flood's datagrams that the module
+// refused in the kernel: its refused verdicts over the datagrams sent, in %.
+// Not measured (false) without a flood, with no module counters (plain
+// Caddy) or when the module decides in userspace.
+func kernelRefusedPct(r RunResult) (float64, bool) {
+	s := r.Server
+	if r.Flood == nil || r.Flood.Sent == 0 || s.Userspace || s.ModuleRefused+s.ModuleDelivered == 0 {
+		return 0, false
+	}
+	return 100 * s.ModuleRefused / float64(r.Flood.Sent), true
 }
 
 // summarizeRuns computes the medians and ratios of every scenario and
@@ -333,17 +351,19 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "\n## Server side during floods\n\n")
 		fmt.Fprintf(w, "CPU: Caddy's user and system time over the run, in %% of one core (the filter runs in the sender's context on loopback and is not in it). ")
 		fmt.Fprintf(w, "Socket drops: the drops column of Caddy's UDP socket, which counts what the filter refused as well as receive-buffer overflows; ")
-		fmt.Fprintf(w, "receive-buffer drops = socket drops − the module's refused datagrams (in userspace mode, which refuses datagrams the socket has received, the socket drops). Reflected: datagrams Caddy sent back to the flood's sockets. ")
+		fmt.Fprintf(w, "receive-buffer drops = socket drops − the module's refused datagrams (in userspace mode, which refuses datagrams the socket has received, the socket drops). ")
+		fmt.Fprintf(w, "Refused in the kernel: the module's refused datagrams in %% of the flood's datagrams (the kernel filter only). ")
+		fmt.Fprintf(w, "Reflected: datagrams Caddy sent back to the flood's sockets (not measured for spoofed floods, whose sources have no socket). ")
 		fmt.Fprintf(w, "Stop: SIGTERM to Caddy right after the run until it exits (killed after %.0f s). ", rep.Settings.FloodStopTimeoutSeconds)
 		fmt.Fprintf(w, "Module: the module's counters, by verdict and label, summed over families and listeners.\n\n")
-		fmt.Fprintf(w, "| scenario | variant | Caddy CPU | peak RSS | socket drops | receive-buffer drops | reflected | stop | module |\n")
-		fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|--:|--:|---|\n")
+		fmt.Fprintf(w, "| scenario | variant | Caddy CPU | peak RSS | socket drops | receive-buffer drops | refused in the kernel | reflected | stop | module |\n")
+		fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|---|\n")
 		for _, sc := range floods {
 			for _, v := range rep.Variants {
 				s := summaryOf(rep, sc.Name, v.Name)
-				fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sc.Name, v.Name,
+				fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sc.Name, v.Name,
 					cell(s, figCPU, pct), cell(s, figRSS, mb), cell(s, figSocketDrops, num), cell(s, figRcvbufDrops, num),
-					cell(s, figReflected, num), stopCell(s, rep.Settings.FloodStopTimeoutSeconds), moduleCell(s))
+					cell(s, figKernelDrop, pct), cell(s, figReflected, num), stopCell(s, rep.Settings.FloodStopTimeoutSeconds), moduleCell(s))
 			}
 		}
 	}

@@ -56,7 +56,7 @@ func fixedReport() *Report {
 			}
 			if rake {
 				flood.NewConn = legit(250, rakeP99[r-1])
-				flood.Flood.OfferedPPS, flood.Flood.Reflected = 600e3, 0
+				flood.Flood.OfferedPPS, flood.Flood.Reflected, flood.Flood.Sent = 600e3, 0, 6.25e6
 				flood.StopSeconds, flood.StopTimedOut = 0.1, false
 				flood.Server = ServerStats{CPUPct: 20, PeakRSSBytes: 200e6, SocketDrops: 6e6, ModuleRefused: 6e6, ModuleDelivered: 13e3,
 					Module: []ModuleGroup{
@@ -144,8 +144,8 @@ func TestWriteOutputs(t *testing.T) {
 		"- **rakelimit**: `rakelimit`",
 		"| one-source | plain | 400k | 60.0% | 20.0 ms | 200.0 ms | 100.0% | 5.0 ms | 50.0 ms | 100.0% |",
 		"| one-source | rakelimit | 600k (1.50×) | 100.0% (1.67×) | 2.0 ms (0.10×) | 20.0 ms (0.10×) |",
-		"| one-source | plain | 80.0% | 500 MB | 1M | 1M | 70k | > 10 s, killed (3 of 3) | – |",
-		"| one-source | rakelimit | 20.0% (0.25×) | 200 MB (0.40×) | 6M (6.00×) | 0 (0.00×) | 0 (0.00×) | 0.10 s (–) | dropped 6M (level 0 6M); passed 13k |",
+		"| one-source | plain | 80.0% | 500 MB | 1M | 1M | – | 70k | > 10 s, killed (3 of 3) | – |",
+		"| one-source | rakelimit | 20.0% (0.25×) | 200 MB (0.40×) | 6M (6.00×) | 0 (0.00×) | 96.0% (–) | 0 (0.00×) | 0.10 s (–) | dropped 6M (level 0 6M); passed 13k |",
 		"| upload | rakelimit | 800 (1.00×) | 1.00 s (1.00×) | 100 MB (1.00×) | 1 of 3 |",
 		"| Caddy's stop | plain | | 10.0 ms | | 0 of 3 |",
 		"- rep 3 transfers/rakelimit: upload: no progress for 10s: stalled (got 5 MB of 100 MB)",
@@ -288,6 +288,68 @@ func TestShellJoin(t *testing.T) {
 	} {
 		if got := shellJoin(tc.args); got != tc.want {
 			t.Errorf("shellJoin(%q) = %s, want %s", tc.args, got, tc.want)
+		}
+	}
+}
+
+func TestKernelRefusedAndSpoofedReflection(t *testing.T) {
+	flood := func(spoofed string) *FloodResult {
+		return &FloodResult{Kind: PacketShortSmall, Sent: 2e6, Reflected: 0, Spoofed: spoofed}
+	}
+	kernel := ServerStats{ModuleRefused: 1.99e6, ModuleDelivered: 30e3}
+	for _, tc := range []struct {
+		name          string
+		run           RunResult
+		refused       float64 // NaN: not measured
+		reflectedSeen bool
+	}{
+		{"kernel filter, spoofed", RunResult{Flood: flood("127.128.0.0/9"), Server: kernel}, 99.5, false},
+		{"kernel filter, bound sockets", RunResult{Flood: flood(""), Server: kernel}, 99.5, true},
+		{"nothing refused", RunResult{Flood: flood(""), Server: ServerStats{ModuleDelivered: 2e6}}, 0, true},
+		{"plain Caddy", RunResult{Flood: flood("127.128.0.0/9"), Server: ServerStats{SocketDrops: 1e6}}, math.NaN(), false},
+		{"userspace", RunResult{Flood: flood(""), Server: ServerStats{ModuleRefused: 1e6, ModuleDelivered: 1e3, Userspace: true}}, math.NaN(), true},
+		{"no flood", RunResult{Server: kernel}, math.NaN(), false},
+	} {
+		f := figures(tc.run)
+		got, ok := f[figKernelDrop]
+		if math.IsNaN(tc.refused) && ok || !math.IsNaN(tc.refused) && (!ok || math.Abs(got-tc.refused) > 1e-9) {
+			t.Errorf("%s: refused in the kernel %v (measured %v), want %v", tc.name, got, ok, tc.refused)
+		}
+		if _, ok := f[figReflected]; ok != tc.reflectedSeen {
+			t.Errorf("%s: reflection measured %v, want %v", tc.name, ok, tc.reflectedSeen)
+		}
+	}
+}
+
+func TestGroupLabel(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		width float64
+		lines []string
+	}{
+		{"idle", 60, []string{"idle"}},
+		{"spoofed-long-min", 200, []string{"spoofed-long-min"}},
+		{"spoofed-long-min", 60, []string{"spoofed-", "long-min"}},
+		{"spoofed-initial", 60, []string{"spoofed-", "initial"}},
+		{"spread-1024", 60, []string{"spread-", "1024"}},
+		{"transfers", 20, []string{"transfers"}}, // no hyphen: one line
+	} {
+		var lines []string
+		d := xml.NewDecoder(strings.NewReader(groupLabel(100, 400, tc.name, tc.width)))
+		for {
+			tok, err := d.Token()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if cd, ok := tok.(xml.CharData); ok && strings.TrimSpace(string(cd)) != "" {
+				lines = append(lines, string(cd))
+			}
+		}
+		if strings.Join(lines, "|") != strings.Join(tc.lines, "|") {
+			t.Errorf("%s in %v: lines %q, want %q", tc.name, tc.width, lines, tc.lines)
 		}
 	}
 }

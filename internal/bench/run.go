@@ -562,7 +562,11 @@ func seedOf(name string, rep int) uint64 {
 func oneLine(r RunResult) string {
 	var parts []string
 	if r.Flood != nil {
-		parts = append(parts, fmt.Sprintf("flood %s dgram/s from %d sockets, reflected %s", count(r.Flood.OfferedPPS), r.Flood.Sockets, count(float64(r.Flood.Reflected))))
+		if r.Flood.Spoofed != "" {
+			parts = append(parts, fmt.Sprintf("flood %s dgram/s spoofed from %s addresses in %s", count(r.Flood.OfferedPPS), count(float64(r.Flood.Addresses)), r.Flood.Spoofed))
+		} else {
+			parts = append(parts, fmt.Sprintf("flood %s dgram/s from %d sockets, reflected %s", count(r.Flood.OfferedPPS), r.Flood.Sockets, count(float64(r.Flood.Reflected))))
+		}
 	}
 	legit := func(name string, s *LegitStats) {
 		if s != nil {
@@ -588,6 +592,9 @@ func oneLine(r RunResult) string {
 	parts = append(parts, fmt.Sprintf("cpu %.0f%%, rss %.0f MB, socket drops %s", r.Server.CPUPct, float64(r.Server.PeakRSSBytes)/1e6, count(float64(r.Server.SocketDrops))))
 	if r.Server.ModuleRefused > 0 || r.Server.ModuleDelivered > 0 {
 		parts = append(parts, fmt.Sprintf("module refused %s, delivered %s", count(r.Server.ModuleRefused), count(r.Server.ModuleDelivered)))
+	}
+	if pct, ok := kernelRefusedPct(r); ok {
+		parts = append(parts, fmt.Sprintf("refused in the kernel %.1f%% of the flood", pct))
 	}
 	stop := fmt.Sprintf("stop %.3fs", r.StopSeconds)
 	if r.StopTimedOut {

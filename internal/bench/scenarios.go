@@ -23,6 +23,10 @@ type FloodSpec struct {
 	// Sources has one entry per socket: a repeated address is one
 	// address on several source ports.
 	Sources []netip.Addr `json:"-"`
+	// Spoofed, when valid, replaces Sources: one raw socket sends every
+	// datagram from a new random address in this range (inside
+	// 127.0.0.0/8) and a new random port.
+	Spoofed netip.Prefix `json:"spoofed,omitzero"`
 	Kind    PacketKind   `json:"kind"`
 	// On and Off make a pulsing flood: full rate for On, silence for Off.
 	// Zero On: continuous.
@@ -40,6 +44,10 @@ var (
 	probeSrc       = netip.AddrFrom4([4]byte{127, 77, 0, 250})
 	transferSrc    = netip.AddrFrom4([4]byte{127, 77, 0, 10})
 )
+
+// spoofedNet is the source range of the spoofed floods: 127.128.0.0/9,
+// 32,768 /24s, none of them the clients', the transfer's or Caddy's.
+var spoofedNet = netip.PrefixFrom(netip.AddrFrom4([4]byte{127, 128, 0, 0}), 9)
 
 // transferNet returns the source of the i-th connection of the 20-connection
 // transfer: 127.78.i.1, one /24 each.
@@ -96,6 +104,15 @@ func Scenarios() []Scenario {
 			Flood: &FloodSpec{Sources: spread(82), Kind: PacketShort}},
 		{Name: "pulse", Description: "1024 addresses over 256 /24s, Initial-like, full rate for 0.5 s every 2 s",
 			Flood: &FloodSpec{Sources: spread(83), Kind: PacketInitial, On: 500 * time.Millisecond, Off: 1500 * time.Millisecond}},
+		{Name: "spoofed-initial", Description: "Initial-like 1200-byte datagrams, each from a new random address in 127.128.0.0/9 " +
+			"and a new random port (a raw socket), full rate",
+			Flood: &FloodSpec{Spoofed: spoofedNet, Kind: PacketInitial}},
+		{Name: "spoofed-long-min", Description: "7-byte long headers (Handshake, version 1, empty connection IDs), " +
+			"each from a new random address in 127.128.0.0/9 and port, full rate",
+			Flood: &FloodSpec{Spoofed: spoofedNet, Kind: PacketLongMin}},
+		{Name: "spoofed-short", Description: "short-header junk of 60 to 100 bytes, each from a new random address in 127.128.0.0/9 " +
+			"and port, full rate",
+			Flood: &FloodSpec{Spoofed: spoofedNet, Kind: PacketShortSmall}},
 		{Name: "transfers", Transfers: true, Description: "no flood: one 200 MB download, one 100 MB upload, " +
 			"20 x 10 MB downloads over one connection and over 20 connections from 20 /24s; then Caddy's stop"},
 	}
