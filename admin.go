@@ -58,6 +58,22 @@ type viewLimiter struct {
 	LimitedStreams []viewStream `json:"limited_streams"`
 	// LimitedStreamsTotal counts them all.
 	LimitedStreamsTotal int `json:"limited_streams_total"`
+	// OpeningTotal is the cap in force on the socket's connection-opening
+	// packets.
+	OpeningTotal viewOpeningTotal `json:"opening_total"`
+}
+
+// viewOpeningTotal is the opening total in force and, when it follows the
+// receive queue, what its last period saw.
+type viewOpeningTotal struct {
+	Adaptive bool `json:"adaptive"`
+	// CapPPS is the cap in packets per second, 0 when lifted.
+	CapPPS    uint32  `json:"cap_pps"`
+	QueueFill float64 `json:"receive_queue_fill,omitempty"`
+	// QueueDrops are the datagrams the socket dropped for want of room
+	// in the last period (50 ms).
+	QueueDrops uint64  `json:"receive_queue_drops,omitempty"`
+	OpenedPPS  float64 `json:"opening_pps,omitempty"`
 }
 
 // viewConfig is a limiter's configuration.
@@ -181,6 +197,9 @@ func viewOf(l *engine.Limiter) (viewLimiter, error) {
 	for _, p := range set.Allow {
 		al.Config.Allow = append(al.Config.Allow, p.String())
 	}
+	total := l.OpeningTotal()
+	al.OpeningTotal = viewOpeningTotal{Adaptive: total.Adaptive, CapPPS: total.Cap, QueueFill: total.Last.Fill,
+		QueueDrops: total.Last.Overflows, OpenedPPS: total.Last.OpenedPPS}
 	st, err := eng.Stats()
 	if err != nil {
 		return al, err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,13 +24,14 @@ const (
 	DefaultName   = "default"
 	DefaultLimit  = 1000
 	DefaultWindow = time.Second
-	// DefaultOpeningTotal caps the connection-opening packets of the whole
-	// socket (the last level of the opening class) when classifying, with
-	// the cap shared fairly among networks: of the caps measured on a
-	// 2-core machine (README, "Choosing numbers"), the one that served a
-	// quiet network's new connections as well as any higher cap, with a
-	// third of quic-go's receive-queue overflows and half the latency of
-	// 50,000. A limit above it raises the cap to the limit.
+	// DefaultOpeningTotal is where the cap on the connection-opening
+	// packets of the whole socket (the last level of the opening class)
+	// starts when classifying, shared fairly among networks; from there it
+	// follows quic-go's receive queue (package backlog): lifted while
+	// quic-go keeps up, lowered when it falls behind. Of the fixed caps
+	// measured on a 2-core machine (README, "Choosing numbers"), it served
+	// a quiet network's new connections as well as any higher one. A limit
+	// above it raises it to the limit.
 	DefaultOpeningTotal = 20_000
 	// DefaultEstablishedLimit is the limit of established-connection
 	// packets at every level but the last, which is unlimited: 200,000
@@ -71,6 +73,12 @@ func (r *RakeLimit) convert() (datagram.Config, error) {
 		return datagram.Config{}, err
 	}
 	s := datagram.Config{Limiter: c, DryRun: r.DryRun, Classify: r.classify(), Negotiation: DefaultVersionNegotiation}
+	// The default opening total is where an adaptive total starts: it
+	// follows the receive queue from there. One set by level_limits or
+	// unlimited_levels stays where it is set.
+	top := c.WithDefaults().Levels() - 1
+	_, totalSet := r.LevelLimits[top]
+	s.AdaptiveTotal = r.classify() && !totalSet && !slices.Contains(r.UnlimitedLevels, top)
 	if r.VersionNegotiation != nil {
 		s.Negotiation = *r.VersionNegotiation
 	}

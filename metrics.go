@@ -47,6 +47,13 @@ var (
 		[]string{"limiter"}, nil)
 	attachErrorsDesc = prometheus.NewDesc("caddy_rakelimit_attach_errors_total",
 		"Listeners the limiter should protect and could not (see the error log).", []string{"limiter"}, nil)
+	openingTotalDesc = prometheus.NewDesc("caddy_rakelimit_opening_total_per_second",
+		"The cap in force on the socket's connection-opening packets (the opening class's last level); +Inf when "+
+			"lifted. Adaptive (1) it follows quic-go's receive queue, else it is the configured level limit.",
+		[]string{"limiter", "adaptive"}, nil)
+	queueFillDesc = prometheus.NewDesc("caddy_rakelimit_receive_queue_fill_ratio",
+		"How full the sockets' receive queues were in the adaptive total's last period, 0 to 1.",
+		[]string{"limiter"}, nil)
 	collectionErrorsDesc = prometheus.NewDesc("caddy_rakelimit_collection_errors_total",
 		"Failed reads of a filter's counters or streams while collecting metrics.", nil, nil)
 )
@@ -76,7 +83,7 @@ func (p *pool) registerMetrics(reg *prometheus.Registry) error {
 // Describe implements prometheus.Collector.
 func (*collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, modeDesc, windowDesc, dryRunDesc,
-		streamsDesc, attachErrorsDesc, collectionErrorsDesc} {
+		streamsDesc, attachErrorsDesc, openingTotalDesc, queueFillDesc, collectionErrorsDesc} {
 		ch <- d
 	}
 }
@@ -155,6 +162,15 @@ func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
 		dry = 1
 	}
 	ch <- prometheus.MustNewConstMetric(dryRunDesc, prometheus.GaugeValue, dry, name)
+	total := l.OpeningTotal()
+	capPPS := float64(total.Cap)
+	if total.Cap == 0 {
+		capPPS = math.Inf(1)
+	}
+	ch <- prometheus.MustNewConstMetric(openingTotalDesc, prometheus.GaugeValue, capPPS, name, strconv.FormatBool(total.Adaptive))
+	if total.Adaptive {
+		ch <- prometheus.MustNewConstMetric(queueFillDesc, prometheus.GaugeValue, total.Last.Fill, name)
+	}
 	ch <- prometheus.MustNewConstMetric(attachErrorsDesc, prometheus.CounterValue, float64(l.AttachErrors()), name)
 	streams, err := eng.Streams()
 	if err != nil {

@@ -37,6 +37,11 @@ type Config struct {
 	DryRun bool
 	// Allow exempts source prefixes from everything but their own count.
 	Allow []netip.Prefix
+	// AdaptiveTotal lets the engine move the opening class's total (its
+	// last level limit, which the configuration gives as the starting
+	// value) with the socket's receive queue (package backlog). The
+	// decision itself only sees the level limit in force.
+	AdaptiveTotal bool
 }
 
 // MaxNegotiation bounds Config.Negotiation: a Version Negotiation reply

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 )
@@ -38,6 +39,9 @@ type Limiter struct {
 	conns []*net.UDPConn
 	// events reads the engine's reports of newly limited streams.
 	events EventReader
+	// ctl moves the opening total when the configuration makes it
+	// adaptive (nil otherwise).
+	ctl *backlog.Controller
 
 	// attachErrors counts sockets this limiter should protect and could
 	// not.
@@ -87,9 +91,11 @@ func start(name, mode string, eng Engine, put Setting, userspace func(datagram.C
 	}
 	l := &Limiter{name: name, requested: mode, userspace: userspace, eng: eng, put: put, events: events,
 		stop: make(chan struct{})}
-	l.done.Add(2)
+	l.effective(put.Config) // starts the controller of an adaptive total
+	l.done.Add(3)
 	go l.readEvents()
 	go l.expireStreams()
+	go l.steerTotal()
 	return l, nil
 }
 
@@ -152,7 +158,9 @@ func (l *Limiter) addrs() []string {
 func (l *Limiter) Put(s Setting) (Setting, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.eng.Configure(s.Config); err != nil {
+	ctl := l.ctl
+	if err := l.eng.Configure(l.effective(s.Config)); err != nil {
+		l.ctl = ctl
 		return Setting{}, fmt.Errorf("rakelimit %q: %w", l.name, err)
 	}
 	prev := l.put
@@ -172,7 +180,9 @@ func (l *Limiter) Restore(prev Setting, by any) {
 	if l.put.By != by {
 		return // a newer configuration has taken over
 	}
-	if err := l.eng.Configure(prev.Config); err != nil {
+	ctl := l.ctl
+	if err := l.eng.Configure(l.effective(prev.Config)); err != nil {
+		l.ctl = ctl
 		l.put.Logger.Error("restoring the previous settings", zap.String("limiter", l.name), zap.Error(err))
 		return
 	}
@@ -214,7 +224,11 @@ func (l *Limiter) Attach(conn *net.UDPConn) (out net.PacketConn, attached bool, 
 // fallBack replaces a BPF filter that could not attach with the userspace
 // limiter, on the configuration in force, and says so; l.mu must be held.
 func (l *Limiter) fallBack(why error) error {
-	u, err := l.userspace(l.put.Config)
+	c := l.put.Config
+	if l.ctl != nil {
+		c = withTotal(c, l.ctl.Cap())
+	}
+	u, err := l.userspace(c)
 	if err != nil {
 		return err
 	}
@@ -297,6 +311,9 @@ func (l *Limiter) expireStreams() {
 		}
 	}
 }
+
+// errNoQueue is a sample without a receive queue to read.
+var errNoQueue = errors.New("no receive queue to read")
 
 // sweepEvery is how many ticks of the expiry loop (seconds) pass between two
 // sweeps of the sketches' stale cells (sketch.Limiter.Sweep): hourly, much
