@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/sim"
@@ -84,6 +85,20 @@ func summary(r *sim.Result) string {
 		if off > 0 {
 			parts = append(parts, fmt.Sprintf("%s %d/%d forwarded", stream, fwd, off))
 		}
+	}
+	if len(r.Totals) > 0 {
+		var caps []string
+		lost := 0
+		for _, t := range r.Totals {
+			lost += t.Lost
+			if t.Cap == 0 {
+				caps = append(caps, "-")
+			} else {
+				caps = append(caps, strconv.FormatUint(uint64(t.Cap), 10))
+			}
+		}
+		parts = append(parts, fmt.Sprintf("lost to the full queue %d; total at each second's end (- lifted): %s",
+			lost, strings.Join(caps, " ")))
 	}
 	return strings.Join(parts, ", ")
 }

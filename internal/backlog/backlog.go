@@ -19,7 +19,11 @@
 // package engine on real sockets and by package sim in virtual time.
 package backlog
 
-import "math"
+import (
+	"math"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
 
 // Sample is one reading of a limiter's sockets and filter. Counts are
 // cumulative; the controller works on the differences between samples.
@@ -64,6 +68,16 @@ type Law struct {
 // (53 periods at +12.5%); a flood 5 times quic-go's capacity is brought to
 // it in about 6 periods (0.3 s).
 var DefaultLaw = Law{Min: 1000, Max: 10_000_000, High: 0.5, Low: 0.125, Decrease: 0.75, Increase: 1.125, Overflows: 8}
+
+// LawFor is DefaultLaw for a limiter configured with c: the total never
+// falls below the limit of a stream, and past what the counters hold for
+// c's window (sketch.MaxBurst) it is lifted.
+func LawFor(c sketch.Config) Law {
+	law := DefaultLaw
+	law.Min = max(law.Min, c.Limit)
+	law.Max = uint32(min(float64(law.Max), float64(sketch.MaxBurst)/c.Window.Seconds()))
+	return law
+}
 
 // Period is how often the engine samples the sockets: in 50 ms a full-rate
 // flood fills a default receive queue (quic-go asks for 7 MiB) only partly.

@@ -52,15 +52,6 @@ func withTotal(c datagram.Config, cap uint32) datagram.Config {
 	return c
 }
 
-// lawFor is the control law for c: the total never falls below the limit
-// of a stream, and past what the counters hold for c's window it is lifted.
-func lawFor(c datagram.Config) backlog.Law {
-	law := backlog.DefaultLaw
-	law.Min = max(law.Min, c.Limiter.Limit)
-	law.Max = uint32(min(float64(law.Max), float64(sketch.MaxBurst)/c.Limiter.Window.Seconds()))
-	return law
-}
-
 // effective is the configuration the engine runs for s: s's, with the
 // adaptive total at the controller's value; l.mu must be held. A new
 // setting that makes the total adaptive starts the controller at its level
@@ -72,7 +63,7 @@ func (l *Limiter) effective(c datagram.Config) datagram.Config {
 	}
 	if l.ctl == nil || !l.put.Config.AdaptiveTotal {
 		start := LevelLimit(c, 0, c.Limiter.WithDefaults().Levels()-1)
-		l.ctl = backlog.NewController(lawFor(c), start)
+		l.ctl = backlog.NewController(backlog.LawFor(c.Limiter), start)
 	}
 	return withTotal(c, l.ctl.Cap())
 }

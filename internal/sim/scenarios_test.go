@@ -100,6 +100,29 @@ func quietLossless(flood, stream string) check {
 
 // TestScenarios asserts, for every scenario of the limiter-core issue, the
 // figures it must reach.
+// noQueueLoss asserts that no forwarded packet found the server's queue
+// full in seconds [from, to).
+func noQueueLoss(from, to int) check {
+	return func(t *testing.T, r *Result) {
+		t.Helper()
+		for _, tot := range r.Totals[from:to] {
+			if tot.Lost > 0 {
+				t.Errorf("second %d: %d forwarded packets found the queue full (total %d)", tot.Second, tot.Lost, tot.Cap)
+			}
+		}
+	}
+}
+
+// lifted asserts that the adaptive total is lifted at the end of second.
+func lifted(second int) check {
+	return func(t *testing.T, r *Result) {
+		t.Helper()
+		if tot := r.Totals[second]; tot.Cap != 0 {
+			t.Errorf("second %d: the total is %d, want lifted", second, tot.Cap)
+		}
+	}
+}
+
 func TestScenarios(t *testing.T) {
 	tests := map[string][]check{
 		"paper-1": {
@@ -147,6 +170,18 @@ func TestScenarios(t *testing.T) {
 		"quiet-network-proportional": {
 			perSecond(Legit, 1, 10, 0, 15),
 			perSecond(Flood, 1, 10, 0.9*20_000, 1.1*20_000),
+		},
+		// The total follows quic-go's queue: lifted before the flood,
+		// it falls when the flood overflows the queue, and from the
+		// third second of the flood on it holds the flood near what
+		// quic-go serves (50,000 pps) with no packet lost to the queue,
+		// while the quiet client, under the fair share, loses at most
+		// one packet in 100; after the flood it is lifted again.
+		"queue-follow": {
+			perSecond(Flood, 4, 8, 0.6*50_000, 1.1*50_000),
+			maxLossFrom(Legit, 4, 0.01),
+			noQueueLoss(4, 8),
+			lifted(11),
 		},
 		"new-client-burst": {lossless(Legit)},
 		// Each phase (/64, then /48) is held from its second second on.

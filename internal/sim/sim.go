@@ -106,6 +106,29 @@ type Scenario struct {
 	Config      sketch.Config
 	Seconds     int
 	Streams     []Stream
+	// Server, when set, puts a model of quic-go behind the limiter, and
+	// the socket's total (Config's last level limit, where it starts)
+	// follows its receive queue as the engine's does.
+	Server *Server
+}
+
+// Server models quic-go behind the socket: a receive queue of Queue packets
+// served at Rate packets per second. A packet the limiter forwards counts as
+// forwarded only if the queue has room; the others are lost (Total.Lost).
+type Server struct {
+	Rate, Queue float64
+}
+
+// Total is the adaptive total during one second of a scenario with a
+// Server.
+type Total struct {
+	Second int
+	// Cap is the total at the end of the second, 0 when lifted; Lowest
+	// the lowest during it (0: lifted throughout).
+	Cap, Lowest uint32
+	// Lost counts packets forwarded by the limiter that found the queue
+	// full.
+	Lost int
 }
 
 // Row is one line of a report: one stream during one second.
@@ -122,6 +145,9 @@ type Result struct {
 	Rows     []Row
 	// MemoryBytes is the limiter's sketch memory.
 	MemoryBytes int
+	// Totals are the adaptive total, second by second, for a scenario
+	// with a Server.
+	Totals []Total
 }
 
 // Series returns a stream's rows in second order.
@@ -189,10 +215,17 @@ func Run(s *Scenario, seed uint64) (*Result, error) {
 		}
 	}
 	end := int64(s.Seconds) * 1e9
+	srv, err := newServerModel(s, lim)
+	if err != nil {
+		return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
+	}
 	for q.Len() > 0 {
 		ev := heap.Pop(q).(pending)
 		if ev.at >= end {
 			continue
+		}
+		if err := srv.advance(ev.at); err != nil {
+			return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
 		}
 		st := &s.Streams[ev.stream]
 		rng := rngs[ev.stream]
@@ -204,14 +237,14 @@ func Run(s *Scenario, seed uint64) (*Result, error) {
 		sec := int(ev.at / 1e9)
 		tl := tallies[st.Name]
 		tl.offered[sec]++
-		if !v.Drop {
+		if !v.Drop && srv.admit(sec) {
 			tl.forwarded[sec]++
 		}
 		if t, ok := st.Arrivals.Next(ev.at, rng); ok {
 			heap.Push(q, pending{t, ev.stream})
 		}
 	}
-	res := &Result{Scenario: s, MemoryBytes: lim.MemoryBytes()}
+	res := &Result{Scenario: s, MemoryBytes: lim.MemoryBytes(), Totals: srv.totals}
 	for sec := range s.Seconds {
 		for _, name := range []string{Flood, Legit} {
 			if tl := tallies[name]; tl != nil {
