@@ -762,10 +762,10 @@ static __always_inline __u64 decay(const struct config *cfg, __u32 k)
 	return mulq32(d, cfg->d2[(k >> (2 * DECAY_BITS)) & DECAY_MASK]);
 }
 
-// rescale brings a cell last touched in an older epoch to `epoch`, decaying
-// its counters by the idle time; a reading older than the cell's own epoch
-// (SKEW_WRAP) leaves it alone. The hot path, a cell already touched in this
-// epoch, does not call it.
+// rescale (refresh in internal/sketch) brings a cell last touched in an older
+// epoch to `epoch`, decaying its counters by the idle time; a reading older
+// than the cell's own epoch (SKEW_WRAP) leaves it alone. The hot path, a cell
+// already touched in this epoch, does not call it.
 //
 // Two CPUs may find the same cell stale at once; the compare-and-swap on the
 // epoch lets only one of them decay it.
@@ -782,7 +782,7 @@ static __always_inline void rescale(struct cell *c, const struct config *cfg, __
 	c->budget[1].forwarded = decay32(c->budget[1].forwarded, d);
 }
 
-// admit_fair: sketch.admitFair, for a packet whose rank times its network's
+// admit_fair: sketch admitFair, for a packet whose rank times its network's
 // rate is want (BPF functions take at most five arguments). Returns 1 to
 // admit the packet; moves the share. A global function: verified once, and
 // only reached by packets of a flood over the total's limit.
@@ -804,10 +804,10 @@ __noinline int admit_fair(__u64 *share, __u64 want, __u32 total, __u32 forwarded
 	return want <= bar << 16;
 }
 
-// set_verdict records the node that limits the packet. The level is
-// computed from the node, not taken from the node loop's variable: the
-// counters are indexed by it, which makes the verifier track its exact value,
-// and a loop variable tracked exactly keeps the loop's states apart.
+// set_verdict (sketch setVerdict) records the node that limits the packet. The
+// level is computed from the node, not taken from the node loop's variable:
+// the counters are indexed by it, which makes the verifier track its exact
+// value, and a loop variable tracked exactly keeps the loop's states apart.
 static __always_inline void set_verdict(struct verdict *v, int drop, __u8 n, __u64 estimate)
 {
 	v->drop = drop;
@@ -817,11 +817,11 @@ static __always_inline void set_verdict(struct verdict *v, int drop, __u8 n, __u
 	v->estimate = estimate;
 }
 
-// node_work is what decide and visit_node share about one packet and one
-// node. The node loop calls a global function (verified once, whatever the
-// loop's state) and keeps no state of its own: the verifier would otherwise
-// walk the loop once for every combination of values its variables can take,
-// past its limit.
+// node_work (sketch nodeWork) is what decide and visit_node share about one
+// packet and one node. The node loop calls a global function (verified once,
+// whatever the loop's state) and keeps no state of its own: the verifier would
+// otherwise walk the loop once for every combination of values its variables
+// can take, past its limit.
 struct node_work {
 	// Set by decide for the packet.
 	__u64 now;
@@ -856,10 +856,10 @@ struct node_work {
 #define JUDGE_OVER 1
 #define JUDGE_DROP 2
 
-// count_node counts the packet at one node: in each row, the cell its hash
-// selects is brought to this epoch and its offered count of the packet's
-// budget grows by the packet's weight; rows gets the counters. Returns -1
-// when a cell cannot be reached.
+// count_node (sketch countNode) counts the packet at one node: in each row,
+// the cell its hash selects is brought to this epoch and its offered count of
+// the packet's budget grows by the packet's weight; rows gets the counters.
+// Returns -1 when a cell cannot be reached.
 static __always_inline int count_node(const struct config *cfg, struct node_work *nw, struct counter *rows[DEPTH])
 {
 	struct cell *cl[DEPTH];
@@ -897,11 +897,11 @@ static __always_inline int count_node(const struct config *cfg, struct node_work
 	return 0;
 }
 
-// judge_node compares what count_node found with the node's limit: under it
-// the packet passes (JUDGE_PASS); over it, it passes counted as limited
-// (JUDGE_OVER) until the node enforces its limit, which lets it through only
-// while the forwarded count is under the dithered threshold or, at the fair
-// total, when its source is admitted (JUDGE_DROP otherwise).
+// judge_node (sketch judgeNode) compares what count_node found with the node's
+// limit: under it the packet passes (JUDGE_PASS); over it, it passes counted
+// as limited (JUDGE_OVER) until the node enforces its limit, which lets it
+// through only while the forwarded count is under the dithered threshold or,
+// at the fair total, when its source is admitted (JUDGE_DROP otherwise).
 static __always_inline int judge_node(const struct config *cfg, const struct key *k, struct node_work *nw)
 {
 	__u32 i = nw->node & (MAX_NODES - 1);
@@ -925,7 +925,7 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	int drop;
 	if (fs && nw->network) {
 		// Room under the total's limit: pass, and leave the share as
-		// it is (see Limiter.Decide). Only a packet over it is ranked.
+		// it is (see sketch judgeNode). Only a packet over it is ranked.
 		__u64 t = scale(thr, nw->g);
 		drop = fmin >= t && !admit_fair(&fs->share[class][budget],
 						(__u64)rank(cfg, k, nw->now >> PERIOD_SHIFT) * nw->network,
@@ -935,10 +935,11 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	return drop ? JUDGE_DROP : JUDGE_OVER;
 }
 
-// forward_node counts a forwarded packet in the counters count_node found.
-// Over the limit the forwarded count decides, so no increment may be lost to
-// another CPU: atomic adds it atomically. It stays near the threshold then,
-// far from overflowing, so the saturating add would give the same sum.
+// forward_node (sketch forwardNode) counts a forwarded packet in the counters
+// count_node found. Over the limit the forwarded count decides, so no
+// increment may be lost to another CPU: atomic adds it atomically. It stays
+// near the threshold then, far from overflowing, so the saturating add would
+// give the same sum.
 static __always_inline void forward_node(struct counter *rows[DEPTH], __u32 w, int atomic)
 {
 #pragma unroll
@@ -950,14 +951,14 @@ static __always_inline void forward_node(struct counter *rows[DEPTH], __u32 w, i
 	}
 }
 
-// visit_node walks the packet through node i: it hashes the packet's key
-// for the node (the address part once per prefix slot, kept in nw), counts
-// it in the budget v says (limited from the level after the first node over
-// its limit, which v records), judges it against the node's limit, records
-// in v the most specific node over its limit, and counts it forwarded unless
-// it is dropped. Returns 1 to drop, 0 to go on, -1 when a cell cannot be
-// reached. A global function: the verifier checks it once, and the node loop
-// that calls it keeps no state of its own that could multiply the loop's
+// visit_node (sketch visitNode) walks the packet through node i: it hashes the
+// packet's key for the node (the address part once per prefix slot, kept in
+// nw), counts it in the budget v says (limited from the level after the first
+// node over its limit, which v records), judges it against the node's limit,
+// records in v the most specific node over its limit, and counts it forwarded
+// unless it is dropped. Returns 1 to drop, 0 to go on, -1 when a cell cannot
+// be reached. A global function: the verifier checks it once, and the node
+// loop that calls it keeps no state of its own that could multiply the loop's
 // states past the verifier's limit.
 __noinline int visit_node(const struct config *cfg, const struct key *k, struct node_work *nw, struct verdict *v)
 {
@@ -992,8 +993,8 @@ __noinline int visit_node(const struct config *cfg, const struct key *k, struct 
 	return 0;
 }
 
-// decide: Limiter.Decide for class `class`. Returns 1 to drop, 0 to pass, -1
-// when the sketch cannot be reached; fills v.
+// decide: sketch Limiter.Decide for class `class`. Returns 1 to drop, 0 to
+// pass, -1 when the sketch cannot be reached; fills v.
 static __always_inline int decide(const struct config *cfg, int class, const struct key *k, __u64 now, __u32 rnd,
 				  struct verdict *v)
 {

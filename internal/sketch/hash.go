@@ -144,6 +144,12 @@ func portWord(n Node, k *Key, perDstPort bool) uint64 {
 	return w
 }
 
+// nodeHash is a node's full hash in row r, from the address part ah
+// (addrHashes) and the node's port word pw (portWord).
+func (hk *HashKey) nodeHash(r int, ah, pw uint64) uint64 {
+	return ah + hk.A[r][HashWords-1]*pw + hk.B[r]
+}
+
 // mixMul is an odd 64-bit constant (2^64 divided by the golden ratio).
 const mixMul = 0x9E3779B97F4A7C15
 

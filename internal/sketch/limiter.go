@@ -122,14 +122,11 @@ func (l *Limiter) FairShares() [NumClasses][2]uint64 { return l.fair }
 // second.
 func (l *Limiter) PPS(estimate uint64) float64 { return l.p.PPS(estimate) }
 
-// cell returns the cell of row r of the sketch of the i-th node of class
-// class for a key whose address hash in that row is ah and whose port word
-// is pw.
-func (l *Limiter) cell(class, i, r int, ah, pw uint64) *Cell {
-	h := ah + l.hk.A[r][HashWords-1]*pw + l.hk.B[r]
-	lines := l.p.Lines[class][i]
+// cell returns the cell of row r of a node's sketch, whose rows of lines
+// lines each start at line base, for the row's full hash h (see nodeHash).
+func (l *Limiter) cell(base, lines uint32, r int, h uint64) *Cell {
 	line, slot := column(h, lines)
-	return &l.lines[l.p.Base[class][i]+uint32(r)*lines+uint32(line)].Cells[slot]
+	return &l.lines[base+uint32(r)*lines+uint32(line)].Cells[slot]
 }
 
 // applies reports whether node n counts packets with key k: a packet without
@@ -212,10 +209,168 @@ func admitFair(share *uint64, rank, network, total, forwarded uint32, thr uint64
 // pulse).
 const FairSlack = 0
 
+// setVerdict records in v the node n that limits the packet (set_verdict in
+// the C program): the node that drops it or, for a packet that passes, the
+// most specific node over its limit.
+func setVerdict(v *Verdict, drop bool, n Node, estimate uint64) {
+	*v = Verdict{Drop: drop, Limited: true, Level: n.Level(), Node: n, Estimate: estimate}
+}
+
+// nodeWork is what Decide and visitNode share about one packet and one
+// node: struct node_work in the C program, field for field (the C keeps it
+// to give the verifier a node loop without state of its own; here it keeps
+// the two programs alike).
+type nodeWork struct {
+	// Set by Decide for the packet: the time, the slot's threshold scale
+	// and packet weight, the epoch, the dither and the class.
+	now    uint64
+	g      uint64
+	epoch  uint32
+	slot   uint64
+	w      uint32
+	dither uint32
+	class  int
+	// Set by Decide for the node: its index in Params.Nodes.
+	node int
+	// Set by visitNode: the budget, the node's rows, the address hashes
+	// of prefix slot hashed - 1 (0: none yet) and the node's hashes.
+	budget int
+	lines  uint32
+	base   uint32
+	hashed int
+	ah     [Depth]uint64
+	hash   [Depth]uint64
+	// Set by countNode: the offered and forwarded minima over the rows.
+	omin uint32
+	fmin uint32
+	// Set by judgeNode: the network's estimate (carried from the network
+	// node to the total) and the node's estimate of the stream.
+	network  uint32
+	estimate uint64
+}
+
+// Verdicts of judgeNode (JUDGE_PASS, JUDGE_OVER, JUDGE_DROP in the C
+// program).
+const (
+	judgePass = iota
+	judgeOver
+	judgeDrop
+)
+
+// countNode counts the packet at one node (count_node in the C program): in
+// each row, the cell its hash selects is brought to this epoch and its
+// offered count of the packet's budget grows by the packet's weight; rows
+// gets the counters, nw the minima over the rows.
+func (l *Limiter) countNode(nw *nodeWork, rows *[Depth]*Counter) {
+	nw.omin, nw.fmin = maxU32, maxU32
+	for r := range Depth {
+		c := l.cell(nw.base, nw.lines, r, nw.hash[r])
+		refresh(l.p, c, nw.epoch)
+		ctr := &c.Budget[nw.budget]
+		ctr.Offered = satAdd(ctr.Offered, nw.w)
+		nw.omin = min(nw.omin, ctr.Offered)
+		nw.fmin = min(nw.fmin, ctr.Forwarded)
+		rows[r] = ctr
+	}
+}
+
+// judgeNode compares what countNode found with the node's limit (judge_node
+// in the C program): under it the packet passes (judgePass); over it, it
+// passes counted as limited (judgeOver) until the node enforces its limit,
+// which lets it through only while the forwarded count is under the
+// dithered threshold or, at the fair total, when its source is admitted
+// (judgeDrop otherwise).
+func (l *Limiter) judgeNode(k *Key, nw *nodeWork) int {
+	p := l.p
+	i, class, budget := nw.node, nw.class, nw.budget
+	omin, fmin := nw.omin, nw.fmin
+	if i == p.FairSource {
+		nw.network = omin
+	}
+	thr := p.Thresh[class][i]
+	enforcing := thr != ThreshUnlimited && uint64(omin) > scale(p.Over[class][i], nw.g)
+	fair := i == p.FairNode
+	if fair && !enforcing && l.fair[class][budget] != FairUnbounded {
+		l.fair[class][budget] = FairUnbounded
+	}
+	if thr == ThreshUnlimited || uint64(omin) <= scale(thr, nw.g) {
+		return judgePass
+	}
+	nw.estimate = mulQ32(uint64(omin), p.GInv[nw.slot])
+	if !enforcing {
+		return judgeOver
+	}
+	var drop bool
+	if fair && nw.network != 0 {
+		// While the total forwards less than its limit there is room:
+		// the packet passes, and the share, which is what fills the
+		// limit, does not move. The offered rate, smoothed over the
+		// window, stays over the limit for a while after a flood stops;
+		// learning from the few packets of the quiet that follows would
+		// shrink the share to a fraction of them. Only a packet over the
+		// limit is ranked.
+		t := scale(thr, nw.g)
+		drop = uint64(fmin) >= t &&
+			!admitFair(&l.fair[class][budget], l.hk.rank(k, nw.now>>PeriodShift), nw.network, omin, fmin, t)
+	} else {
+		drop = uint64(fmin) >= scale(thr-nw.dither, nw.g)
+	}
+	if drop {
+		return judgeDrop
+	}
+	return judgeOver
+}
+
+// forwardNode counts a forwarded packet in the counters countNode found
+// (forward_node in the C program, which adds atomically over the limit).
+func forwardNode(rows *[Depth]*Counter, w uint32) {
+	for _, ctr := range rows {
+		ctr.Forwarded = satAdd(ctr.Forwarded, w)
+	}
+}
+
+// visitNode walks the packet through node nw.node (visit_node in the C
+// program): it hashes the packet's key for the node (the address part once
+// per prefix slot, kept in nw), counts it in the budget v says (limited from
+// the level after the first node over its limit, which v records), judges
+// it against the node's limit, records in v the most specific node over its
+// limit, and counts it forwarded unless it is dropped. It reports whether
+// the packet is dropped.
+func (l *Limiter) visitNode(k *Key, nw *nodeWork, v *Verdict) bool {
+	p := l.p
+	n := p.Nodes[nw.node]
+	nw.budget = Clean
+	if v.Limited && n.Level() > v.Level {
+		nw.budget = Limited
+	}
+	if s := n.Prefix(); s+1 != nw.hashed {
+		l.hk.addrHashes(p, k, s, &nw.ah)
+		nw.hashed = s + 1
+	}
+	pw := portWord(n, k, p.PerDstPort)
+	for r := range Depth {
+		nw.hash[r] = l.hk.nodeHash(r, nw.ah[r], pw)
+	}
+	nw.lines = p.Lines[nw.class][nw.node]
+	nw.base = p.Base[nw.class][nw.node]
+	var rows [Depth]*Counter
+	l.countNode(nw, &rows)
+	j := l.judgeNode(k, nw)
+	if j == judgeDrop {
+		setVerdict(v, true, n, nw.estimate)
+		return true
+	}
+	if j == judgeOver && !v.Limited {
+		setVerdict(v, false, n, nw.estimate)
+	}
+	forwardNode(&rows, nw.w)
+	return false
+}
+
 // Decide counts a packet of class class (0 or 1) with key k arriving at time
-// now (nanoseconds on a monotonic clock) and decides its fate. rnd is a
-// uniformly random 32-bit number; its top FracBits bits dither the
-// forwarding threshold.
+// now (nanoseconds on a monotonic clock) and decides its fate; decide in the
+// C program. rnd is a uniformly random 32-bit number; its top FracBits bits
+// dither the forwarding threshold.
 //
 // Walking the lattice from the most specific level to the most general, each
 // node counts the packet in its budget (clean or limited) and compares the
@@ -228,82 +383,24 @@ const FairSlack = 0
 func (l *Limiter) Decide(k *Key, class int, now int64, rnd uint32) Verdict {
 	p := l.p
 	t := uint64(now)
-	epoch := uint32(t >> EpochShift)
 	slot := (t >> SlotShift) & (Slots - 1)
-	g, w := p.G[slot], p.W[slot]
-	dither := rnd >> (32 - FracBits)
-
-	// Nodes come in prefix order: hash each prefix once, when first needed.
-	var ah [Depth]uint64
-	hashed := -1
-	// The estimate of the packet's network, for the fair total.
-	var network uint32
-
+	nw := nodeWork{
+		now:    t,
+		g:      p.G[slot],
+		epoch:  uint32(t >> EpochShift),
+		slot:   slot,
+		w:      p.W[slot],
+		dither: rnd >> (32 - FracBits),
+		class:  class,
+	}
 	v := Verdict{Level: -1}
-	budget, pending, level := Clean, false, 0
 	for i, n := range p.Nodes {
-		if n.Level() != level {
-			level = n.Level()
-			if pending {
-				budget = Limited
-			}
-		}
 		if !applies(p, n, k) {
 			continue
 		}
-		if n.Prefix() != hashed {
-			hashed = n.Prefix()
-			l.hk.addrHashes(p, k, hashed, &ah)
-		}
-		pw := portWord(n, k, p.PerDstPort)
-		var rows [Depth]*Counter
-		omin, fmin := maxU32, maxU32
-		for r := range Depth {
-			c := l.cell(class, i, r, ah[r], pw)
-			refresh(p, c, epoch)
-			ctr := &c.Budget[budget]
-			ctr.Offered = satAdd(ctr.Offered, w)
-			omin = min(omin, ctr.Offered)
-			fmin = min(fmin, ctr.Forwarded)
-			rows[r] = ctr
-		}
-		if i == p.FairSource {
-			network = omin
-		}
-		thr := p.Thresh[class][i]
-		enforcing := thr != ThreshUnlimited && uint64(omin) > scale(p.Over[class][i], g)
-		if i == p.FairNode && !enforcing && l.fair[class][budget] != FairUnbounded {
-			l.fair[class][budget] = FairUnbounded
-		}
-		if thr != ThreshUnlimited && uint64(omin) > scale(thr, g) {
-			over := Verdict{Limited: true, Level: level, Node: n, Estimate: mulQ32(uint64(omin), p.GInv[slot])}
-			if enforcing {
-				if i == p.FairNode && network != 0 {
-					// While the total forwards less than its limit
-					// there is room: the packet passes, and the share,
-					// which is what fills the limit, does not move.
-					// The offered rate, smoothed over the window, stays
-					// over the limit for a while after a flood stops;
-					// learning from the few packets of the quiet that
-					// follows would shrink the share to a fraction of
-					// them. Only a packet over the limit is ranked.
-					st := scale(thr, g)
-					over.Drop = uint64(fmin) >= st &&
-						!admitFair(&l.fair[class][budget], l.hk.rank(k, t>>PeriodShift), network, omin, fmin, st)
-				} else {
-					over.Drop = uint64(fmin) >= scale(thr-dither, g)
-				}
-				if over.Drop {
-					return over
-				}
-			}
-			if !v.Limited {
-				v = over
-			}
-			pending = true
-		}
-		for _, ctr := range rows {
-			ctr.Forwarded = satAdd(ctr.Forwarded, w)
+		nw.node = i
+		if l.visitNode(k, &nw, &v) {
+			break
 		}
 	}
 	return v
@@ -330,7 +427,8 @@ func (l *Limiter) Estimate(k *Key, class int, n Node, budget int, now int64) uin
 	pw := portWord(n, k, p.PerDstPort)
 	est := maxU64
 	for r := range Depth {
-		c := *l.cell(class, i, r, ah[r], pw) // a copy: estimating changes nothing
+		h := l.hk.nodeHash(r, ah[r], pw)
+		c := *l.cell(p.Base[class][i], p.Lines[class][i], r, h) // a copy: estimating changes nothing
 		refresh(p, &c, epoch)
 		est = min(est, mulQ32(uint64(c.Budget[budget].Offered), p.GInv[slot]))
 	}
