@@ -103,3 +103,11 @@ func (m *serverModel) admit(sec int) bool {
 	m.opened++
 	return true
 }
+
+// result is the totals of the run, none without a server.
+func (m *serverModel) result() []Total {
+	if m == nil {
+		return nil
+	}
+	return m.totals
+}

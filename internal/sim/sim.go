@@ -244,7 +244,7 @@ func Run(s *Scenario, seed uint64) (*Result, error) {
 			heap.Push(q, pending{t, ev.stream})
 		}
 	}
-	res := &Result{Scenario: s, MemoryBytes: lim.MemoryBytes(), Totals: srv.totals}
+	res := &Result{Scenario: s, MemoryBytes: lim.MemoryBytes(), Totals: srv.result()}
 	for sec := range s.Seconds {
 		for _, name := range []string{Flood, Legit} {
 			if tl := tallies[name]; tl != nil {
