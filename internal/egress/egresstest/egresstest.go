@@ -296,20 +296,27 @@ func FirstFlight(t testing.TB, to netip.AddrPort, tlsConf *tls.Config, v quic.Ve
 	return c.out
 }
 
-// exchange dials addr through tr and echoes each payload on a stream of
-// its own.
+// exchange dials addr through tr and echoes each payload.
 func exchange(ctx context.Context, tr *quic.Transport, addr netip.AddrPort, tlsConf *tls.Config, cfg *quic.Config, payloads [][]byte) error {
 	conn, err := tr.Dial(ctx, net.UDPAddrFromAddrPort(addr), tlsConf, cfg)
 	if err != nil {
 		return fmt.Errorf("dialing %v: %w", addr, err)
 	}
 	defer conn.CloseWithError(0, "")
+	return Echo(ctx, conn, payloads)
+}
+
+// Echo sends each payload on a stream of its own of conn, to a server that
+// Serve runs, and checks that it comes back whole.
+func Echo(ctx context.Context, conn *quic.Conn, payloads [][]byte) error {
 	for i, p := range payloads {
 		s, err := conn.OpenStreamSync(ctx)
 		if err != nil {
 			return fmt.Errorf("opening stream %d: %w", i, err)
 		}
-		// Write while reading, or a large echo deadlocks on flow control.
+		// Write while reading: the echo fills the client's receive window
+		// long before a large payload is written, and a writer that does
+		// not read would deadlock with the server on flow control.
 		wrote := make(chan error, 1)
 		go func() {
 			_, err := s.Write(p)
