@@ -80,7 +80,16 @@ func TestFastPathThroughConn(t *testing.T) {
 	for i := range ms {
 		ms[i].Buffers = [][]byte{make([]byte, 1500)}
 	}
-	if n, err := ipv4.NewPacketConn(rc).ReadBatch(ms, 0); err != nil || n != 4 {
-		t.Fatalf("ReadBatch through the Conn: %d datagrams, %v; want the 4 queued", n, err)
+	rc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	most := 0
+	for got := 0; got < 4; {
+		n, err := ipv4.NewPacketConn(rc).ReadBatch(ms, 0)
+		if err != nil {
+			t.Fatalf("ReadBatch through the Conn: %v after %d datagrams", err, got)
+		}
+		got, most = got+n, max(most, n)
+	}
+	if most < 2 {
+		t.Fatal("ReadBatch through the Conn read one datagram per call")
 	}
 }

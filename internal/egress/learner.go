@@ -59,10 +59,9 @@ type Options struct {
 	// OnOddID, if not nil, is called once, from the write path, the
 	// first time the server sends a Handshake or Retry packet whose source
 	// connection ID is not ServerIDLen bytes long (its length is the
-	// argument).
-	// Verification by server ID cannot work with such IDs (a connection ID
-	// generator other than quic-go's default): the caller turns it off and
-	// logs. Stats counts every such header.
+	// argument). Verification by server ID cannot work with such IDs (a
+	// connection ID generator other than quic-go's default): the caller
+	// turns it off and logs. Stats counts every such packet.
 	OnOddID func(length int)
 }
 
