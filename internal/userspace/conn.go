@@ -12,12 +12,16 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
 // Conn is the packet conn quic-go reads through: the listener's
-// *net.UDPConn, with every read filtered by a Limiter.
+// *net.UDPConn, with every read filtered by a Limiter, and every write shown
+// first to an egress.Learner, if one is set (SetLearner), which teaches the
+// engine the server's connection IDs and peers. Conn embeds an egress.Conn,
+// whose write methods it has.
 //
 // What quic-go keeps through it: Conn is a quic.OOBCapablePacketConn (the
 // embedded socket's SyscallConn, SetReadBuffer, ReadMsgUDP and WriteMsgUDP)
@@ -25,7 +29,8 @@ import (
 // basic one: batched reads (8 datagrams per recvmmsg on Linux), ECN marks
 // and packet info read from the control messages, which Conn hands over
 // unchanged, and every write path, GSO and the don't-fragment bit (so path
-// MTU discovery) on the socket itself.
+// MTU discovery) on the socket itself, once the learner has seen the
+// datagram.
 //
 // What it costs: each datagram is received before it is decided, and a kept
 // datagram that follows a dropped one in a batch is copied into the slot of
@@ -37,7 +42,8 @@ import (
 // limiter; its Control and Write are the socket's. Only File, a duplicate of
 // the descriptor, reads around it.
 type Conn struct {
-	*net.UDPConn
+	// Conn holds the socket (UDPConn) and the learner.
+	*egress.Conn
 	lim  atomic.Pointer[Limiter]
 	port uint16
 	// batch reads batches from the socket (recvmmsg; Linux only).
@@ -57,7 +63,8 @@ var (
 )
 
 // NewConn wraps conn so that every datagram read from it is decided by l. A
-// nil l passes every datagram (see SetLimiter).
+// nil l passes every datagram (see SetLimiter). It has no learner until
+// SetLearner.
 func NewConn(conn *net.UDPConn, l *Limiter) (*Conn, error) {
 	if conn == nil {
 		return nil, errors.New("wrapping a packet conn for the userspace limiter: no UDP socket")
@@ -67,13 +74,14 @@ func NewConn(conn *net.UDPConn, l *Limiter) (*Conn, error) {
 		return nil, fmt.Errorf("wrapping a packet conn for the userspace limiter: local address %v is not a UDP address",
 			conn.LocalAddr())
 	}
-	c := &Conn{UDPConn: conn, port: uint16(la.Port), batch: newBatchReader(conn)}
+	ec, err := egress.NewConn(conn, nil)
+	if err != nil {
+		return nil, fmt.Errorf("wrapping a packet conn for the userspace limiter: %w", err)
+	}
+	c := &Conn{Conn: ec, port: uint16(la.Port), batch: newBatchReader(conn)}
 	c.lim.Store(l)
 	return c, nil
 }
-
-// Unwrap returns the socket, a *net.UDPConn.
-func (c *Conn) Unwrap() net.PacketConn { return c.UDPConn }
 
 // Limiter returns the limiter in force, or nil.
 func (c *Conn) Limiter() *Limiter { return c.lim.Load() }

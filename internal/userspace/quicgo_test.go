@@ -3,15 +3,9 @@ package userspace
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
-	"io"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -26,48 +20,15 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/egress/egresstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
-const alpn = "rakelimit-test"
-
 // quicBatches says whether quic-go reads in batches here (its oobConn); on
 // Windows it reads one datagram per ReadFrom from any conn.
 var quicBatches = runtime.GOOS == "linux" || runtime.GOOS == "darwin" || runtime.GOOS == "freebsd"
-
-// tlsConfigs returns a server configuration with a fresh self-signed
-// certificate for localhost, and a client configuration that trusts it.
-func tlsConfigs(t testing.TB) (server, client *tls.Config) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "localhost"},
-		DNSNames:     []string{"localhost"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	server = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, NextProtos: []string{alpn}}
-	client = &tls.Config{RootCAs: pool, ServerName: "localhost", NextProtos: []string{alpn}}
-	return server, client
-}
 
 // countingConn is a Conn that counts quic-go's calls of ReadBatch.
 type countingConn struct {
@@ -80,37 +41,6 @@ func (c *countingConn) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 	return c.Conn.ReadBatch(ms, flags)
 }
 
-// echoServer serves pc with quic-go: every stream is echoed back.
-func echoServer(t testing.TB, pc net.PacketConn, tlsConf *tls.Config) {
-	t.Helper()
-	tr := &quic.Transport{Conn: pc}
-	ln, err := tr.Listen(tlsConf, &quic.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close(); tr.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept(context.Background())
-			if err != nil {
-				return
-			}
-			go func() {
-				for {
-					s, err := conn.AcceptStream(context.Background())
-					if err != nil {
-						return
-					}
-					go func() {
-						io.Copy(s, s)
-						s.Close()
-					}()
-				}
-			}()
-		}
-	}()
-}
-
 // exchange dials addr and echoes each payload on a stream of its own.
 func exchange(ctx context.Context, addr string, tlsConf *tls.Config, payloads [][]byte) error {
 	conn, err := quic.DialAddr(ctx, addr, tlsConf, &quic.Config{})
@@ -118,32 +48,7 @@ func exchange(ctx context.Context, addr string, tlsConf *tls.Config, payloads []
 		return fmt.Errorf("dialing %s: %w", addr, err)
 	}
 	defer conn.CloseWithError(0, "")
-	for i, p := range payloads {
-		s, err := conn.OpenStreamSync(ctx)
-		if err != nil {
-			return fmt.Errorf("opening stream %d: %w", i, err)
-		}
-		// Write while reading: the echo fills the client's receive window
-		// long before a large payload is written, and a writer that does
-		// not read would deadlock with the server on flow control.
-		wrote := make(chan error, 1)
-		go func() {
-			_, err := s.Write(p)
-			s.Close()
-			wrote <- err
-		}()
-		got, err := io.ReadAll(s)
-		if werr := <-wrote; werr != nil {
-			return fmt.Errorf("writing stream %d: %w", i, werr)
-		}
-		if err != nil {
-			return fmt.Errorf("reading stream %d: %w", i, err)
-		}
-		if !bytes.Equal(got, p) {
-			return fmt.Errorf("stream %d echoed %d bytes, sent %d", i, len(got), len(p))
-		}
-	}
-	return nil
+	return egresstest.Echo(ctx, conn, payloads)
 }
 
 // TestQUICGoKeepsFastPath runs a quic-go server in a child process with
@@ -214,7 +119,7 @@ func tail(out []byte) string {
 // quicChild serves one echo exchange over the conn mode names, on a
 // dual-stack wildcard socket like Caddy's, and prints the result.
 func quicChild(t *testing.T, mode string) {
-	serverTLS, clientTLS := tlsConfigs(t)
+	serverTLS, clientTLS := egresstest.TLSConfigs(t)
 	conn := loopbacktest.Listen(t, "udp", "[::]:0")
 	var pc net.PacketConn
 	var cc *countingConn
@@ -227,7 +132,7 @@ func quicChild(t *testing.T, mode string) {
 	default:
 		t.Fatalf("unknown child mode %q", mode)
 	}
-	echoServer(t, pc, serverTLS)
+	egresstest.Serve(t, &quic.Transport{Conn: pc}, serverTLS, &quic.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := exchange(ctx, fmt.Sprintf("127.0.0.1:%d", portOf(conn)), clientTLS, [][]byte{[]byte("ping")}); err != nil {
@@ -253,12 +158,12 @@ func floodInitial() []byte {
 // dropped, and quic-go reads through ReadBatch throughout.
 func TestQUICGoUnderFlood(t *testing.T) {
 	const limit, rate, seconds = 200, 5000, 3
-	serverTLS, clientTLS := tlsConfigs(t)
+	serverTLS, clientTLS := egresstest.TLSConfigs(t)
 	conn := loopbacktest.Listen(t, "udp", "[::]:0")
 	port := portOf(conn)
 	l := newTestLimiter(t, quicLimits(limit, 100_000), nil, -1)
 	cc := &countingConn{Conn: wrap(t, conn, l)}
-	echoServer(t, cc, serverTLS)
+	egresstest.Serve(t, &quic.Transport{Conn: cc}, serverTLS, &quic.Config{})
 
 	floodS := sender(t, "127.0.0.1:0")
 	flooded := make(chan error, 1)

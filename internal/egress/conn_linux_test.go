@@ -1,0 +1,95 @@
+package egress
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
+)
+
+// TestFastPathThroughConn: what quic-go does with the socket works through
+// a Conn: a GSO batch leaves as one datagram per segment, each segment's
+// ID taught; an ECN mark reaches the wire; x/net reads a batch of
+// datagrams with one call (quic-go's reader on a conn without ReadBatch).
+func TestFastPathThroughConn(t *testing.T) {
+	rx := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+	raw, err := rx.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS, 1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
+	sink := newRecSink()
+	l, _ := testLearner(t, sink, Options{})
+	c, err := NewConn(loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.1:0")), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const size = 1000
+	batch := cat(pad(long(v1, typeInitial, client[:4], idA[:], nil, 300), size), pad(handshakeTo(idB), size), shortPacket(400))
+	if _, _, err := c.WriteMsgUDPAddrPort(batch, segmentMsg(size), to); err != nil {
+		t.Fatalf("GSO write: %v", err)
+	}
+	const ect0 = 2
+	if _, _, err := c.WriteMsgUDPAddrPort(shortPacket(100), cmsgTOS(), to); err != nil {
+		t.Fatalf("ECN write: %v", err)
+	}
+	if sink.ids[idA] != 1 || sink.ids[idB] != 1 {
+		t.Fatalf("the batch taught %v, want both IDs", sink.ids)
+	}
+
+	rx.SetReadDeadline(time.Now().Add(2 * time.Second))
+	b, oob := make([]byte, 1500), make([]byte, 128)
+	for i, want := range []int{size, size, 400, 100} {
+		n, oobn, _, _, err := rx.ReadMsgUDPAddrPort(b, oob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != want {
+			t.Fatalf("datagram %d: %d bytes, want %d (a GSO batch cut at its segments)", i, n, want)
+		}
+		if i == 3 {
+			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+			if err != nil || len(msgs) != 1 || msgs[0].Header.Type != unix.IP_TOS || msgs[0].Data[0]&3 != ect0 {
+				t.Fatalf("the ECN-marked datagram arrived with control messages %v (%v)", msgs, err)
+			}
+		}
+	}
+
+	// The other way: x/net reads a batch through the Conn.
+	rc, err := NewConn(rx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if _, err := c.WriteToUDPAddrPort(shortPacket(50), to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // all four queued
+	ms := make([]ipv4.Message, 8)
+	for i := range ms {
+		ms[i].Buffers = [][]byte{make([]byte, 1500)}
+	}
+	rc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	most := 0
+	for got := 0; got < 4; {
+		n, err := ipv4.NewPacketConn(rc).ReadBatch(ms, 0)
+		if err != nil {
+			t.Fatalf("ReadBatch through the Conn: %v after %d datagrams", err, got)
+		}
+		got, most = got+n, max(most, n)
+	}
+	if most < 2 {
+		t.Fatal("ReadBatch through the Conn read one datagram per call")
+	}
+}

@@ -1,0 +1,161 @@
+package egress
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
+)
+
+// writeMethods are every way to write a datagram through a Conn; connected
+// ones write on a connected socket, to its address.
+var writeMethods = []struct {
+	name      string
+	connected bool
+	write     func(c *Conn, b []byte, to netip.AddrPort) error
+}{
+	{"Write", true, func(c *Conn, b []byte, _ netip.AddrPort) error {
+		_, err := c.Write(b)
+		return err
+	}},
+	{"WriteTo", false, func(c *Conn, b []byte, to netip.AddrPort) error {
+		_, err := c.WriteTo(b, net.UDPAddrFromAddrPort(to))
+		return err
+	}},
+	{"WriteToUDP", false, func(c *Conn, b []byte, to netip.AddrPort) error {
+		_, err := c.WriteToUDP(b, net.UDPAddrFromAddrPort(to))
+		return err
+	}},
+	{"WriteToUDPAddrPort", false, func(c *Conn, b []byte, to netip.AddrPort) error {
+		_, err := c.WriteToUDPAddrPort(b, to)
+		return err
+	}},
+	{"WriteMsgUDP", false, func(c *Conn, b []byte, to netip.AddrPort) error {
+		_, _, err := c.WriteMsgUDP(b, nil, net.UDPAddrFromAddrPort(to))
+		return err
+	}},
+	{"WriteMsgUDP connected", true, func(c *Conn, b []byte, _ netip.AddrPort) error {
+		_, _, err := c.WriteMsgUDP(b, nil, nil)
+		return err
+	}},
+	{"WriteMsgUDPAddrPort", false, func(c *Conn, b []byte, to netip.AddrPort) error {
+		_, _, err := c.WriteMsgUDPAddrPort(b, nil, to)
+		return err
+	}},
+}
+
+// TestEveryWriteTeaches: each write method teaches the learner the ID and
+// the peer of a datagram, then sends it; and the list above holds every
+// write method of *net.UDPConn, so that none writes around the learner.
+func TestEveryWriteTeaches(t *testing.T) {
+	tested := map[string]bool{}
+	for _, m := range writeMethods {
+		tested[strings.Fields(m.name)[0]] = true
+	}
+	ty := reflect.TypeFor[*net.UDPConn]()
+	for i := range ty.NumMethod() {
+		if name := ty.Method(i).Name; strings.HasPrefix(name, "Write") && !tested[name] {
+			t.Errorf("*net.UDPConn has %s, which no test shows teaching", name)
+		}
+	}
+	for _, m := range writeMethods {
+		t.Run(m.name, func(t *testing.T) {
+			rx := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+			to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
+			var sock *net.UDPConn
+			if m.connected {
+				var err error
+				sock, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { sock.Close() })
+			} else {
+				sock = loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
+			}
+			sink := newRecSink()
+			l, _ := testLearner(t, sink, Options{})
+			c, err := NewConn(sock, l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := handshakeTo(idA)
+			if err := m.write(c, want, to); err != nil {
+				t.Fatal(err)
+			}
+			if ids, peers := sink.counts(idA, to.Addr()); ids != 1 || peers != 1 {
+				t.Fatalf("taught the ID %d times and the peer %d times, want once each", ids, peers)
+			}
+			rx.SetReadDeadline(time.Now().Add(2 * time.Second))
+			got := make([]byte, 1500)
+			n, err := rx.Read(got)
+			if err != nil || !bytes.Equal(got[:n], want) {
+				t.Fatalf("received %d bytes (%v), want the datagram written", n, err)
+			}
+		})
+	}
+}
+
+// TestConnLearner: NewConn refuses no socket; Unwrap returns the socket;
+// with no learner a Conn writes and teaches nothing.
+func TestConnLearner(t *testing.T) {
+	if _, err := NewConn(nil, nil); err == nil || !strings.Contains(err.Error(), "no UDP socket") {
+		t.Fatalf("NewConn(nil): %v", err)
+	}
+	sock := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
+	sink := newRecSink()
+	l, _ := testLearner(t, sink, Options{})
+	c, err := NewConn(sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Unwrap() != net.PacketConn(sock) || c.Learner() != nil {
+		t.Fatal("Unwrap is not the socket, or a learner is set")
+	}
+	to := sock.LocalAddr().(*net.UDPAddr).AddrPort()
+	if _, err := c.WriteToUDPAddrPort(handshakeTo(idA), to); err != nil {
+		t.Fatal(err)
+	}
+	c.SetLearner(l)
+	if c.Learner() != l {
+		t.Fatal("Learner is not the one set")
+	}
+	if _, err := c.WriteToUDPAddrPort(handshakeTo(idB), to); err != nil {
+		t.Fatal(err)
+	}
+	if len(sink.ids) != 1 || sink.ids[idB] != 1 {
+		t.Fatalf("taught %v, want only the ID written with the learner set", sink.ids)
+	}
+}
+
+// TestConnWritesAllocateNothingMore: a write through a Conn allocates what
+// the socket's own write does, no more.
+func TestConnWritesAllocateNothingMore(t *testing.T) {
+	rx := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+	to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
+	go func() { // drain, so that the writes never wait
+		b := make([]byte, 1500)
+		for {
+			if _, err := rx.Read(b); err != nil {
+				return
+			}
+		}
+	}()
+	sock := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
+	l, _ := testLearner(t, nopSink{}, Options{})
+	c, _ := NewConn(sock, l)
+	b := shortPacket(1200)
+	oob := cmsgTOS()
+	udpTo := net.UDPAddrFromAddrPort(to)
+	c.WriteMsgUDP(b, oob, udpTo)
+	plain := testing.AllocsPerRun(200, func() { sock.WriteMsgUDP(b, oob, udpTo) })
+	wrapped := testing.AllocsPerRun(200, func() { c.WriteMsgUDP(b, oob, udpTo) })
+	if wrapped > plain {
+		t.Fatalf("WriteMsgUDP allocates %.1f times through the Conn, %.1f on the socket", wrapped, plain)
+	}
+}

@@ -1,0 +1,67 @@
+// Package egress learns from what the server sends what only the server
+// knows: the connection IDs it chose and the addresses it keeps connections
+// with. A kernel filter (or the userspace limiter) taught them can verify
+// what clients send: a spoofer who never receives the server's packets
+// cannot guess a 4-byte random ID, and a client's address becomes a peer
+// once the server holds a connection with it.
+//
+// # What it reads
+//
+// quic-go v0.63 sends every datagram through its packet conn's WriteMsgUDP,
+// GSO batches included (several datagrams of one size in one buffer, the
+// size in a UDP_SEGMENT control message). Conn embeds the listener's
+// *net.UDPConn, so quic-go keeps every fast path, and shows each write to a
+// Learner before it writes; userspace.Conn does the same in userspace mode.
+// Each GSO segment is a datagram of its own.
+//
+//   - Server IDs: the source connection ID of the server's Initial,
+//     Handshake and Retry packets (QUIC v1 and v2, RFC 9000 section 17.2,
+//     RFC 9369), of each coalesced packet, followed by their Length fields.
+//     quic-go's default generator, which Caddy keeps, makes them ServerIDLen
+//     (4) random bytes. A Handshake or Retry packet with an ID of another
+//     length is counted (Stats.OddIDs) and reported once (Options.OnOddID):
+//     verification by ID cannot work then. An Initial with another length
+//     is quic-go's refusal of a connection, sent from the client's own
+//     destination ID (at least 8 bytes): it teaches nothing and is not
+//     counted.
+//   - Peers: the destination of a datagram of a connection the server
+//     keeps: one holding a short-header packet, a Handshake packet or an
+//     Initial with a server ID. Never that of a stateless reply (Retry,
+//     Version Negotiation, a refusal), which a spoofer can direct at any
+//     address: when the server asks for a Retry (Caddy does above 1000
+//     handshakes a second) no spoofed source becomes a peer. Without a
+//     Retry the server answers any Initial with a connection, so a
+//     spoofer's forged source does become a peer for a while
+//     (TestStatelessRepliesTeachNoPeer shows both cases).
+//
+// What it cannot see: the IDs the server issues in NEW_CONNECTION_ID
+// frames, which are encrypted. A quic-go client moves to one of them as
+// soon as its handshake completes, and that is before it sends its last
+// Handshake packet (its Finished): from then on, its Initial
+// acknowledgements, its Handshake packets and all its short-header packets
+// carry IDs no learner saw (TestQUICGoTeaches counts them: only a Retry's
+// answer goes to an ID the learner knows). Those packets are verified by
+// their source being a peer, which the server's first reply taught.
+//
+// # Cost and memory
+//
+// Learn allocates nothing. A short-header datagram (or GSO batch) costs a
+// clock read and one map lookup under the lock of one of 16 shards, chosen
+// by a keyed hash of the peer's address. A sink is called only for a new
+// ID, an ID not reported for a quarter of the lifetime, and a peer not
+// reported for PeerInterval (1 s). The sink is called before Learn returns,
+// under the shard's lock, so that a datagram carrying an ID or going to a
+// peer leaves only after the sink knows them, even when several goroutines
+// write to one peer at once.
+//
+// The Learner remembers at most MaxIDs server IDs (each for the lifetime
+// after it was last sent, to teach them to a new sink) and MaxPeers peers
+// (each for PeerInterval). An entry is a map slot of 24 bytes for an ID and
+// 32 for a peer; with Go's map overhead (a table doubles at 7/8 full) that
+// is 35 to 80 bytes an entry: with both tables full the Learner holds under
+// 10 MiB (8.3 MiB measured on amd64, TestMemoryBound). The tables hold no
+// pointers, so the garbage collector does not scan them. When a shard is
+// full, it forgets the entries past their time and, if that frees less
+// than an eighth of it, all of them (Stats.Overflows): the cost is a report
+// again, never a refused write.
+package egress

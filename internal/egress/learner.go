@@ -1,0 +1,371 @@
+package egress
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/cpu"
+)
+
+// Sink is what a Learner teaches: the engine that verifies the datagrams
+// clients send (the kernel filter or the userspace limiter). Its methods
+// must be safe for concurrent use.
+type Sink interface {
+	// LearnServerID records id, a connection ID the server chose and put
+	// in the source connection ID of a long-header packet it sends.
+	LearnServerID(id ServerID) error
+	// LearnPeer records addr, an address the server sends datagrams to
+	// (an IPv4 address unmapped, without a zone).
+	LearnPeer(addr netip.Addr) error
+}
+
+// Defaults and bounds of a Learner.
+const (
+	// DefaultLifetime is the default Options.Lifetime: a bit more than
+	// quic-go's default idle timeout of 30 s.
+	DefaultLifetime = 40 * time.Second
+	// PeerInterval is how often at most a Learner reports one peer, while
+	// the server keeps sending to it.
+	PeerInterval = time.Second
+	// MaxIDs and MaxPeers bound the server IDs and the peers a Learner
+	// remembers (see the package doc for the memory).
+	MaxIDs   = 1 << 16
+	MaxPeers = 1 << 16
+
+	// shardBits sets the number of shards of each table: writers to
+	// different peers rarely wait for each other.
+	shardBits = 4
+	numShards = 1 << shardBits
+	// idsPerShard and peersPerShard are each shard's share of the bounds.
+	idsPerShard   = MaxIDs / numShards
+	peersPerShard = MaxPeers / numShards
+)
+
+// Options configure a Learner.
+type Options struct {
+	// Lifetime is how long the engine keeps a server ID or a peer it was
+	// taught and that is not used (its ExpireLearned lifetime): the
+	// Learner reports a server ID again when it is sent again more than a
+	// quarter of Lifetime after its last report, and remembers it for
+	// Lifetime after it was last sent, to teach it to a new sink
+	// (SetSink). Zero means DefaultLifetime; it must be at least
+	// PeerInterval.
+	Lifetime time.Duration
+	// OnOddID, if not nil, is called once, from the write path, the
+	// first time the server sends a Handshake or Retry packet whose source
+	// connection ID is not ServerIDLen bytes long (its length is the
+	// argument). Verification by server ID cannot work with such IDs (a
+	// connection ID generator other than quic-go's default): the caller
+	// turns it off and logs. Stats counts every such packet.
+	OnOddID func(length int)
+}
+
+// Stats are a Learner's counters since it was made.
+type Stats struct {
+	// IDs counts server IDs reported to a sink that accepted them: new
+	// ones, refreshes and those taught again to a new sink.
+	IDs uint64
+	// Peers counts peer reports a sink accepted.
+	Peers uint64
+	// Errors counts reports a sink refused.
+	Errors uint64
+	// OddIDs counts the server's Handshake and Retry packets whose source
+	// connection ID is not ServerIDLen bytes long.
+	OddIDs uint64
+	// Overflows counts the times a full shard of the server IDs or of the
+	// peers was emptied to make room (each entry forgotten is reported
+	// again when next sent, or not taught to a new sink).
+	Overflows uint64
+}
+
+// Learner reads the datagrams the server sends and teaches a Sink the
+// server's connection IDs and the addresses of its peers (see the package
+// doc). It is safe for concurrent use.
+type Learner struct {
+	sink atomic.Pointer[sinkBox]
+	// setMu serialises SetSink.
+	setMu sync.Mutex
+	// lifetime and refresh are in nanoseconds of now.
+	lifetime, refresh int64
+	onOdd             func(int)
+	oddCalled         atomic.Bool
+	// now is a monotonic clock in nanoseconds.
+	now func() int64
+	// seed keys the shard hash.
+	seed uint64
+
+	ids   [numShards]shard[ServerID]
+	peers [numShards]shard[[16]byte]
+
+	nIDs, nPeers, nErrors, nOdd, nOverflows atomic.Uint64
+}
+
+// sinkBox holds a Sink for an atomic pointer.
+type sinkBox struct{ Sink }
+
+// entry is what a table remembers of a key, in nanoseconds of the
+// Learner's clock: when it was last reported to a sink and last sent.
+type entry struct {
+	reported, seen int64
+}
+
+// shard is a part of a table, with its own lock, on a cache line of its
+// own.
+type shard[K comparable] struct {
+	mu sync.Mutex
+	m  map[K]entry
+	_  cpu.CacheLinePad
+}
+
+// NewLearner returns a Learner that teaches sink (nil: nothing until
+// SetSink).
+func NewLearner(sink Sink, o Options) (*Learner, error) {
+	start := time.Now()
+	return newLearner(sink, o, func() int64 { return int64(time.Since(start)) })
+}
+
+// newLearner returns a Learner on the clock now.
+func newLearner(sink Sink, o Options, now func() int64) (*Learner, error) {
+	if o.Lifetime == 0 {
+		o.Lifetime = DefaultLifetime
+	}
+	if o.Lifetime < PeerInterval {
+		return nil, fmt.Errorf("egress learner: lifetime %v is shorter than the peer interval %v", o.Lifetime, PeerInterval)
+	}
+	var seed [8]byte
+	if _, err := rand.Read(seed[:]); err != nil {
+		return nil, fmt.Errorf("egress learner: seeding the shard hash: %w", err)
+	}
+	l := &Learner{
+		lifetime: int64(o.Lifetime),
+		refresh:  int64(o.Lifetime / 4),
+		onOdd:    o.OnOddID,
+		now:      now,
+		seed:     binary.LittleEndian.Uint64(seed[:]) | 1,
+	}
+	if sink != nil {
+		l.sink.Store(&sinkBox{sink})
+	}
+	return l, nil
+}
+
+// Stats returns the Learner's counters.
+func (l *Learner) Stats() Stats {
+	return Stats{
+		IDs:       l.nIDs.Load(),
+		Peers:     l.nPeers.Load(),
+		Errors:    l.nErrors.Load(),
+		OddIDs:    l.nOdd.Load(),
+		Overflows: l.nOverflows.Load(),
+	}
+}
+
+// SetSink makes s the sink from now on (nil: learn nothing). A new sink
+// knows nothing: it is taught at once every server ID sent within the
+// lifetime (quic-go sends a connection's ID only in its handshake, so it
+// would not be seen again), and every peer again at the next datagram to
+// it.
+func (l *Learner) SetSink(s Sink) {
+	l.setMu.Lock()
+	defer l.setMu.Unlock()
+	var box *sinkBox
+	if s != nil {
+		box = &sinkBox{s}
+	}
+	l.sink.Store(box)
+	for i := range l.peers {
+		sh := &l.peers[i]
+		sh.mu.Lock()
+		clear(sh.m)
+		sh.mu.Unlock()
+	}
+	if box == nil {
+		return
+	}
+	now := l.now()
+	for i := range l.ids {
+		l.replay(&l.ids[i], now)
+	}
+}
+
+// replay teaches the current sink the server IDs of sh sent within the
+// lifetime, and forgets the others.
+func (l *Learner) replay(sh *shard[ServerID], now int64) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	box := l.sink.Load() // under the lock: see learnID
+	for id, e := range sh.m {
+		if now-e.seen >= l.lifetime {
+			delete(sh.m, id)
+			continue
+		}
+		if box != nil && l.report(box.LearnServerID(id), &l.nIDs) {
+			e.reported = now
+			sh.m[id] = e
+		}
+	}
+}
+
+// Learn reads the datagram b the server is about to send to to, with its
+// control messages oob (a GSO batch of several datagrams when oob holds a
+// UDP_SEGMENT message), and teaches the sink what it has not been taught
+// yet, before it returns: call it before the datagram is written, so that
+// the engine knows an ID before a client can answer with it. It allocates
+// nothing, and for a short-header datagram takes one map lookup under a
+// shard's lock.
+//
+// A server ID is each source connection ID ServerIDLen bytes long of the
+// server's Initial, Handshake and Retry packets (QUIC v1 and v2; coalesced
+// packets followed by their Length). A peer is to's address, if a datagram
+// in b belongs to a connection: not a stateless reply (Retry, Version
+// Negotiation, a refusal), which a spoofer can direct at any address (see
+// the package doc).
+func (l *Learner) Learn(b, oob []byte, to netip.AddrPort) {
+	if l == nil || len(b) == 0 || l.sink.Load() == nil {
+		return
+	}
+	seg := len(b)
+	if s := segmentSize(oob); s > 0 {
+		seg = s
+	}
+	now := l.now()
+	peer := false
+	for off := 0; off < len(b); off += seg {
+		d := b[off:min(off+seg, len(b))]
+		if d[0]&headerForm == 0 { // a short header: no need to inspect
+			peer = peer || d[0]&fixedBit != 0
+			continue
+		}
+		s := inspect(d)
+		peer = peer || s.peer
+		for _, id := range s.ids[:s.nIDs] {
+			l.learnID(id, now)
+		}
+		if s.odd > 0 {
+			l.nOdd.Add(uint64(s.odd))
+			if l.onOdd != nil && l.oddCalled.CompareAndSwap(false, true) {
+				l.onOdd(oddLen(d))
+			}
+		}
+	}
+	if peer && to.IsValid() {
+		l.learnPeer(to.Addr().Unmap().WithZone(""), now)
+	}
+}
+
+// oddLen returns the length of the first source connection ID of the
+// datagram d that inspect counts as odd.
+func oddLen(d []byte) int {
+	for len(d) > 0 && d[0]&headerForm != 0 {
+		size, typ, scid, ok := parseLong(d)
+		if !ok {
+			break
+		}
+		if len(scid) != ServerIDLen && typ != typeInitial {
+			return len(scid)
+		}
+		d = d[size:]
+	}
+	return -1
+}
+
+// learnID teaches the sink id unless it was taught less than the refresh
+// interval ago, and records that id was sent at now.
+func (l *Learner) learnID(id ServerID, now int64) {
+	sh := &l.ids[l.shardOf(uint64(binary.LittleEndian.Uint32(id[:])), 0)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	// The sink is read under the lock, which SetSink takes after storing a
+	// new one: an ID recorded here is either reported to the new sink or
+	// replayed to it.
+	box := l.sink.Load()
+	if box == nil {
+		return
+	}
+	e, ok := sh.m[id]
+	if !ok {
+		sh.m = makeRoom(sh.m, now, l.lifetime, idsPerShard, &l.nOverflows)
+		e.reported = now - l.refresh // never reported
+	}
+	e.seen = now
+	if now-e.reported >= l.refresh && l.report(box.LearnServerID(id), &l.nIDs) {
+		// A refused ID is reported again with the next packet that
+		// carries it.
+		e.reported = now
+	}
+	sh.m[id] = e
+}
+
+// learnPeer teaches the sink addr unless it was taught less than
+// PeerInterval ago. The sink is called under the shard's lock: a
+// concurrent write to the same peer waits until the sink knows it.
+func (l *Learner) learnPeer(addr netip.Addr, now int64) {
+	key := addr.As16()
+	sh := &l.peers[l.shardOf(binary.LittleEndian.Uint64(key[:8]), binary.LittleEndian.Uint64(key[8:]))]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[key]
+	if ok && now-e.reported < int64(PeerInterval) {
+		return
+	}
+	box := l.sink.Load()
+	if box == nil {
+		return
+	}
+	if !ok {
+		sh.m = makeRoom(sh.m, now, int64(PeerInterval), peersPerShard, &l.nOverflows)
+	}
+	// A refused peer is reported again after PeerInterval, as an accepted
+	// one: a failing sink is not called for every datagram.
+	sh.m[key] = entry{reported: now, seen: now}
+	l.report(box.LearnPeer(addr), &l.nPeers)
+}
+
+// report counts the result of a report to a sink, in ok if it was
+// accepted, and says whether it was.
+func (l *Learner) report(err error, ok *atomic.Uint64) bool {
+	if err != nil {
+		l.nErrors.Add(1)
+		return false
+	}
+	ok.Add(1)
+	return true
+}
+
+// makeRoom returns m (made if nil) with room for one more entry under
+// limit: when m is full, it forgets the entries not sent for keep, and if
+// that frees less than an eighth of m, all of them (so that a sweep, which
+// walks the whole shard, happens at most once per limit/8 new entries),
+// which it counts as an overflow.
+func makeRoom[K comparable](m map[K]entry, now, keep int64, limit int, overflows *atomic.Uint64) map[K]entry {
+	if m == nil {
+		return make(map[K]entry)
+	}
+	if len(m) < limit {
+		return m
+	}
+	for k, e := range m {
+		if now-e.seen >= keep {
+			delete(m, k)
+		}
+	}
+	if len(m) > limit-limit/8 {
+		clear(m)
+		overflows.Add(1)
+	}
+	return m
+}
+
+// shardOf returns the shard of a key whose bits are a and b.
+func (l *Learner) shardOf(a, b uint64) int {
+	// A multiplicative hash keyed by the seed: which keys share a shard
+	// is not up to the clients.
+	h := (a ^ l.seed) * 0x9e3779b97f4a7c15
+	h = (h ^ b ^ h>>29) * 0xbf58476d1ce4e5b9
+	return int(h >> (64 - shardBits))
+}
