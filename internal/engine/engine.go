@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -56,8 +57,9 @@ type Engine interface {
 	// Events opens the reader of newly limited streams.
 	Events() (EventReader, error)
 	// Protect puts the filter in front of the socket and returns what
-	// quic-go must read from.
-	Protect(conn *net.UDPConn) (net.PacketConn, error)
+	// quic-go must read from and write to: a conn that teaches learner
+	// what the server sends (its connection IDs and peers).
+	Protect(conn *net.UDPConn, learner *egress.Learner) (net.PacketConn, error)
 	// Unprotect takes the filter away from a socket that stays open (the
 	// limiter was removed). It reports false when the socket is closed.
 	Unprotect(conn *net.UDPConn) (bool, error)

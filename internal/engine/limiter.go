@@ -16,6 +16,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 )
 
@@ -42,6 +43,13 @@ type Limiter struct {
 	// ctl moves the opening total when the configuration makes it
 	// adaptive (nil otherwise).
 	ctl *backlog.Controller
+
+	// learner learns the server's connection IDs and peers from what
+	// quic-go writes, and teaches the engine in force.
+	learner *egress.Learner
+	// oddIDs is set once the server sent connection IDs the engine cannot
+	// verify (not quic-go's 4 bytes): verification is then off.
+	oddIDs atomic.Bool
 
 	// attachErrors counts sockets this limiter should protect and could
 	// not.
@@ -91,6 +99,12 @@ func start(name, mode string, eng Engine, put Setting, userspace func(datagram.C
 	}
 	l := &Limiter{name: name, requested: mode, userspace: userspace, eng: eng, put: put, events: events,
 		stop: make(chan struct{})}
+	l.learner, err = egress.NewLearner(sinkOf(eng), egress.Options{Lifetime: IDLifetime, OnOddID: l.oddID})
+	if err != nil {
+		events.Close()
+		eng.Close()
+		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
+	}
 	l.effective(put.Config) // starts the controller of an adaptive total
 	l.done.Add(3)
 	go l.readEvents()
@@ -204,15 +218,15 @@ func (l *Limiter) Attach(conn *net.UDPConn) (out net.PacketConn, attached bool, 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if slices.Contains(l.conns, conn) {
-		out, err = l.eng.Protect(conn) // the same conn again
+		out, err = l.eng.Protect(conn, l.learner) // the same conn again
 		return out, false, err
 	}
-	out, err = l.eng.Protect(conn)
+	out, err = l.eng.Protect(conn, l.learner)
 	if err != nil && l.requested == ModeAuto && l.eng.Mode() == ModeBPF && len(l.conns) == 0 {
 		if serr := l.fallBack(err); serr != nil {
 			return nil, false, fmt.Errorf("%w; and the userspace limiter: %w", err, serr)
 		}
-		out, err = l.eng.Protect(conn)
+		out, err = l.eng.Protect(conn, l.learner)
 	}
 	if err != nil {
 		return nil, false, err
@@ -239,6 +253,7 @@ func (l *Limiter) fallBack(why error) error {
 	}
 	old, oldEvents := l.eng, l.events
 	l.eng, l.events = u, events
+	l.learner.SetSink(sinkOf(u))
 	oldEvents.Close() // readEvents moves on to the new reader
 	old.Close()
 	l.put.Logger.Warn("rakelimit filters in userspace, in front of quic-go, because the BPF filter cannot attach to the socket; "+
@@ -303,6 +318,11 @@ func (l *Limiter) expireStreams() {
 		for _, st := range expired {
 			put.Logger.Info(expiredMessage(st), l.expiredFields(put.Config, st, listeners)...)
 		}
+		if learned, ok := eng.(learnedExpirer); ok && sweep%expireLearnedEvery == 0 {
+			if _, _, err := learned.ExpireLearned(IDLifetime); err != nil {
+				put.Logger.Error("forgetting unused connection IDs and peers", zap.String("limiter", l.name), zap.Error(err))
+			}
+		}
 		if sweep--; sweep <= 0 {
 			sweep = sweepEvery
 			if _, err := eng.Sweep(); err != nil {
@@ -336,6 +356,7 @@ func (l *Limiter) Close() error {
 	l.mu.Unlock()
 	events.Close()
 	l.done.Wait()
+	l.learner.SetSink(nil)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, c := range l.conns {

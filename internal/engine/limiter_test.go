@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -57,7 +58,7 @@ func (e *fakeEngine) Streams() ([]datagram.Stream, error)                    { r
 func (e *fakeEngine) ExpireStreams(time.Duration) ([]datagram.Stream, error) { return nil, nil }
 func (e *fakeEngine) Sweep() (int, error)                                    { return 0, nil }
 func (e *fakeEngine) Events() (EventReader, error)                           { return e.events, nil }
-func (e *fakeEngine) Protect(conn *net.UDPConn) (net.PacketConn, error) {
+func (e *fakeEngine) Protect(conn *net.UDPConn, _ *egress.Learner) (net.PacketConn, error) {
 	if e.protectErr != nil {
 		return nil, e.protectErr
 	}

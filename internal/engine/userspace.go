@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
@@ -32,9 +33,9 @@ func (e *userEngine) Mode() string { return ModeUserspace }
 func (e *userEngine) Events() (EventReader, error) { return e.Limiter.Events() }
 
 // Protect wraps the socket in a conn that decides every datagram before
-// quic-go reads it; the conn keeps quic-go's batched reads, GSO and ECN (see
-// package userspace).
-func (e *userEngine) Protect(conn *net.UDPConn) (net.PacketConn, error) {
+// quic-go reads it and teaches learner what quic-go writes; the conn keeps
+// quic-go's batched reads, GSO and ECN (see package userspace).
+func (e *userEngine) Protect(conn *net.UDPConn, learner *egress.Learner) (net.PacketConn, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if c, ok := e.conns[conn]; ok {
@@ -44,6 +45,7 @@ func (e *userEngine) Protect(conn *net.UDPConn) (net.PacketConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wrapping the socket: %w", err)
 	}
+	c.SetLearner(learner)
 	e.conns[conn] = c
 	return c, nil
 }
