@@ -538,7 +538,7 @@ func TestConfigureRollsBack(t *testing.T) {
 	}
 }
 
-// TestInfo: the sketches of both classes fit in 1 MiB with the default
+// TestInfo: the sketches of the three classes fit in 1 MiB with the default
 // lattice, and a socket pays little option memory for the filter.
 func TestInfo(t *testing.T) {
 	f := loadTest(t, quic(1000, 250_000), loadOptions{})
@@ -588,23 +588,43 @@ func optmem(t testing.TB, conn *net.UDPConn) int {
 }
 
 // TestDimensions: the loader sizes the sketch map for the largest lattice,
-// and the program reaches its last line (a short map would count every
-// packet as an error).
+// and the program reaches its last line, which belongs to the last class's
+// total (a short map would count every packet as an error): datagrams of
+// every class of the limiter, with verification.
 func TestDimensions(t *testing.T) {
-	c := limits(100)
+	c := quic(100, 1000)
+	c.VerifyIDs = true
 	c.Limiter.PerDstPort = true
 	c.Limiter.IPv4Prefixes, c.Limiter.IPv6Prefixes = []uint8{32, 24, 16, 0}, []uint8{128, 64, 48, 0}
 	w := newTwin(t, c)
 	if got, want := int(w.f.objs.Cells.MaxEntries()), w.d.Limiter().Params().TotalLines; got != want {
 		t.Fatalf("cells map has %d lines, want %d", got, want)
 	}
+	sid := datagram.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
+	w.learnID(sid, start)
+	payloads := [sketch.NumClasses][]byte{
+		quicclass.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
+		quicclass.ShortPacket(sid, 100),
+		quicclass.ShortPacket(datagram.ServerID{1, 2, 3, 4}, 100),
+	}
 	for i := range 2000 {
 		p := udp(fmt.Sprintf("2001:db8:%x::%x", i, i), uint16(2000+i))
+		p.data = payloads[i%sketch.NumClasses]
 		w.step(p, p.datagram(true), start+int64(i)*1000, uint32(i))
 	}
 	w.compareState()
-	if st, _ := w.f.Stats(); st.Errors != 0 {
+	st, _ := w.f.Stats()
+	if st.Errors != 0 {
 		t.Fatalf("%d packets could not reach their cells", st.Errors)
+	}
+	lines := w.f.lines(t)
+	if last := lines[len(lines)-1]; last.Cells[0].Epoch == 0 && last.Cells[1].Epoch == 0 && last.Cells[2].Epoch == 0 {
+		t.Fatal("the last line, class 2's total, was never touched")
+	}
+	for class := range sketch.NumClasses {
+		if st.Passed[class][datagram.FamilyIndex(sketch.IPv6)] == 0 {
+			t.Fatalf("no datagram passed in class %d: %+v", class, st.Passed)
+		}
 	}
 }
 

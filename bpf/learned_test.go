@@ -114,3 +114,22 @@ func memlock(t *testing.T, m *ebpf.Map) int {
 	t.Fatal("no memlock in the map's fdinfo")
 	return 0
 }
+
+// TestLearnedDimensions: the object's learned sets are LRU hash maps of the
+// sizes package datagram gives (load refuses an object that disagrees; this
+// checks without loading, so without privileges).
+func TestLearnedDimensions(t *testing.T) {
+	spec, err := loadRakelimit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]uint32{rakelimitMapServerIds: datagram.MaxServerIDs, rakelimitMapPeers: datagram.MaxPeers} {
+		m := spec.Maps[name]
+		if m.Type != ebpf.LRUHash || m.MaxEntries != want {
+			t.Errorf("%s: %v of %d entries, want an LRU hash of %d", name, m.Type, m.MaxEntries, want)
+		}
+	}
+	if k := spec.Maps[rakelimitMapPeers].KeySize; k != uint32(4*len(datagram.PeerKey{})) {
+		t.Errorf("peers keyed by %d bytes", k)
+	}
+}
