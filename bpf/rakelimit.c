@@ -10,9 +10,9 @@
 // server's own datagrams and writes to the server_ids and peers maps), then
 // the version negotiation cap or the class's limiter (Limiter.Decide in
 // internal/sketch, where the algorithm, its parameters and error bounds are
-// documented). Tests run packet traces through
-// both and compare verdicts, counters and every sketch cell bit for bit, so any
-// change here must be made there too (and the other way round).
+// documented). Tests run packet traces through both and compare verdicts,
+// counters, learned times and every sketch cell bit for bit, so any change
+// here must be made there too (and the other way round).
 //
 // On a real UDP socket skb->data points at the UDP header; under
 // BPF_PROG_TEST_RUN it points at the IP header. Every header is therefore read
