@@ -54,7 +54,7 @@ func (f *Filter) learnPeer(addr netip.Addr, at uint64) error {
 func (f *Filter) ExpireLearned(lifetime time.Duration) (ids, peers int, err error) {
 	now := monoNow()
 	var cutoff uint64
-	if d := uint64(lifetime.Nanoseconds()); lifetime > 0 && d < now {
+	if d := uint64(max(lifetime, 0).Nanoseconds()); d < now {
 		cutoff = now - d
 	}
 	return f.expireLearned(cutoff)

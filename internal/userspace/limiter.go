@@ -236,7 +236,7 @@ func (l *Limiter) LearnPeer(addr netip.Addr) error {
 func (l *Limiter) ExpireLearned(lifetime time.Duration) (ids, peers int, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ids, peers = l.f.ExpireLearned(l.clock.now() - int64(lifetime))
+	ids, peers = l.f.ExpireLearned(l.clock.now() - int64(max(lifetime, 0)))
 	return ids, peers, nil
 }
 
