@@ -81,6 +81,105 @@ func TestClassifyFrames(t *testing.T) {
 	w.compareState()
 }
 
+// TestClassifyFramesVerify runs datagrams of every kind verification tells
+// apart, to a learned server ID and another, from a learned peer and a
+// stranger, from IPv4 and IPv6 with and without extension headers, through
+// the program and the Go twin with VerifyIDs, and checks the class, reason
+// and verification both give against the expected ones.
+func TestClassifyFramesVerify(t *testing.T) {
+	sid := datagram.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
+	other := datagram.ServerID{0x0a, 0x0b, 0x0c, 0x0d}
+	cid := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	v1, v2 := uint32(quicclass.Version1), uint32(quicclass.Version2)
+	const (
+		initial1, zeroRTT1, handshake1 = 0, 1, 2
+		initial2, zeroRTT2, handshake2 = 1, 2, 3
+	)
+	tests := []struct {
+		name     string
+		peer     bool
+		data     []byte
+		class    quicclass.Class
+		reason   quicclass.Reason
+		verified quicclass.Verification
+	}{
+		{"short to a server id", false, quicclass.ShortPacket(sid, 1200), quicclass.Established, 0, quicclass.ShortByID},
+		{"short from a peer", true, quicclass.ShortPacket(other, 40), quicclass.Established, 0, quicclass.ShortByPeer},
+		{"short from a stranger", false, quicclass.ShortPacket(other, 40), quicclass.Unverified, 0, 0},
+		{"short of 20 bytes", true, quicclass.ShortPacket(sid, 20), quicclass.Invalid, quicclass.Truncated, 0},
+		{"v1 initial", false, quicclass.LongPacket(v1, initial1, cid, cid, nil, 1200), quicclass.Opening, 0, 0},
+		{"v2 initial from a peer", true, quicclass.LongPacket(v2, initial2, cid, cid, nil, 1250), quicclass.Opening, 0, quicclass.OpeningFromPeer},
+		{"v1 initial to a server id, with a token", false, quicclass.LongPacket(v1, initial1, sid[:], cid, make([]byte, 90), 1200),
+			quicclass.Established, 0, quicclass.OpeningByID},
+		{"v2 initial, a token past the probe", true, quicclass.LongPacket(v2, initial2, cid, cid, make([]byte, 700), 1300),
+			quicclass.Opening, 0, quicclass.OpeningFromPeer},
+		{"v1 initial, token past the end", false, func() []byte {
+			b := quicclass.LongPacket(v1, initial1, cid, cid, nil, 1200)
+			copy(b[7+16:], quicclass.AppendVarint(nil, 1190))
+			return b
+		}(), quicclass.Invalid, quicclass.Length, 0},
+		{"v2 initial to a server id, length past the end", false, quicclass.LongPacket(v2, initial2, sid[:], cid, nil, 1300)[:1250],
+			quicclass.Invalid, quicclass.Length, 0},
+		{"v1 initial of 1250, length 1 past", false, func() []byte {
+			b := quicclass.LongPacket(v1, initial1, cid, cid, nil, 1250)
+			copy(b[7+16+1:], quicclass.AppendVarint(nil, 1250-(7+16+1+2)+1))
+			return b
+		}(), quicclass.Invalid, quicclass.Length, 0},
+		{"v1 initial, zero length", true, quicclass.LongHeader(v1, initial1, 8, 8, 1200), quicclass.Invalid, quicclass.Length, 0},
+		{"v1 0-rtt to a server id", false, quicclass.LongPacket(v1, zeroRTT1, sid[:], cid, nil, 300), quicclass.Established, 0, quicclass.OpeningByID},
+		{"v2 0-rtt from a peer", true, quicclass.LongPacket(v2, zeroRTT2, cid, cid, nil, 300), quicclass.Opening, 0, quicclass.OpeningFromPeer},
+		{"v1 handshake to a server id", false, quicclass.LongPacket(v1, handshake1, sid[:], cid, nil, 90), quicclass.Established, 0, quicclass.OpeningByID},
+		{"v2 handshake to a server id", false, quicclass.LongPacket(v2, handshake2, sid[:], nil, nil, 1200), quicclass.Established, 0, quicclass.OpeningByID},
+		{"v1 handshake to another id, from a peer", true, quicclass.LongPacket(v1, handshake1, other[:], cid, nil, 90),
+			quicclass.Established, 0, quicclass.HandshakeFromPeer},
+		{"v2 handshake to an 8-byte id", false, quicclass.LongPacket(v2, handshake2, cid, cid, nil, 90),
+			quicclass.Invalid, quicclass.UnknownConnectionID, 0},
+		{"7-byte handshake", false, []byte{0xe0, 0, 0, 0, 1, 0, 0}, quicclass.Invalid, quicclass.Length, 0},
+		{"v1 handshake, length 19", false, func() []byte {
+			b := quicclass.LongPacket(v1, handshake1, sid[:], nil, nil, 90)
+			copy(b[7+4:], []byte{0x40, 19})
+			return b
+		}(), quicclass.Invalid, quicclass.Length, 0},
+		{"v1 handshake, 8-byte length", false, func() []byte {
+			b := quicclass.LongPacket(v1, handshake1, sid[:], nil, nil, 90)
+			return append(append(b[:7+4], 0xc0, 0, 0, 0, 0, 0, 0, 30), make([]byte, 60)...)
+		}(), quicclass.Established, 0, quicclass.OpeningByID},
+		{"retry", true, quicclass.LongPacket(v1, 3, sid[:], cid, nil, 100), quicclass.Invalid, quicclass.ServerOnly, 0},
+		{"unknown version", true, quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200), quicclass.Negotiation, 0, 0},
+	}
+	c := quic(1000, 1000)
+	c.VerifyIDs = true
+	w := newTwin(t, c)
+	now := start
+	w.learnID(sid, now)
+	sources := map[bool][]string{false: {"198.51.100.7", "2001:db8:1:2::7"}, true: {"203.0.113.7", "2001:db8:77::7"}}
+	for _, src := range sources[true] {
+		w.learnPeer(netip.MustParseAddr(src), now)
+	}
+	for fi := range 2 {
+		for _, ext := range [][]ipv6Ext{nil, {{kind: unix.IPPROTO_HOPOPTS}, {kind: unix.IPPROTO_DSTOPTS, units: 2}}} {
+			if ext != nil && fi == 0 {
+				continue
+			}
+			for _, tt := range tests {
+				src := sources[tt.peer][fi]
+				t.Run(fmt.Sprintf("%s %d extensions %s", src, len(ext), tt.name), func(t *testing.T) {
+					w.t = t
+					p := udp(src, 50000)
+					p.data, p.ipv6Ext = tt.data, ext
+					now += int64(time.Millisecond)
+					out := w.step(p, p.datagram(true), now, 0)
+					if out.Class != tt.class || out.Reason != tt.reason || out.Verified != tt.verified {
+						t.Fatalf("class %v/%v/%v, want %v/%v/%v", out.Class, out.Reason, out.Verified, tt.class, tt.reason, tt.verified)
+					}
+				})
+			}
+		}
+	}
+	w.t = t
+	w.compareState()
+}
+
 // IPV6MaxExt is IPV6_MAX_EXT in rakelimit.c, the extension headers walked.
 const IPV6MaxExt = 6
 
@@ -167,8 +266,14 @@ func TestSweep(t *testing.T) {
 // IPv4 and IPv6 sources and a blocked port, and checks that the filter
 // counts each class and reason as the Go twin does for the same datagrams,
 // and delivers exactly the valid ones: on a real socket the filter finds the
-// UDP payload at another offset than under test runs.
+// UDP payload at another offset than under test runs. With VerifyIDs, from
+// a learned peer and strangers, to a learned server ID and others, the
+// verifications too: the length fields the filter then reads lie past the
+// probe, for an Initial with a long token past the skb's linear part.
 func TestSocketClasses(t *testing.T) {
+	sid := datagram.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
+	other := datagram.ServerID{0x0a, 0x0b, 0x0c, 0x0d}
+	cid := []byte{1, 2, 3, 4, 5, 6, 7, 8}
 	payloads := map[string][]byte{
 		"initial":         quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200),
 		"handshake":       quicclass.LongHeader(quicclass.Version1, 2, 4, 8, 90),
@@ -179,49 +284,82 @@ func TestSocketClasses(t *testing.T) {
 		"small initial":   quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 900),
 		"retry":           quicclass.LongHeader(quicclass.Version1, 3, 8, 8, 100),
 		"truncated":       quicclass.LongHeader(quicclass.Version1, 2, 8, 8, 12),
+		// What verification tells apart.
+		"consistent initial":           quicclass.LongPacket(quicclass.Version1, 0, cid, cid, nil, 1200),
+		"initial with a long token":    quicclass.LongPacket(quicclass.Version2, 1, cid, cid, make([]byte, 900), 1350),
+		"initial to a server id":       quicclass.LongPacket(quicclass.Version1, 0, sid[:], cid, make([]byte, 60), 1250),
+		"initial, length past the end": quicclass.LongPacket(quicclass.Version1, 0, cid, cid, make([]byte, 600), 1400)[:1300],
+		"0-rtt":                        quicclass.LongPacket(quicclass.Version2, 2, cid, cid, nil, 500),
+		"handshake to a server id":     quicclass.LongPacket(quicclass.Version1, 2, sid[:], cid, nil, 90),
+		"handshake to another id":      quicclass.LongPacket(quicclass.Version2, 3, other[:], cid, nil, 90),
+		"7-byte handshake":             {0xe0, 0, 0, 0, 1, 0, 0},
+		"short to a server id":         quicclass.ShortPacket(sid, 300),
+		"short to another id":          quicclass.ShortPacket(other, 30),
 	}
-	c := quic(100_000, 100_000)
-	c.Negotiation = 1000
-	f, conn, port := attached(t, c, "udp")
-	twin, err := datagram.New(c, sketch.HashKey{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := receive(conn)
-	wantDelivered := 0
-	for _, src := range []string{"127.0.0.9:40000", "127.0.0.9:53", "[::1]:40001"} {
-		s := loopbacktest.Sender(t, netip.MustParseAddrPort(src))
-		dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
-		if netip.MustParseAddrPort(src).Addr().Is6() {
-			dst = netip.AddrPortFrom(netip.IPv6Loopback(), port)
-		}
-		for _, b := range payloads {
-			if _, err := s.WriteToUDPAddrPort(b, dst); err != nil {
+	for _, verify := range []bool{false, true} {
+		t.Run(fmt.Sprintf("verify=%v", verify), func(t *testing.T) {
+			c := quic(100_000, 100_000)
+			c.Negotiation = 1000
+			c.VerifyIDs = verify
+			f, conn, port := attached(t, c, "udp")
+			twin, err := datagram.New(c, sketch.HashKey{})
+			if err != nil {
 				t.Fatal(err)
 			}
-			d := datagram.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort(src), port), Length: len(b),
-				Probe: b[:min(len(b), quicclass.ProbeBytes)]}
-			if !twin.Decide(&d, start, 0).Drop {
-				wantDelivered++
+			peer := netip.MustParseAddr("127.0.0.9")
+			if err := f.LearnServerID(sid); err != nil {
+				t.Fatal(err)
 			}
-		}
+			if err := f.LearnPeer(peer); err != nil {
+				t.Fatal(err)
+			}
+			twin.LearnServerID(sid, start)
+			if err := twin.LearnPeer(peer, start); err != nil {
+				t.Fatal(err)
+			}
+			r := receive(conn)
+			wantDelivered := 0
+			for _, src := range []string{"127.0.0.9:40000", "127.0.0.9:53", "127.0.0.10:40002", "[::1]:40001"} {
+				s := loopbacktest.Sender(t, netip.MustParseAddrPort(src))
+				dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+				if netip.MustParseAddrPort(src).Addr().Is6() {
+					dst = netip.AddrPortFrom(netip.IPv6Loopback(), port)
+				}
+				for _, b := range payloads {
+					if _, err := s.WriteToUDPAddrPort(b, dst); err != nil {
+						t.Fatal(err)
+					}
+					d := datagram.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort(src), port), Length: len(b), Probe: b}
+					if !twin.Decide(&d, start, 0).Drop {
+						wantDelivered++
+					}
+				}
+			}
+			r.stop()
+			got, err := f.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := twin.Stats()
+			// The limiter's counters depend on time, which differs; classes,
+			// reasons and verifications do not.
+			if got.Invalid != want.Invalid || got.Negotiation != want.Negotiation || got.Passed != want.Passed ||
+				got.Verified != want.Verified {
+				t.Fatalf("on a real socket: invalid %v negotiation %v passed %v verified %v; the Go twin: %v %v %v %v",
+					got.Invalid, got.Negotiation, got.Passed, got.Verified, want.Invalid, want.Negotiation, want.Passed, want.Verified)
+			}
+			if r.total != wantDelivered {
+				t.Fatalf("delivered %d datagrams, want %d", r.total, wantDelivered)
+			}
+			v4 := datagram.FamilyIndex(sketch.IPv4)
+			if verify && (got.Invalid[0][v4][quicclass.Length] == 0 || got.Verified[v4][quicclass.OpeningFromPeer] == 0 ||
+				got.Passed[quicclass.Unverified][v4] == 0) {
+				t.Fatalf("verification missed a path: invalid %v verified %v", got.Invalid[0][v4], got.Verified[v4])
+			}
+			t.Logf("%d datagrams delivered of %d sent; invalid by reason (IPv4): %v; verified (IPv4): %v", r.total,
+				4*len(payloads), got.Invalid[0][v4], got.Verified[v4])
+		})
 	}
-	r.stop()
-	got, err := f.Stats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := twin.Stats()
-	// The limiter's counters depend on time, which differs; classes and
-	// reasons do not.
-	if got.Invalid != want.Invalid || got.Negotiation != want.Negotiation || got.Passed != want.Passed {
-		t.Fatalf("on a real socket: invalid %v negotiation %v passed %v; the Go twin: %v %v %v",
-			got.Invalid, got.Negotiation, got.Passed, want.Invalid, want.Negotiation, want.Passed)
-	}
-	if r.total != wantDelivered {
-		t.Fatalf("delivered %d datagrams, want %d", r.total, wantDelivered)
-	}
-	t.Logf("%d datagrams delivered of %d sent; invalid by reason (IPv4): %v", r.total, 3*len(payloads), got.Invalid[0][1])
 }
 
 // TestSocketGSOBatches: quic-go sends with GSO (UDP_SEGMENT); on loopback the
@@ -229,36 +367,49 @@ func TestSocketClasses(t *testing.T) {
 // skb's linear part and its payload in pages, out of reach of
 // bpf_skb_load_bytes_relative. Every segment must still be read and
 // classified: short-header packets sent in GSO batches all arrive, counted
-// as established.
+// as established, and with VerifyIDs verified by the server ID each carries.
 func TestSocketGSOBatches(t *testing.T) {
 	const segment, perBatch, batches = 1200, 8, 20
-	f, conn, port := attached(t, quic(100_000, 100_000), "udp")
-	r := receive(conn)
-	s := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.9:40000"))
-	buf := make([]byte, 0, segment*perBatch)
-	for range perBatch {
-		buf = append(buf, quicclass.ShortHeader(segment)...)
-	}
-	oob := gsoControl(segment)
-	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port))
-	for range batches {
-		if _, _, err := s.WriteMsgUDP(buf, oob, dst); err != nil {
-			skipOrFail(t, "sending a GSO batch: %v", err)
-		}
-	}
-	r.stop()
-	st, err := f.Stats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	v4 := datagram.FamilyIndex(sketch.IPv4)
-	var invalid uint64
-	for _, n := range st.Invalid[0][v4] {
-		invalid += n
-	}
-	if r.total != perBatch*batches || st.Passed[quicclass.Established][v4] != perBatch*batches || invalid != 0 {
-		t.Fatalf("%d segments sent in GSO batches: %d delivered, %d counted established, %d invalid (%v)",
-			perBatch*batches, r.total, st.Passed[quicclass.Established][v4], invalid, st.Invalid[0][v4])
+	sid := datagram.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
+	for _, verify := range []bool{false, true} {
+		t.Run(fmt.Sprintf("verify=%v", verify), func(t *testing.T) {
+			c := quic(100_000, 100_000)
+			c.VerifyIDs = verify
+			f, conn, port := attached(t, c, "udp")
+			if err := f.LearnServerID(sid); err != nil {
+				t.Fatal(err)
+			}
+			r := receive(conn)
+			s := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.9:40000"))
+			buf := make([]byte, 0, segment*perBatch)
+			for range perBatch {
+				buf = append(buf, quicclass.ShortPacket(sid, segment)...)
+			}
+			oob := gsoControl(segment)
+			dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port))
+			for range batches {
+				if _, _, err := s.WriteMsgUDP(buf, oob, dst); err != nil {
+					skipOrFail(t, "sending a GSO batch: %v", err)
+				}
+			}
+			r.stop()
+			st, err := f.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			v4 := datagram.FamilyIndex(sketch.IPv4)
+			var invalid uint64
+			for _, n := range st.Invalid[0][v4] {
+				invalid += n
+			}
+			if r.total != perBatch*batches || st.Passed[quicclass.Established][v4] != perBatch*batches || invalid != 0 {
+				t.Fatalf("%d segments sent in GSO batches: %d delivered, %d counted established, %d invalid (%v)",
+					perBatch*batches, r.total, st.Passed[quicclass.Established][v4], invalid, st.Invalid[0][v4])
+			}
+			if verify && st.Verified[v4][quicclass.ShortByID] != perBatch*batches {
+				t.Fatalf("%d segments to a server ID: verified %v", perBatch*batches, st.Verified[v4])
+			}
+		})
 	}
 }
 

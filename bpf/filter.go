@@ -4,6 +4,11 @@
 // bpf2go into the committed rakelimit_bpf*.{go,o}) and attaches it to UDP
 // sockets. The filter makes, in the kernel, exactly the decisions of the Go
 // limiter in internal/sketch, whose configuration and tables it shares.
+//
+// What the filter learns of the server (LearnServerID, LearnPeer) lives in
+// two preallocated LRU hash maps of datagram.MaxServerIDs and
+// datagram.MaxPeers (2^17) entries; the kernel charges them about 10 MiB
+// and 11 MiB (TestLearnedMemory logs the figures), whether used or not.
 package bpf
 
 import (
@@ -31,6 +36,10 @@ import (
 var (
 	_ [1]struct{} = [len(rakelimitConfig{}.Thresh[0]) - sketch.MaxNodes + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitConfig{}.Thresh) - sketch.NumClasses + 1]struct{}{}
+	_ [1]struct{} = [sketch.NumClasses - quicclass.LimiterClasses + 1]struct{}{}
+	_ [1]struct{} = [len(rakelimitServerId{}.B) - datagram.ServerIDLen + 1]struct{}{}
+	_ [1]struct{} = [len(rakelimitPeerKey{}.Words) - len(datagram.PeerKey{}) + 1]struct{}{}
+	_ [1]struct{} = [len(rakelimitStats{}.Verified[0]) - int(quicclass.NumVerifications) + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitConfig{}.G) - sketch.Slots + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitConfig{}.D0) - sketch.DecayEntries + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitConfig{}.HashA) - sketch.Depth + 1]struct{}{}
@@ -103,7 +112,8 @@ func load(c datagram.Config, o loadOptions) (_ *Filter, err error) {
 	// which the userspace limiter keeps too; the generated types do not
 	// carry them, so they are checked here rather than at compile time.
 	for m, want := range map[string]uint32{rakelimitMapAllow4: datagram.MaxAllow, rakelimitMapAllow6: datagram.MaxAllow,
-		rakelimitMapStreams: datagram.MaxTrackedStreams} {
+		rakelimitMapStreams: datagram.MaxTrackedStreams, rakelimitMapServerIds: datagram.MaxServerIDs,
+		rakelimitMapPeers: datagram.MaxPeers} {
 		if n := spec.Maps[m].MaxEntries; n != want {
 			return nil, fmt.Errorf("the BPF object's %s holds %d entries, internal/datagram says %d", m, n, want)
 		}
@@ -458,6 +468,7 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 	k.PerDport = boolByte(p.PerDstPort)
 	k.FairNode, k.FairSource = nodeIndex(p.FairNode), nodeIndex(p.FairSource)
 	k.Classify = boolByte(c.Classify)
+	k.VerifyIds = boolByte(c.VerifyIDs)
 	if c.BlockedPorts != nil {
 		k.BlockedPorts = *c.BlockedPorts
 	}
@@ -588,8 +599,11 @@ type Info struct {
 	// Instructions is the number of BPF instructions after verification.
 	Instructions int
 	// MapBytes is the memory of the maps' keys and values: sketches,
-	// configuration, per-CPU counters, tracked streams and the event ring
-	// buffer (the allowlist, allocated per entry, is left out).
+	// configuration, per-CPU counters, tracked streams, learned server IDs
+	// and peers, and the event ring buffer (the allowlist, allocated per
+	// entry, is left out; so is the kernel's bookkeeping per entry of the
+	// hash maps, which for the learned sets is several times their keys
+	// and values).
 	MapBytes int
 	// SketchBytes is the memory of the sketches alone.
 	SketchBytes int
@@ -612,7 +626,7 @@ func (f *Filter) Info() (Info, error) {
 	var in Info
 	in.Instructions = len(insns)
 	for _, m := range []*ebpf.Map{f.objs.Cells, f.objs.Configs, f.objs.ActiveConfig, f.objs.TestVerdict, f.objs.Streams,
-		f.objs.FairShares, f.objs.Pacer} {
+		f.objs.FairShares, f.objs.Pacer, f.objs.ServerIds, f.objs.Peers} {
 		in.MapBytes += int(m.MaxEntries() * (m.KeySize() + m.ValueSize()))
 	}
 	in.SketchBytes = int(f.objs.Cells.MaxEntries() * f.objs.Cells.ValueSize())

@@ -4,6 +4,7 @@ package bpf
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -67,7 +68,8 @@ func (w *twin) step(p packet, d datagram.Datagram, now int64, rnd uint32) datagr
 	want := w.d.Decide(&d, now, rnd)
 	v := want.Verdict
 	if (got.Drop == 1) != decided(want) || quicclass.Class(got.Class) != want.Class ||
-		quicclass.Reason(got.Reason) != want.Reason || (got.Allowlisted == 1) != want.Allowlisted ||
+		quicclass.Reason(got.Reason) != want.Reason || quicclass.Verification(got.Verified) != want.Verified ||
+		(got.Allowlisted == 1) != want.Allowlisted ||
 		(got.Paced == 1) != want.Paced || (got.Limited == 1) != v.Limited ||
 		(v.Limited && (int(got.Level) != v.Level || sketch.Node(got.Node) != v.Node || got.Estimate != v.Estimate)) {
 		w.t.Fatalf("packet %d (%v:%d, key %+v, %d bytes) at %d: BPF %+v, Go %+v", w.packet, p.src, p.sport, d.Key, d.Length,
@@ -76,10 +78,72 @@ func (w *twin) step(p packet, d datagram.Datagram, now int64, rnd uint32) datagr
 	return want
 }
 
-// compareState checks every sketch cell, the fair shares, the pacer and the
-// counters.
+// learnID learns a server ID in both at time at.
+func (w *twin) learnID(id datagram.ServerID, at int64) {
+	w.t.Helper()
+	if err := w.f.learnServerID(id, uint64(at)); err != nil {
+		w.t.Fatal(err)
+	}
+	w.d.LearnServerID(id, at)
+}
+
+// learnPeer learns a peer in both at time at.
+func (w *twin) learnPeer(addr netip.Addr, at int64) {
+	w.t.Helper()
+	if err := w.f.learnPeer(addr, uint64(at)); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := w.d.LearnPeer(addr, at); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// expire expires what both learned before before, and checks that they
+// forget as much.
+func (w *twin) expire(before int64) {
+	w.t.Helper()
+	ids, peers, err := w.f.expireLearned(uint64(before))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if wi, wp := w.d.ExpireLearned(before); ids != wi || peers != wp {
+		w.t.Fatalf("expiry before %d: BPF forgot %d IDs and %d peers, Go %d and %d", before, ids, peers, wi, wp)
+	}
+}
+
+// learned reads the kernel's learned server IDs and peers.
+func (f *Filter) learned(t testing.TB) (map[datagram.ServerID]int64, map[datagram.PeerKey]int64) {
+	t.Helper()
+	ids, peers := map[datagram.ServerID]int64{}, map[datagram.PeerKey]int64{}
+	var id rakelimitServerId
+	var pk rakelimitPeerKey
+	var at uint64
+	it := f.objs.ServerIds.Iterate()
+	for it.Next(&id, &at) {
+		ids[id.B] = int64(at)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	it = f.objs.Peers.Iterate()
+	for it.Next(&pk, &at) {
+		peers[pk.Words] = int64(at)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids, peers
+}
+
+// compareState checks every sketch cell, the fair shares, the pacer, the
+// learned server IDs and peers with their times, and the counters.
 func (w *twin) compareState() {
 	w.t.Helper()
+	ids, peers := w.f.learned(w.t)
+	if !maps.Equal(ids, w.d.ServerIDs()) || !maps.Equal(peers, w.d.Peers()) {
+		w.t.Fatalf("after packet %d: learned IDs BPF %v, Go %v; peers BPF %v, Go %v", w.packet, ids, w.d.ServerIDs(),
+			peers, w.d.Peers())
+	}
 	got, want := w.f.lines(w.t), w.d.Limiter().Lines()
 	if len(got) != len(want) {
 		w.t.Fatalf("BPF has %d lines, Go %d", len(got), len(want))
@@ -474,7 +538,7 @@ func TestConfigureRollsBack(t *testing.T) {
 	}
 }
 
-// TestInfo: the sketches of both classes fit in 1 MiB with the default
+// TestInfo: the sketches of the three classes fit in 1 MiB with the default
 // lattice, and a socket pays little option memory for the filter.
 func TestInfo(t *testing.T) {
 	f := loadTest(t, quic(1000, 250_000), loadOptions{})
@@ -524,23 +588,43 @@ func optmem(t testing.TB, conn *net.UDPConn) int {
 }
 
 // TestDimensions: the loader sizes the sketch map for the largest lattice,
-// and the program reaches its last line (a short map would count every
-// packet as an error).
+// and the program reaches its last line, which belongs to the last class's
+// total (a short map would count every packet as an error): datagrams of
+// every class of the limiter, with verification.
 func TestDimensions(t *testing.T) {
-	c := limits(100)
+	c := quic(100, 1000)
+	c.VerifyIDs = true
 	c.Limiter.PerDstPort = true
 	c.Limiter.IPv4Prefixes, c.Limiter.IPv6Prefixes = []uint8{32, 24, 16, 0}, []uint8{128, 64, 48, 0}
 	w := newTwin(t, c)
 	if got, want := int(w.f.objs.Cells.MaxEntries()), w.d.Limiter().Params().TotalLines; got != want {
 		t.Fatalf("cells map has %d lines, want %d", got, want)
 	}
+	sid := datagram.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
+	w.learnID(sid, start)
+	payloads := [sketch.NumClasses][]byte{
+		quicclass.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
+		quicclass.ShortPacket(sid, 100),
+		quicclass.ShortPacket(datagram.ServerID{1, 2, 3, 4}, 100),
+	}
 	for i := range 2000 {
 		p := udp(fmt.Sprintf("2001:db8:%x::%x", i, i), uint16(2000+i))
+		p.data = payloads[i%sketch.NumClasses]
 		w.step(p, p.datagram(true), start+int64(i)*1000, uint32(i))
 	}
 	w.compareState()
-	if st, _ := w.f.Stats(); st.Errors != 0 {
+	st, _ := w.f.Stats()
+	if st.Errors != 0 {
 		t.Fatalf("%d packets could not reach their cells", st.Errors)
+	}
+	lines := w.f.lines(t)
+	if last := lines[len(lines)-1]; last.Cells[0].Epoch == 0 && last.Cells[1].Epoch == 0 && last.Cells[2].Epoch == 0 {
+		t.Fatal("the last line, class 2's total, was never touched")
+	}
+	for class := range sketch.NumClasses {
+		if st.Passed[class][datagram.FamilyIndex(sketch.IPv6)] == 0 {
+			t.Fatalf("no datagram passed in class %d: %+v", class, st.Passed)
+		}
 	}
 }
 
@@ -574,4 +658,194 @@ func TestVerifierBudget(t *testing.T) {
 		t.Fatalf("the verifier processed %d instructions, want at most 250,000 (a quarter of its limit)", processed)
 	}
 	t.Logf("verifier processed %d instructions", processed)
+}
+
+// TestDifferentialVerify runs a long random trace with connection ID
+// verification through the program and the Go twin: server IDs and peers
+// learned as the trace goes (and learned again, which moves their time),
+// expired every so often; short headers, Initials (with tokens, to a server
+// ID or a client's), 0-RTT and Handshake packets of both versions to known
+// and unknown IDs, from peers and strangers; long headers whose lengths do
+// not add up; a spoofed flood of unverified short headers over class 2's
+// total; verification switched off and on again; a dry run at the end.
+// Every verdict, counter, cell, fair share and learned time must agree.
+func TestDifferentialVerify(t *testing.T) {
+	c := quic(50, 500)
+	c.VerifyIDs = true
+	c.Limiter.Window = 500 * time.Millisecond
+	top := c.Limiter.WithDefaults().Levels() - 1
+	c.Limiter.LevelLimits = map[int]uint32{top: 400, 2: sketch.Unlimited}
+	c.Limiter.Unverified = sketch.Limits{Limit: 40, LevelLimits: map[int]uint32{2: sketch.Unlimited, top: 100}}
+	w := newTwin(t, c)
+	rng := rand.New(rand.NewPCG(8, 9))
+	randID := func() datagram.ServerID {
+		var id datagram.ServerID
+		for i := range id {
+			id[i] = byte(rng.Uint32())
+		}
+		return id
+	}
+	var ids []datagram.ServerID
+	for range 60 {
+		ids = append(ids, randID())
+	}
+	var peers []netip.Addr
+	for i := range 40 {
+		if i%2 == 0 {
+			peers = append(peers, netip.MustParseAddr(fmt.Sprintf("203.0.113.%d", 1+i)))
+		} else {
+			peers = append(peers, netip.MustParseAddr(fmt.Sprintf("2001:db8:77::%x", 1+i)))
+		}
+	}
+	learnedAt := map[datagram.ServerID]int64{}
+	clientID := func() []byte {
+		b := make([]byte, 8+rng.IntN(13))
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return b
+	}
+	version := func() (uint32, uint8) { // a version and its Initial type field
+		if rng.IntN(2) == 0 {
+			return quicclass.Version1, 0
+		}
+		return quicclass.Version2, 1
+	}
+	// payload draws a datagram of one of the kinds verification tells
+	// apart; id is a server ID (learned or not).
+	payload := func(id datagram.ServerID) []byte {
+		ver, initial := version()
+		typ := func(v1 uint8) uint8 { // a v1 type field in version ver
+			if ver == quicclass.Version2 {
+				return (v1 + 1) & 3
+			}
+			return v1
+		}
+		big := 1200 + rng.IntN(152)
+		switch r := rng.IntN(16); r {
+		case 0, 1, 2:
+			return quicclass.ShortPacket(id, 21+rng.IntN(1330))
+		case 3:
+			return quicclass.LongPacket(ver, initial, clientID(), clientID(), nil, big)
+		case 4:
+			return quicclass.LongPacket(ver, initial, id[:], clientID(), make([]byte, rng.IntN(200)), big)
+		case 5:
+			return quicclass.LongPacket(ver, typ(1), id[:], clientID(), nil, 40+rng.IntN(1200))
+		case 6:
+			return quicclass.LongPacket(ver, typ(1), clientID(), clientID(), nil, 40+rng.IntN(1200))
+		case 7:
+			return quicclass.LongPacket(ver, typ(2), id[:], nil, nil, 40+rng.IntN(1200))
+		case 8:
+			return quicclass.LongPacket(ver, typ(2), clientID(), clientID(), nil, 60+rng.IntN(200))
+		case 9: // a Length one past the end, or too small, or a token past the end
+			b := quicclass.LongPacket(ver, initial, id[:], clientID(), make([]byte, rng.IntN(50)), big)
+			b = b[:len(b)-1-rng.IntN(2)]
+			return append(b, make([]byte, rng.IntN(2))...)
+		case 10:
+			b := quicclass.LongPacket(ver, typ(2), id[:], nil, nil, 200)
+			copy(b[7+4:], []byte{0x40, byte(rng.IntN(20))})
+			return b
+		case 11:
+			b := quicclass.LongPacket(ver, initial, clientID(), nil, nil, big)
+			b[6+b[5]+1] = 0x80 | byte(rng.IntN(64)) // a 4-byte token length, mostly past the end
+			return b
+		case 12:
+			return []byte{0xe0 | typ(2)<<4&0x30, 0, 0, 0, 1, 0, 0}[:7]
+		}
+		kinds := quicPayloads(rng)
+		return kinds[rng.IntN(len(kinds))]
+	}
+	now := start
+	for i := range 36000 {
+		switch i {
+		case 14000:
+			c.VerifyIDs = false
+			w.configure(c)
+		case 18000:
+			c.VerifyIDs = true
+			w.configure(c)
+		case 32000:
+			c.DryRun = true
+			w.configure(c)
+		}
+		at := now
+		switch {
+		case i%3000 == 2999: // idle long enough to refresh IDs and expire what is quiet
+			now += []int64{int64(1500 * time.Millisecond), int64(700 * time.Millisecond), int64(4 * time.Second)}[i/3000%3]
+			at = now
+		case i%20 == 7: // an older reading, just before this epoch
+			at = now>>sketch.EpochShift<<sketch.EpochShift - 200
+		default:
+			now += int64(rng.ExpFloat64() * 25e3)
+			at = now
+		}
+		switch {
+		case i%400 == 0 && len(learnedAt) < len(ids): // the server issues a new ID
+			id := ids[len(learnedAt)]
+			w.learnID(id, at)
+			learnedAt[id] = at
+		case i%150 == 0: // and sends to a peer
+			w.learnPeer(peers[rng.IntN(len(peers))], at)
+		case i%5000 == 4000:
+			w.expire(now - int64(3*time.Second))
+			w.compareState()
+		}
+		var p packet
+		id := randID()
+		if rng.IntN(3) > 0 {
+			id = ids[rng.IntN(len(ids))]
+		}
+		switch r := rng.IntN(100); {
+		case r < 30: // spoofed unverified short headers
+			p = udp(netip.AddrFrom4([4]byte{byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())}).String(),
+				uint16(1024+rng.IntN(60000)))
+			p.data = quicclass.ShortPacket(randID(), 30+rng.IntN(1000))
+		case r < 55:
+			p = udp(peers[rng.IntN(len(peers))].String(), uint16(1024+rng.IntN(60000)))
+			p.data = payload(id)
+		default:
+			if rng.IntN(2) == 0 {
+				p = udp(fmt.Sprintf("198.51.%d.%d", rng.IntN(4), rng.IntN(256)), uint16(1024+rng.IntN(64000)))
+			} else {
+				p = udp(fmt.Sprintf("2001:db8:%x:%x::%x", rng.IntN(3), rng.IntN(4), rng.IntN(1<<16)), uint16(1024+rng.IntN(64000)))
+			}
+			p.data = payload(id)
+		}
+		if rng.IntN(10) == 0 && p.src.Is6() {
+			p.ipv6Ext = []ipv6Ext{{kind: unix.IPPROTO_HOPOPTS}, {kind: unix.IPPROTO_DSTOPTS, units: 1}}
+		}
+		w.step(p, p.datagram(true), at, rng.Uint32())
+	}
+	w.compareState()
+	st := w.d.Stats()
+	var verified [quicclass.NumVerifications]uint64
+	var unknownID, length, unverifiedPassed, unverifiedDropped, openingTop uint64
+	for fam := range datagram.Families {
+		for v := range verified {
+			verified[v] += st.Verified[fam][v]
+		}
+		unknownID += st.Invalid[0][fam][quicclass.UnknownConnectionID] + st.Invalid[1][fam][quicclass.UnknownConnectionID]
+		length += st.Invalid[0][fam][quicclass.Length] + st.Invalid[1][fam][quicclass.Length]
+		unverifiedPassed += st.Passed[quicclass.Unverified][fam]
+		unverifiedDropped += st.Dropped[quicclass.Unverified][fam][top] + st.WouldDrop[quicclass.Unverified][fam][top]
+		openingTop += st.Dropped[0][fam][top] + st.WouldDrop[0][fam][top]
+	}
+	refreshed := 0
+	for id, at := range w.d.ServerIDs() {
+		if at != learnedAt[id] {
+			refreshed++
+		}
+	}
+	for v := quicclass.ShortByID; v < quicclass.NumVerifications; v++ {
+		if verified[v] == 0 {
+			t.Errorf("the trace verified no datagram %v", v)
+		}
+	}
+	if unknownID == 0 || length == 0 || unverifiedPassed == 0 || unverifiedDropped == 0 || openingTop == 0 || refreshed == 0 {
+		t.Fatalf("the trace missed a path: invalid unknown ID %d, length %d; unverified passed %d, dropped at the total %d; "+
+			"openings dropped at the total %d; IDs refreshed by datagrams %d", unknownID, length, unverifiedPassed,
+			unverifiedDropped, openingTop, refreshed)
+	}
+	t.Logf("verified %v; invalid: unknown ID %d, length %d; unverified passed %d, dropped at the total %d; %d IDs refreshed",
+		verified, unknownID, length, unverifiedPassed, unverifiedDropped, refreshed)
 }

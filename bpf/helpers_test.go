@@ -238,12 +238,14 @@ func (p packet) payloadBytes() []byte {
 }
 
 // datagram is what the filter should read of p: the key (hasPorts says
-// whether the UDP header is readable), the payload's length and probe.
+// whether the UDP header is readable), the payload's length and the payload
+// (the program reads its probe, and with VerifyIDs the length fields
+// wherever they are).
 func (p packet) datagram(hasPorts bool) datagram.Datagram {
 	d := datagram.Datagram{Key: p.key(hasPorts)}
 	if hasPorts {
 		b := p.payloadBytes()
-		d.Length, d.Probe = len(b), b[:min(len(b), quicclass.ProbeBytes)]
+		d.Length, d.Probe = len(b), b
 	}
 	return d
 }

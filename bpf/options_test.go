@@ -14,6 +14,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -223,6 +224,46 @@ func TestStreamEvents(t *testing.T) {
 		t.Fatalf("expired %v, %v once quiet", expired, err)
 	}
 	t.Logf("1,000,000 packets in %v: 1 event; %d dropped, estimated from samples %d", elapsed, dropped, streams[0].Drops)
+}
+
+// TestStreamEventsUnverified: with VerifyIDs, a flood of short headers
+// from a stranger to an ID the server never issued is limited in class 2,
+// and tracked and reported as a stream of that class.
+func TestStreamEventsUnverified(t *testing.T) {
+	c := quic(100, 100_000)
+	c.VerifyIDs = true
+	shift := uint8(0)
+	f := loadTest(t, c, loadOptions{trackShift: &shift})
+	events, err := f.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer events.Close()
+	p := udp("198.51.100.7", 5000)
+	p.data = quicclass.ShortPacket(datagram.ServerID{1, 2, 3, 4}, 100)
+	if _, _, err := f.objs.Rakelimit.Benchmark(p.frame(), 100_000, nil); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := events.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sketch.KeyFrom(netip.MustParseAddrPort("198.51.100.7:5000"), 443)
+	if ev.Class != quicclass.Unverified || ev.Key != want || ev.Level != 0 {
+		t.Fatalf("event %+v, want class unverified for %+v at level 0", ev, want)
+	}
+	st, err := f.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v4 := datagram.FamilyIndex(sketch.IPv4)
+	if dropped := sum(st.Dropped[quicclass.Unverified][v4]); dropped < 90_000 || st.Passed[quicclass.Established][v4] != 0 {
+		t.Fatalf("class 2 dropped %d of 100,000; class 1 passed %d", dropped, st.Passed[quicclass.Established][v4])
+	}
+	streams, err := f.Streams()
+	if err != nil || len(streams) != 1 || streams[0].Class != quicclass.Unverified {
+		t.Fatalf("tracked %+v, %v", streams, err)
+	}
 }
 
 // TestAllowFilterNoFalseNegatives: the quick-reject filter in front of the

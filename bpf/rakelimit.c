@@ -5,11 +5,14 @@
 //
 // The program performs, operation for operation, what Filter.Decide in
 // internal/datagram does: the allowlist, the QUIC class of the datagram
-// (internal/quicclass), then the version negotiation cap or the class's
-// limiter (Limiter.Decide in internal/sketch, where the algorithm, its
-// parameters and error bounds are documented). Tests run packet traces through
-// both and compare verdicts, counters and every sketch cell bit for bit, so any
-// change here must be made there too (and the other way round).
+// (internal/quicclass), verified against the connection IDs the server
+// issued and the addresses it sends to (which userspace learns from the
+// server's own datagrams and writes to the server_ids and peers maps), then
+// the version negotiation cap or the class's limiter (Limiter.Decide in
+// internal/sketch, where the algorithm, its parameters and error bounds are
+// documented). Tests run packet traces through both and compare verdicts,
+// counters, learned times and every sketch cell bit for bit, so any change
+// here must be made there too (and the other way round).
 //
 // On a real UDP socket skb->data points at the UDP header; under
 // BPF_PROG_TEST_RUN it points at the IP header. Every header is therefore read
@@ -54,7 +57,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define FAIR_ONE (1ULL << 16)
 
 // Lattice and sketch dimensions, as in internal/sketch.
-#define NUM_CLASSES 2
+#define NUM_CLASSES 3
 #define MAX_PREFIXES 4
 #define MAX_NODES (MAX_PREFIXES * 4)
 #define MAX_LEVELS (MAX_PREFIXES + 2)
@@ -67,8 +70,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 // QUIC, as in internal/quicclass: classes, reasons and wire format.
 #define CLASS_OPENING 0
 #define CLASS_ESTABLISHED 1
-#define CLASS_NEGOTIATION 2
-#define CLASS_INVALID 3
+#define CLASS_UNVERIFIED 2
+#define CLASS_NEGOTIATION 3
+#define CLASS_INVALID 4
 #define REASON_NONE 0
 #define REASON_EMPTY 1
 #define REASON_SOURCE_PORT 2
@@ -79,7 +83,29 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define REASON_SMALL_UNKNOWN_VERSION 7
 #define REASON_SERVER_ONLY 8
 #define REASON_UNPARSED 9
-#define NUM_REASONS 10
+#define REASON_UNKNOWN_CONNECTION_ID 10
+#define REASON_LENGTH 11
+#define NUM_REASONS 12
+// What the entry point must look up to finish a class (quicclass.Check).
+#define CHECK_NONE 0
+#define CHECK_SHORT 1
+#define CHECK_OPENING 2
+#define CHECK_HANDSHAKE 3
+// How a datagram was verified (quicclass.Verification).
+#define VERIFIED_NONE 0
+#define VERIFIED_SHORT_BY_ID 1
+#define VERIFIED_SHORT_BY_PEER 2
+#define VERIFIED_OPENING_BY_ID 3
+#define VERIFIED_OPENING_FROM_PEER 4
+#define VERIFIED_HANDSHAKE_FROM_PEER 5
+#define NUM_VERIFICATIONS 6
+// classify's result: the class in bits 0-7, the reason in 8-15, the check
+// in 16-23 and whether the destination ID can be a server's in bit 24;
+// resolve's: the class, the reason and the verification.
+#define HDR_REASON_SHIFT 8
+#define HDR_CHECK_SHIFT 16
+#define HDR_VERIFIED_SHIFT 16
+#define HDR_HAS_ID (1 << 24)
 #define PROBE_BYTES 27
 #define MAX_CID_LEN 20
 #define MIN_INITIAL_DATAGRAM 1200
@@ -92,7 +118,29 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define QUIC_V1 0x00000001
 #define QUIC_V2 0x6b3343cf
 #define LONG_TYPE_INITIAL 0
+#define LONG_TYPE_HANDSHAKE 2
 #define LONG_TYPE_RETRY 3
+// The smallest Length field: a packet number's first 4 bytes and the 16-byte
+// header protection sample.
+#define MIN_LONG_PACKET_LENGTH 20
+// A variable-length integer: its size is 1 << (first byte >> 6), at most 8.
+#define VARINT_MAX_BYTES 8
+#define VARINT_OK 0
+#define VARINT_PAST 1
+#define VARINT_UNREAD 2
+
+// What the filter learns of the server (datagram.ServerIDLen, MaxServerIDs,
+// MaxPeers): quic-go's 4-byte connection IDs, where its client's short and
+// long headers carry them, and how many IDs and peer addresses are kept; a
+// verified datagram refreshes its ID's time when it is over ID_REFRESH_NS
+// old.
+#define SERVER_ID_LEN 4
+#define SHORT_ID_OFFSET 1
+#define LONG_ID_OFFSET 6
+#define MAX_SERVER_IDS (1 << 17)
+#define MAX_PEERS (1 << 17)
+#define ID_REFRESH_NS 1000000000ULL
+#define IPV4_MAPPED_WORD 0xffff
 
 // Stream tracking: only a sample of drops (config.track_mask) looks up the
 // tracking map, which keeps the drop path's cost flat under a flood.
@@ -207,7 +255,9 @@ struct config {
 	// coarse_clock: read the kernel's coarse clock, whose resolution is
 	// the timer tick, when the window is long enough for it (see clock).
 	__u8 coarse_clock;
-	__u8 pad;
+	// verify_ids: when classifying, verify datagrams against the learned
+	// server IDs and peers, and check long headers' lengths.
+	__u8 verify_ids;
 	// A drop is tracked when a random number has none of these bits set:
 	// 2^k - 1 tracks one drop in 2^k, 0 every drop.
 	__u32 track_mask;
@@ -228,6 +278,8 @@ struct stats {
 	__u64 invalid[2][FAMILY_SLOTS][NUM_REASONS];
 	// allowed: allowlisted packets, not counted by the limiter.
 	__u64 allowed[FAMILY_SLOTS];
+	// verified: datagrams verified, by family and how.
+	__u64 verified[FAMILY_SLOTS][NUM_VERIFICATIONS];
 	__u64 errors;
 };
 
@@ -293,11 +345,14 @@ struct verdict {
 	__u8 reason;
 	__u8 paced;
 	__u8 allowlisted;
+	__u8 verified;
+	__u8 pad[7];
 	__u64 estimate;
 };
 
 // What the filter reads of a datagram: the key of the limiter (as
-// sketch.Key), the UDP payload's length and its first bytes.
+// sketch.Key, rank_first included), the UDP payload's length, its first
+// bytes and its offset from skb->data.
 struct key {
 	__u32 words[4];
 	__u16 sport;
@@ -306,7 +361,21 @@ struct key {
 	__u8 has_ports;
 	__u16 length;
 	__u8 probe[PROBE_BYTES];
-	__u8 pad[5];
+	__u8 rank_first;
+	__u16 payload_at;
+	__u8 pad[2];
+};
+
+// A connection ID the server issued, as on the wire.
+struct server_id {
+	__u8 b[SERVER_ID_LEN];
+};
+
+// A peer address (datagram.PeerKey): the address's 16 bytes as four
+// big-endian words (held in host order, as struct key holds them), an IPv4
+// address IPv4-mapped.
+struct peer_key {
+	__u32 words[4];
 };
 
 // Sized by the loader: the lines of every node's rows, for every class.
@@ -384,6 +453,25 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MAX_ALLOW);
 } allow6 SEC(".maps");
+
+// The server's connection IDs and the addresses it sends to, as userspace
+// learns them, each with its last time (monotonic ns): learned, or for an
+// ID used by a verified datagram (refreshed when over ID_REFRESH_NS old).
+// LRU maps: when full, a new entry evicts the least recently used rather
+// than being refused. Userspace deletes the entries unused for its lifetime.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct server_id);
+	__type(value, __u64);
+	__uint(max_entries, MAX_SERVER_IDS);
+} server_ids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct peer_key);
+	__type(value, __u64);
+	__uint(max_entries, MAX_PEERS);
+} peers SEC(".maps");
 
 // Per-CPU xorshift state, seeded with random non-zero values by the loader.
 struct {
@@ -465,28 +553,33 @@ static __always_inline int is_udp(__u8 proto)
 	return proto == IPPROTO_UDP || proto == IPPROTO_UDPLITE;
 }
 
-// set_udp fills the ports and the payload length from a UDP header found at
-// off in a packet whose IP datagram is ip_len bytes long. The length comes
-// from the IP header, which means the same for UDP-Lite.
-static __always_inline void set_udp(struct key *k, const struct udphdr *udp, __u32 off, __u32 ip_len)
+// set_udp fills the ports, the payload length and the payload's offset from
+// a UDP header found at off in a packet whose IP datagram is ip_len bytes
+// long. The length comes from the IP header, which means the same for
+// UDP-Lite.
+//
+// The payload's offset is from skb->data, where bpf_skb_load_bytes reads:
+// the UDP header on a socket, whose skb->len is the UDP datagram, shorter
+// than the IP datagram of ip_len bytes; the network header under
+// BPF_PROG_TEST_RUN, whose frames (test mode aside, which may cut them
+// short) are whole.
+static __always_inline void set_udp(struct __sk_buff *skb, struct key *k, const struct udphdr *udp, __u32 off,
+				    __u32 ip_len)
 {
 	k->has_ports = 1;
 	k->sport = bpf_ntohs(udp->source);
 	k->dport = bpf_ntohs(udp->dest);
 	k->length = ip_len > off + UDP_HDR_LEN ? ip_len - off - UDP_HDR_LEN : 0;
+	k->payload_at = test_mode || skb->len >= ip_len ? off + UDP_HDR_LEN : UDP_HDR_LEN;
 }
 
-// load_probe reads the first bytes of the UDP payload, whose header is at
-// off from the network header, when the one load of the headers could not:
-// the payload is shorter than the probe, or lies outside the skb's linear
-// part. A GSO batch segmented on receive (quic-go sends them on loopback)
-// keeps its headers linear and its payload in pages, which
-// bpf_skb_load_bytes_relative cannot read; bpf_skb_load_bytes can, from
-// skb->data: the UDP header on a socket, whose skb->len is the UDP datagram,
-// shorter than the IP datagram of ip_len bytes; the network header under
-// BPF_PROG_TEST_RUN, whose frames (test mode aside, which may cut them
-// short) are whole.
-static __always_inline void load_probe(struct __sk_buff *skb, struct key *k, __u32 off, __u32 ip_len)
+// load_probe reads the first bytes of the UDP payload when the one load of
+// the headers could not: the payload is shorter than the probe, or lies
+// outside the skb's linear part. A GSO batch segmented on receive (quic-go
+// sends them on loopback) keeps its headers linear and its payload in
+// pages, which bpf_skb_load_bytes_relative cannot read; bpf_skb_load_bytes
+// can, from skb->data (see set_udp).
+static __always_inline void load_probe(struct __sk_buff *skb, struct key *k)
 {
 	__u32 n = k->length;
 
@@ -495,8 +588,7 @@ static __always_inline void load_probe(struct __sk_buff *skb, struct key *k, __u
 		return;
 	if (n > PROBE_BYTES)
 		n = PROBE_BYTES;
-	__u32 at = test_mode || skb->len >= ip_len ? off + UDP_HDR_LEN : UDP_HDR_LEN;
-	bpf_skb_load_bytes(skb, at, k->probe, n);
+	bpf_skb_load_bytes(skb, k->payload_at, k->probe, n);
 }
 
 // load_udp reads the UDP header at off and the probe after it.
@@ -508,14 +600,14 @@ static __always_inline void load_udp(struct __sk_buff *skb, struct key *k, __u32
 	} h;
 
 	if (bpf_skb_load_bytes_relative(skb, off, &h, sizeof(h), BPF_HDR_START_NET) == 0) {
-		set_udp(k, &h.udp, off, ip_len);
+		set_udp(skb, k, &h.udp, off, ip_len);
 		__builtin_memcpy(k->probe, h.probe, PROBE_BYTES);
 		return;
 	}
 	if (bpf_skb_load_bytes_relative(skb, off, &h.udp, sizeof(h.udp), BPF_HDR_START_NET) < 0)
 		return;
-	set_udp(k, &h.udp, off, ip_len);
-	load_probe(skb, k, off, ip_len);
+	set_udp(skb, k, &h.udp, off, ip_len);
+	load_probe(skb, k);
 }
 
 // parse_ipv4 fills the key from an IPv4 packet. One load covers the header
@@ -542,7 +634,7 @@ static __always_inline void parse_ipv4(struct __sk_buff *skb, struct key *k)
 	if (off < IPV4_MIN_HDR_LEN)
 		return;
 	if (off == IPV4_MIN_HDR_LEN && full) {
-		set_udp(k, &h.udp, off, ip_len);
+		set_udp(skb, k, &h.udp, off, ip_len);
 		__builtin_memcpy(k->probe, h.probe, PROBE_BYTES);
 		return;
 	}
@@ -621,11 +713,87 @@ static __always_inline __u8 long_type(__u8 field, __u32 v)
 	return v == QUIC_V2 ? (field + 3) & 3 : field;
 }
 
-// classify: quicclass.Classify. Returns the class, and for an invalid
-// datagram the reason in bits 8-15. A global function: verified once.
-__noinline int classify(const struct key *k, const struct config *cfg)
+// read_varint: quicclass.varint. Reads the variable-length integer at
+// offset at of k's payload into *v and its size into *n. Returns VARINT_OK,
+// VARINT_PAST when it runs past the datagram, or VARINT_UNREAD when a load
+// fails although the datagram holds the bytes (the Go twin's bytes beyond
+// those it was given): not checked.
+static __always_inline int read_varint(struct __sk_buff *skb, const struct key *k, __u32 at, __u64 *v, __u32 *n)
 {
-	if (!k || !cfg)
+	__u8 b[VARINT_MAX_BYTES] = {};
+	__u32 len = k->length;
+
+	if (at >= len)
+		return VARINT_PAST;
+	// The offset of a load is not checked by the verifier (the helper
+	// checks it against the packet); its size must be a constant.
+	if (bpf_skb_load_bytes(skb, k->payload_at + at, b, 1) < 0)
+		return VARINT_UNREAD;
+	__u32 size = 1U << (b[0] >> 6);
+	if (size > len - at)
+		return VARINT_PAST;
+	int err = 0;
+	// One load of a constant size for each size of integer: the verifier
+	// wants the size of a load known, and a size computed by a shift it
+	// cannot bound.
+	if (size == 2)
+		err = bpf_skb_load_bytes(skb, k->payload_at + at, b, 2);
+	else if (size == 4)
+		err = bpf_skb_load_bytes(skb, k->payload_at + at, b, 4);
+	else if (size == 8)
+		err = bpf_skb_load_bytes(skb, k->payload_at + at, b, 8);
+	if (err < 0)
+		return VARINT_UNREAD;
+	__u64 x = b[0] & 0x3f;
+#pragma unroll
+	for (int i = 1; i < VARINT_MAX_BYTES; i++)
+		if (i < size)
+			x = x << 8 | b[i];
+	*v = x;
+	*n = size;
+	return VARINT_OK;
+}
+
+// lengths_fit: quicclass.lengthsFit. Checks the fields after a long
+// header's connection IDs, at offset at of the payload: an Initial's token
+// length and token, then the Length field, at least MIN_LONG_PACKET_LENGTH
+// and at most what follows it. Every offset stays within the datagram's
+// length (at most 65535), which each step checks before it moves on.
+static __always_inline int lengths_fit(struct __sk_buff *skb, const struct key *k, __u32 at, __u8 type)
+{
+	__u32 len = k->length;
+	__u64 v = 0;
+	__u32 n = 0;
+	int st;
+
+	if (type == LONG_TYPE_INITIAL) {
+		st = read_varint(skb, k, at, &v, &n);
+		if (st != VARINT_OK)
+			return st == VARINT_UNREAD;
+		at += n;
+		if (v > len - at)
+			return 0;
+		at += v;
+	}
+	st = read_varint(skb, k, at, &v, &n);
+	if (st != VARINT_OK)
+		return st == VARINT_UNREAD;
+	at += n;
+	return v >= MIN_LONG_PACKET_LENGTH && v <= len - at;
+}
+
+// header packs classify's result.
+static __always_inline int header(int class, int reason, int check, int has_id)
+{
+	return class | reason << HDR_REASON_SHIFT | check << HDR_CHECK_SHIFT | (has_id ? HDR_HAS_ID : 0);
+}
+
+// classify: quicclass.Inspect. Returns the class, and for an invalid
+// datagram the reason, and with verification what to look up (see
+// HDR_*). A global function: verified once.
+__noinline int classify(struct __sk_buff *skb, const struct key *k, const struct config *cfg)
+{
+	if (!skb || !k || !cfg)
 		return invalid(REASON_UNPARSED);
 	if (!k->has_ports)
 		return invalid(REASON_UNPARSED);
@@ -640,7 +808,9 @@ __noinline int classify(const struct key *k, const struct config *cfg)
 			return invalid(REASON_FIXED_BIT);
 		if (len < MIN_SHORT_HEADER_PACKET)
 			return invalid(REASON_TRUNCATED);
-		return CLASS_ESTABLISHED;
+		if (!cfg->verify_ids)
+			return CLASS_ESTABLISHED;
+		return header(CLASS_UNVERIFIED, REASON_NONE, CHECK_SHORT, 1);
 	}
 	if (len < LONG_FIXED_LEN)
 		return invalid(REASON_TRUNCATED);
@@ -666,7 +836,78 @@ __noinline int classify(const struct key *k, const struct config *cfg)
 		return invalid(REASON_SERVER_ONLY);
 	if (type == LONG_TYPE_INITIAL && len < MIN_INITIAL_DATAGRAM)
 		return invalid(REASON_SMALL_INITIAL);
-	return CLASS_OPENING;
+	if (!cfg->verify_ids)
+		return CLASS_OPENING;
+	if (!lengths_fit(skb, k, LONG_FIXED_LEN + dcil + scil, type))
+		return invalid(REASON_LENGTH);
+	return header(CLASS_OPENING, REASON_NONE, type == LONG_TYPE_HANDSHAKE ? CHECK_HANDSHAKE : CHECK_OPENING,
+		      dcil == SERVER_ID_LEN);
+}
+
+// server_id_of: the first SERVER_ID_LEN bytes of the destination connection
+// ID, in the probe where the check says the header has it (constant offsets:
+// a variable offset into the stack is one more thing for the verifier to
+// bound).
+static __always_inline void server_id_of(const struct key *k, int check, struct server_id *id)
+{
+	if (check == CHECK_SHORT)
+		__builtin_memcpy(id->b, &k->probe[SHORT_ID_OFFSET], SERVER_ID_LEN);
+	else
+		__builtin_memcpy(id->b, &k->probe[LONG_ID_OFFSET], SERVER_ID_LEN);
+}
+
+// known_peer: whether the source address is a peer (datagram.peerKey).
+static __always_inline int known_peer(const struct key *k)
+{
+	struct peer_key pk = {};
+
+	if (k->family == FAMILY_IPV4) {
+		pk.words[2] = IPV4_MAPPED_WORD;
+		pk.words[3] = k->words[0];
+	} else if (k->family == FAMILY_IPV6) {
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			pk.words[i] = k->words[i];
+	} else {
+		return 0;
+	}
+	return bpf_map_lookup_elem(&peers, &pk) != NULL;
+}
+
+// needs_peer: quicclass.Header.NeedsPeer.
+static __always_inline int needs_peer(int check, int id_known)
+{
+	return !id_known && check != CHECK_NONE;
+}
+
+static __always_inline int resolved(int class, int reason, int verified)
+{
+	return class | reason << HDR_REASON_SHIFT | verified << HDR_VERIFIED_SHIFT;
+}
+
+// resolve: quicclass.Header.Resolve, for a check other than CHECK_NONE.
+// Returns the class, the reason and the verification (HDR_*).
+static __always_inline int resolve(int check, int id_known, int peer_known)
+{
+	if (check == CHECK_SHORT) {
+		if (id_known)
+			return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_SHORT_BY_ID);
+		if (peer_known)
+			return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_SHORT_BY_PEER);
+		return resolved(CLASS_UNVERIFIED, REASON_NONE, VERIFIED_NONE);
+	}
+	if (check == CHECK_OPENING) {
+		if (id_known)
+			return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_OPENING_BY_ID);
+		if (peer_known)
+			return resolved(CLASS_OPENING, REASON_NONE, VERIFIED_OPENING_FROM_PEER);
+		return resolved(CLASS_OPENING, REASON_NONE, VERIFIED_NONE);
+	}
+	if (id_known)
+		return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_OPENING_BY_ID);
+	if (peer_known)
+		return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_HANDSHAKE_FROM_PEER);
+	return resolved(CLASS_INVALID, REASON_UNKNOWN_CONNECTION_ID, VERIFIED_NONE);
 }
 
 // addr_hash: the address part of row r's hash for prefix slot s, over the
@@ -703,9 +944,12 @@ static __always_inline __u64 mix(__u64 h)
 	return h * MIX_MUL;
 }
 
-// rank: the rank of the packet's source in the current period.
+// rank: the rank of the packet's source in the current period; 0, the
+// first, for a returning user's opening (rank_first).
 static __always_inline __u32 rank(const struct config *cfg, const struct key *k, __u64 period)
 {
+	if (k->rank_first)
+		return 0;
 	__u64 h = cfg->rank_a[0] * period + cfg->rank_a[PORT_WORD] * (__u64)k->sport + cfg->rank_b;
 
 #pragma unroll
@@ -851,6 +1095,14 @@ struct node_work {
 	__u64 estimate;
 };
 
+// limiter_class bounds a limiter class index for the verifier, which cannot
+// tell that it is below NUM_CLASSES already (NUM_CLASSES is not a power of
+// two, so a mask will not do).
+static __always_inline __u32 limiter_class(__u32 c)
+{
+	return c < NUM_CLASSES ? c : NUM_CLASSES - 1;
+}
+
 // Verdicts of judge_node.
 #define JUDGE_PASS 0
 #define JUDGE_OVER 1
@@ -905,7 +1157,7 @@ static __always_inline int count_node(const struct config *cfg, struct node_work
 static __always_inline int judge_node(const struct config *cfg, const struct key *k, struct node_work *nw)
 {
 	__u32 i = nw->node & (MAX_NODES - 1);
-	__u32 class = nw->class & (NUM_CLASSES - 1);
+	__u32 class = limiter_class(nw->class);
 	__u32 budget = nw->budget & 1;
 	__u32 omin = nw->omin, fmin = nw->fmin;
 	if (i == cfg->fair_source)
@@ -976,7 +1228,7 @@ __noinline int visit_node(const struct config *cfg, const struct key *k, struct 
 #pragma unroll
 	for (int r = 0; r < DEPTH; r++)
 		nw->hash[r] = nw->ah[r] + cfg->hash_a[r][PORT_WORD] * pw + cfg->hash_b[r];
-	__u32 class = nw->class & (NUM_CLASSES - 1);
+	__u32 class = limiter_class(nw->class);
 	nw->lines = cfg->lines[class][i];
 	nw->base = cfg->base[class][i];
 	struct counter *rows[DEPTH];
@@ -1176,12 +1428,38 @@ int rakelimit(struct __sk_buff *skb)
 	}
 
 	int class = CLASS_OPENING;
+	int check = CHECK_NONE;
+	int has_id = 0;
 	if (cfg->classify) {
-		int c = classify(&k, cfg);
+		int c = classify(skb, &k, cfg);
 		class = c & 0xff;
-		v.reason = c >> 8;
+		v.reason = c >> HDR_REASON_SHIFT;
+		check = (c >> HDR_CHECK_SHIFT) & 0xff;
+		has_id = (c & HDR_HAS_ID) != 0;
+	}
+	// Verification (datagram.Filter.verify): the server ID first, the
+	// source address only if that does not verify the datagram. id_last
+	// is the time of the ID that verified it.
+	__u64 *id_last = NULL;
+	if (check != CHECK_NONE) {
+		if (has_id) {
+			struct server_id id;
+			server_id_of(&k, check, &id);
+			id_last = bpf_map_lookup_elem(&server_ids, &id);
+		}
+		int peer = needs_peer(check, id_last != NULL) && known_peer(&k);
+		int r = resolve(check, id_last != NULL, peer);
+		class = r & 0xff;
+		v.reason = r >> HDR_REASON_SHIFT;
+		v.verified = r >> HDR_VERIFIED_SHIFT;
 	}
 	v.class = class;
+	if (v.verified != VERIFIED_NONE) {
+		__u32 how = v.verified;
+		if (how >= NUM_VERIFICATIONS) // cannot happen; bounds the index for the verifier
+			how = VERIFIED_NONE;
+		st->verified[family_slot(k.family)][how]++;
+	}
 	// One random number dithers the limiter (its top bits) and samples
 	// drops for tracking (its low bits).
 	__u32 rnd = test_mode ? skb->cb[2] : next_random(rng);
@@ -1210,10 +1488,17 @@ int rakelimit(struct __sk_buff *skb)
 			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
 		return neg == NEG_DROPPED ? 0 : skb->len;
 	}
+	// A rare write: at most one a second per ID, from whichever CPU sees
+	// the stale time first (two may both write; either time will do).
+	if (id_last && now > *id_last + ID_REFRESH_NS)
+		*id_last = now;
+	k.rank_first = v.verified == VERIFIED_OPENING_FROM_PEER;
 	if (bench_random_source)
 		k.words[0] ^= next_random(rng);
 
-	class &= NUM_CLASSES - 1; // opening (0) or established (1); bounds the index for the verifier
+	// Opening (0), established (1) or unverified (2) here; bounds the
+	// index for the verifier.
+	class = limiter_class(class);
 	int drop = decide(cfg, class, &k, now, rnd, &v);
 	if (drop < 0) {
 		st->errors++;

@@ -27,10 +27,10 @@ type rakelimitAllow6Key struct {
 
 type rakelimitConfig struct {
 	_            structs.HostLayout
-	Thresh       [2][16]uint32
-	Over         [2][16]uint32
-	Lines        [2][16]uint32
-	Base         [2][16]uint32
+	Thresh       [3][16]uint32
+	Over         [3][16]uint32
+	Lines        [3][16]uint32
+	Base         [3][16]uint32
 	G            [256]uint64
 	W            [256]uint32
 	Ginv         [256]uint64
@@ -58,13 +58,13 @@ type rakelimitConfig struct {
 	FairNode     uint8
 	FairSource   uint8
 	CoarseClock  uint8
-	Pad          uint8
+	VerifyIds    uint8
 	TrackMask    uint32
 }
 
 type rakelimitFair struct {
 	_     structs.HostLayout
-	Share [2][2]uint64
+	Share [3][2]uint64
 }
 
 type rakelimitLine struct {
@@ -81,15 +81,26 @@ type rakelimitLine struct {
 	Pad uint32
 }
 
+type rakelimitPeerKey struct {
+	_     structs.HostLayout
+	Words [4]uint32
+}
+
+type rakelimitServerId struct {
+	_ structs.HostLayout
+	B [4]uint8
+}
+
 type rakelimitStats struct {
 	_           structs.HostLayout
-	Passed      [2][3]uint64
-	Limited     [2][3][6]uint64
-	Dropped     [2][3][6]uint64
-	WouldDrop   [2][3][6]uint64
+	Passed      [3][3]uint64
+	Limited     [3][3][6]uint64
+	Dropped     [3][3][6]uint64
+	WouldDrop   [3][3][6]uint64
 	Negotiation [3][3]uint64
-	Invalid     [2][3][10]uint64
+	Invalid     [2][3][12]uint64
 	Allowed     [3]uint64
+	Verified    [3][6]uint64
 	Errors      uint64
 }
 
@@ -126,6 +137,8 @@ type rakelimitVerdict struct {
 	Reason      uint8
 	Paced       uint8
 	Allowlisted uint8
+	Verified    uint8
+	Pad         [7]uint8
 	Estimate    uint64
 }
 
@@ -142,7 +155,9 @@ const (
 	rakelimitMapEvents            = "events"
 	rakelimitMapFairShares        = "fair_shares"
 	rakelimitMapPacer             = "pacer"
+	rakelimitMapPeers             = "peers"
 	rakelimitMapPrng              = "prng"
+	rakelimitMapServerIds         = "server_ids"
 	rakelimitMapStreams           = "streams"
 	rakelimitMapTestVerdict       = "test_verdict"
 	rakelimitProgRakelimit        = "rakelimit"
@@ -208,7 +223,9 @@ type rakelimitMapSpecs struct {
 	Events       *ebpf.MapSpec `ebpf:"events"`
 	FairShares   *ebpf.MapSpec `ebpf:"fair_shares"`
 	Pacer        *ebpf.MapSpec `ebpf:"pacer"`
+	Peers        *ebpf.MapSpec `ebpf:"peers"`
 	Prng         *ebpf.MapSpec `ebpf:"prng"`
+	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
 	Streams      *ebpf.MapSpec `ebpf:"streams"`
 	TestVerdict  *ebpf.MapSpec `ebpf:"test_verdict"`
 }
@@ -250,7 +267,9 @@ type rakelimitMaps struct {
 	Events       *ebpf.Map `ebpf:"events"`
 	FairShares   *ebpf.Map `ebpf:"fair_shares"`
 	Pacer        *ebpf.Map `ebpf:"pacer"`
+	Peers        *ebpf.Map `ebpf:"peers"`
 	Prng         *ebpf.Map `ebpf:"prng"`
+	ServerIds    *ebpf.Map `ebpf:"server_ids"`
 	Streams      *ebpf.Map `ebpf:"streams"`
 	TestVerdict  *ebpf.Map `ebpf:"test_verdict"`
 }
@@ -266,7 +285,9 @@ func (m *rakelimitMaps) Close() error {
 		m.Events,
 		m.FairShares,
 		m.Pacer,
+		m.Peers,
 		m.Prng,
+		m.ServerIds,
 		m.Streams,
 		m.TestVerdict,
 	)

@@ -1,7 +1,9 @@
 // Package datagram decides the fate of one UDP datagram the way the BPF
 // socket filter's entry point (rakelimit() in bpf/rakelimit.c) does: the
-// allowlist, the QUIC class (package quicclass), then the version negotiation
-// cap or the class's hierarchical limiter (package sketch), and the counters.
+// allowlist, the QUIC class (package quicclass) verified against the
+// server's connection IDs and peers when asked to, then the version
+// negotiation cap or the class's hierarchical limiter (package sketch), and
+// the counters.
 // It is deterministic (time and randomness are arguments) and not safe for
 // concurrent use. The BPF tests run packet traces through both and compare
 // verdicts, counters and sketch state; the userspace mode runs it on
@@ -21,11 +23,21 @@ import (
 type Config struct {
 	// Limiter configures the limiter: class 0 limits connection-opening
 	// packets (or every datagram when Classify is off), class 1 packets of
-	// established connections.
+	// established connections, class 2 unverified short headers (only with
+	// VerifyIDs).
 	Limiter sketch.Config
 	// Classify sorts datagrams into QUIC classes. Off, every datagram is
 	// counted alike, in class 0: nothing is invalid.
 	Classify bool
+	// VerifyIDs, when classifying, verifies datagrams against the
+	// connection IDs the server issued and the addresses it sends to
+	// (LearnServerID, LearnPeer; see package quicclass): short headers
+	// with neither go to class 2 (quicclass.Unverified), Initials and
+	// Handshakes that answer a server ID to class 1, Handshakes with
+	// another ID are invalid, and long headers' lengths are checked. Off,
+	// the classes are exactly those without verification, and nothing
+	// learned is looked up: keep it off until something learns.
+	VerifyIDs bool
 	// BlockedPorts are source ports whose datagrams are invalid (nil:
 	// none). Used only when classifying.
 	BlockedPorts *quicclass.Ports
@@ -98,7 +110,10 @@ type Datagram struct {
 	Key sketch.Key
 	// Length is the UDP payload's length in bytes.
 	Length int
-	// Probe is the start of the payload, at most quicclass.ProbeBytes.
+	// Probe is the start of the payload: at least quicclass.ProbeBytes of
+	// it (all of it when shorter). With VerifyIDs the classifier reads an
+	// Initial's token and Length fields wherever the header puts them, so
+	// pass the whole payload; fields beyond Probe are not checked.
 	Probe []byte
 }
 
@@ -117,6 +132,8 @@ type Outcome struct {
 	Verdict sketch.Verdict
 	// Paced is false for a negotiation datagram over the cap.
 	Paced bool
+	// Verified says how the datagram was verified (VerifyIDs).
+	Verified quicclass.Verification
 }
 
 // Families is the number of families the counters keep apart: 0 counts
@@ -153,6 +170,13 @@ type Stats struct {
 	Invalid [2][Families][quicclass.NumReasons]uint64
 	// Allowed counts allowlisted datagrams.
 	Allowed [Families]uint64
+	// Verified counts, with VerifyIDs, the datagrams verified by a server
+	// ID or a peer address, by how (quicclass.Verification; the
+	// NotVerified column stays zero), whatever the limiter then decides:
+	// short headers by ID and by peer (the rest of class 1 with
+	// verification: openings by ID), and openings from a peer, which are
+	// in class 0.
+	Verified [Families][quicclass.NumVerifications]uint64
 	// Errors counts datagrams passed because the filter could not reach
 	// its state (only the BPF program has such errors).
 	Errors uint64
@@ -190,12 +214,15 @@ func (s *Stats) Add(o *Stats) {
 			}
 		}
 		s.Allowed[f] += o.Allowed[f]
+		for v := range s.Verified[f] {
+			s.Verified[f][v] += o.Verified[f][v]
+		}
 	}
 	s.Errors += o.Errors
 }
 
 // Filter is the whole decision with its state: the limiter's sketches, the
-// negotiation pacer and the counters.
+// negotiation pacer, the learned server IDs and peers, and the counters.
 type Filter struct {
 	cfg    Config
 	pacing Pacing
@@ -203,6 +230,8 @@ type Filter struct {
 	allow  allowlist
 	// tat is the negotiation pacer's theoretical arrival time.
 	tat   uint64
+	ids   learned[ServerID]
+	peers learned[PeerKey]
 	stats Stats
 }
 
@@ -215,7 +244,8 @@ func New(c Config, hk sketch.HashKey) (*Filter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Filter{cfg: c, pacing: NewPacing(c.Negotiation), lim: lim, allow: newAllowlist(c.Allow)}, nil
+	return &Filter{cfg: c, pacing: NewPacing(c.Negotiation), lim: lim, allow: newAllowlist(c.Allow),
+		ids: newLearned[ServerID](MaxServerIDs), peers: newLearned[PeerKey](MaxPeers)}, nil
 }
 
 // Update applies a new configuration and keeps the state; the lattice's
@@ -254,8 +284,17 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 	if f.cfg.DryRun {
 		dry = 1
 	}
+	// idLast is the time of the server ID that verified d.
+	var idLast *int64
 	if f.cfg.Classify {
-		out.Class, out.Reason = f.classify(d)
+		h := f.inspect(d)
+		out.Class, out.Reason = h.Class, h.Reason
+		if h.Check != quicclass.CheckNone {
+			out.Class, out.Reason, out.Verified, idLast = f.verify(&h, &d.Key)
+		}
+	}
+	if out.Verified != quicclass.NotVerified {
+		f.stats.Verified[fam][out.Verified]++
 	}
 	switch out.Class {
 	case quicclass.Invalid:
@@ -273,8 +312,13 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 			out.Drop = true
 		}
 	default:
+		if idLast != nil && now > *idLast+int64(IDRefresh) {
+			*idLast = now
+		}
 		class := int(out.Class)
-		v := f.lim.Decide(&d.Key, class, now, rnd)
+		k := d.Key
+		k.RankFirst = out.Verified == quicclass.OpeningFromPeer
+		v := f.lim.Decide(&k, class, now, rnd)
 		out.Verdict = v
 		lvl := max(v.Level, 0)
 		switch {
@@ -293,11 +337,29 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 	return out
 }
 
-// classify is quicclass.Classify on what the filter read of d; a datagram
+// inspect is quicclass.Inspect on what the filter read of d; a datagram
 // without a readable UDP header is invalid.
-func (f *Filter) classify(d *Datagram) (quicclass.Class, quicclass.Reason) {
+func (f *Filter) inspect(d *Datagram) quicclass.Header {
 	if !d.Key.HasPorts {
-		return quicclass.Invalid, quicclass.Unparsed
+		return quicclass.Header{Class: quicclass.Invalid, Reason: quicclass.Unparsed}
 	}
-	return quicclass.Classify(f.cfg.BlockedPorts, d.Key.SrcPort, d.Probe, d.Length)
+	return quicclass.Inspect(f.cfg.BlockedPorts, d.Key.SrcPort, d.Probe, d.Length, f.cfg.VerifyIDs)
+}
+
+// verify looks up what h asks for, the server ID first and the source k's
+// address only if that does not verify it, and resolves h's class. It
+// returns the time of the server ID when the ID verified the datagram.
+func (f *Filter) verify(h *quicclass.Header, k *sketch.Key) (quicclass.Class, quicclass.Reason, quicclass.Verification, *int64) {
+	var idLast *int64
+	if h.HasID {
+		idLast = f.ids.lookup(h.ID)
+	}
+	peer := false
+	if h.NeedsPeer(idLast != nil) {
+		if pk, ok := peerKey(k); ok {
+			peer = f.peers.lookup(pk) != nil
+		}
+	}
+	c, r, v := h.Resolve(idLast != nil, peer)
+	return c, r, v, idLast
 }

@@ -11,9 +11,9 @@ import (
 // recently dropped packets of: as the lattice node that dropped them counts
 // it, or the source of invalid datagrams.
 type Stream struct {
-	// Class is the stream's class: quicclass.Opening or Established (or
-	// Opening for every datagram when the filter does not classify), or
-	// quicclass.Invalid, and then Reason says why.
+	// Class is the stream's class: quicclass.Opening, Established or
+	// Unverified (or Opening for every datagram when the filter does not
+	// classify), or quicclass.Invalid, and then Reason says why.
 	Class  quicclass.Class
 	Reason quicclass.Reason
 	// Node and Level are the lattice node that dropped the packets (not

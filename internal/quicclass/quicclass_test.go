@@ -99,3 +99,178 @@ func FuzzClassify(f *testing.F) {
 		}
 	})
 }
+
+// serverID and clientID are connection IDs for the verification tests: one
+// the server issued (4 bytes), one a client chose (8 bytes).
+var (
+	serverID = [ServerIDLen]byte{0xa1, 0xb2, 0xc3, 0xd4}
+	clientID = []byte{1, 2, 3, 4, 5, 6, 7, 8}
+)
+
+// TestInspect: with verification, every long header of a known version has
+// its lengths checked, and every datagram that may be verified says what to
+// look up; without it, Inspect is Classify. Both versions.
+func TestInspect(t *testing.T) {
+	type want struct {
+		class  Class
+		reason Reason
+		check  Check
+		hasID  bool
+	}
+	sid := serverID[:]
+	for _, v := range []struct {
+		name                        string
+		version                     uint32
+		initial, zeroRTT, handshake uint8
+	}{{"v1", Version1, 0, 1, 2}, {"v2", Version2, 1, 2, 3}} {
+		ver := v.version
+		tests := []struct {
+			name     string
+			data     []byte
+			verified want
+			plain    want // without verification
+		}{
+			{"initial", LongPacket(ver, v.initial, clientID, clientID, nil, 1200),
+				want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"initial to a server id", LongPacket(ver, v.initial, sid, clientID, []byte("a retry token"), 1200),
+				want{Opening, NotInvalid, CheckOpening, true}, want{Opening, NotInvalid, CheckNone, false}},
+			{"initial with a long token", LongPacket(ver, v.initial, clientID, clientID, make([]byte, 300), 1250),
+				want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"initial with a 1100-byte token", LongPacket(ver, v.initial, clientID, nil, make([]byte, 1100), 1200),
+				want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"initial, token past the end", with(LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
+				copy(b[7+16:], AppendVarint(nil, 1200))
+			}), want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"initial, zero length", LongHeader(ver, v.initial, 8, 8, 1200),
+				want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"initial, length 19", with(LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
+				copy(b[7+16+1:], []byte{0x40, 19})
+			}), want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"initial, length one past the end", with(LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
+				copy(b[7+16+1:], AppendVarint(nil, 1200-(7+16+1+2)+1))
+			}), want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"initial, length shorter than the datagram (coalesced)", with(LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
+				copy(b[7+16+1:], AppendVarint(nil, 400))
+			}), want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"initial, 8-byte length", with(LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
+				copy(b[7+16+1:], []byte{0xc0, 0, 0, 0, 0, 0, 0, 100})
+			}), want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"0-rtt", LongPacket(ver, v.zeroRTT, clientID, clientID, nil, 300),
+				want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"0-rtt to a server id", LongPacket(ver, v.zeroRTT, sid, clientID, nil, 300),
+				want{Opening, NotInvalid, CheckOpening, true}, want{Opening, NotInvalid, CheckNone, false}},
+			{"handshake", LongPacket(ver, v.handshake, sid, clientID, nil, 80),
+				want{Opening, NotInvalid, CheckHandshake, true}, want{Opening, NotInvalid, CheckNone, false}},
+			{"handshake to an 8-byte id", LongPacket(ver, v.handshake, clientID, clientID, nil, 80),
+				want{Opening, NotInvalid, CheckHandshake, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"handshake, smallest", LongPacket(ver, v.handshake, sid, nil, nil, 7+4+2+20),
+				want{Opening, NotInvalid, CheckHandshake, true}, want{Opening, NotInvalid, CheckNone, false}},
+			{"handshake, 7 bytes", with(LongHeader(ver, v.handshake, 0, 0, 7), func(b []byte) {}),
+				want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"handshake, length cut", LongPacket(ver, v.handshake, sid, nil, nil, 80)[:7+4+1],
+				want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
+			{"retry stays server only", LongHeader(ver, map[uint32]uint8{Version1: 3, Version2: 0}[ver], 4, 8, 100),
+				want{Invalid, ServerOnly, CheckNone, false}, want{Invalid, ServerOnly, CheckNone, false}},
+			{"small initial stays small", LongPacket(ver, v.initial, clientID, clientID, nil, 1000),
+				want{Invalid, SmallInitial, CheckNone, false}, want{Invalid, SmallInitial, CheckNone, false}},
+		}
+		for _, tt := range tests {
+			t.Run(v.name+" "+tt.name, func(t *testing.T) {
+				for _, verify := range []bool{true, false} {
+					w := tt.plain
+					if verify {
+						w = tt.verified
+					}
+					h := Inspect(DefaultBlockedPorts(), 50000, tt.data, len(tt.data), verify)
+					if h.Class != w.class || h.Reason != w.reason || h.Check != w.check || h.HasID != w.hasID {
+						t.Fatalf("verify=%v: Inspect = %+v, want %+v", verify, h, w)
+					}
+					if h.HasID && h.ID != serverID {
+						t.Fatalf("ID %x, want %x", h.ID, serverID)
+					}
+					// What the BPF program reads: the probe, and the rest
+					// of the datagram through loads.
+					if !verify {
+						if c, r := Classify(DefaultBlockedPorts(), 50000, tt.data[:min(len(tt.data), ProbeBytes)], len(tt.data)); c != h.Class || r != h.Reason {
+							t.Fatalf("Classify = %v/%v, Inspect %v/%v", c, r, h.Class, h.Reason)
+						}
+					}
+				}
+			})
+		}
+	}
+	t.Run("short header", func(t *testing.T) {
+		h := Inspect(nil, 50000, ShortPacket(serverID, 100), 100, true)
+		if h.Class != Unverified || h.Check != CheckShort || !h.HasID || h.ID != serverID {
+			t.Fatalf("Inspect = %+v", h)
+		}
+		if h := Inspect(nil, 50000, ShortPacket(serverID, 100), 100, false); h.Class != Established || h.Check != CheckNone {
+			t.Fatalf("without verification: Inspect = %+v", h)
+		}
+		if h := Inspect(nil, 50000, ShortPacket(serverID, 20), 20, true); h.Class != Invalid || h.Reason != Truncated {
+			t.Fatalf("20 bytes: Inspect = %+v", h)
+		}
+	})
+	t.Run("fields beyond the bytes given pass", func(t *testing.T) {
+		b := LongPacket(Version1, 0, clientID, clientID, make([]byte, 100), 1200)
+		if h := Inspect(nil, 50000, b[:ProbeBytes], len(b), true); h.Class != Opening || h.Check != CheckOpening {
+			t.Fatalf("Inspect = %+v", h)
+		}
+	})
+}
+
+// TestResolve: every check with every answer.
+func TestResolve(t *testing.T) {
+	tests := []struct {
+		check         Check
+		idKnown, peer bool
+		class         Class
+		reason        Reason
+		verified      Verification
+		needsPeer     bool
+	}{
+		{CheckShort, true, false, Established, NotInvalid, ShortByID, false},
+		{CheckShort, false, true, Established, NotInvalid, ShortByPeer, true},
+		{CheckShort, false, false, Unverified, NotInvalid, NotVerified, true},
+		{CheckOpening, true, false, Established, NotInvalid, OpeningByID, false},
+		{CheckOpening, false, true, Opening, NotInvalid, OpeningFromPeer, true},
+		{CheckOpening, false, false, Opening, NotInvalid, NotVerified, true},
+		{CheckHandshake, true, false, Established, NotInvalid, OpeningByID, false},
+		{CheckHandshake, false, true, Established, NotInvalid, HandshakeFromPeer, true},
+		{CheckHandshake, false, false, Invalid, UnknownConnectionID, NotVerified, true},
+		{CheckNone, true, true, Negotiation, NotInvalid, NotVerified, false},
+	}
+	for _, tt := range tests {
+		h := Header{Class: Negotiation, Check: tt.check}
+		if tt.check != CheckNone {
+			h.Class = Opening
+		}
+		c, r, v := h.Resolve(tt.idKnown, tt.peer)
+		if c != tt.class || r != tt.reason || v != tt.verified || h.NeedsPeer(tt.idKnown) != tt.needsPeer {
+			t.Errorf("check %d id %v peer %v: %v/%v/%v needs peer %v, want %v/%v/%v %v", tt.check, tt.idKnown, tt.peer,
+				c, r, v, h.NeedsPeer(tt.idKnown), tt.class, tt.reason, tt.verified, tt.needsPeer)
+		}
+	}
+	if Unverified.String() != "unverified" || UnknownConnectionID.String() != "unknown_connection_id" ||
+		Length.String() != "length" || OpeningFromPeer.String() != "opening_from_peer" {
+		t.Error("names")
+	}
+}
+
+// FuzzInspect: any input inspects without panicking, verified or not, and
+// without verification Inspect is Classify.
+func FuzzInspect(f *testing.F) {
+	f.Add(uint16(50000), LongPacket(Version1, 0, clientID, clientID, []byte("tok"), 1200))
+	f.Add(uint16(50000), LongPacket(Version2, 3, serverID[:], nil, nil, 60))
+	f.Add(uint16(50000), []byte{0xe0, 0, 0, 0, 1, 0, 0})
+	f.Fuzz(func(t *testing.T, sport uint16, data []byte) {
+		h := Inspect(DefaultBlockedPorts(), sport, data, len(data), true)
+		if (h.Class == Invalid) != (h.Reason != NotInvalid) || h.Class >= NumClasses || h.Reason >= NumReasons {
+			t.Fatalf("Inspect(%d, %x) = %+v", sport, data, h)
+		}
+		c, r, _ := h.Resolve(true, true)
+		if (c == Invalid) != (r != NotInvalid) {
+			t.Fatalf("Resolve = %v/%v", c, r)
+		}
+	})
+}

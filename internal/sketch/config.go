@@ -67,8 +67,27 @@ const (
 	// NumClasses is the number of traffic classes with a lattice of their
 	// own: class 0 counts connection-opening packets (or every datagram
 	// when the filter does not classify), class 1 established-connection
-	// packets.
-	NumClasses = 2
+	// packets (with connection ID verification, those verified by a server
+	// ID or a peer address), class 2 short-header packets that could not be
+	// verified.
+	NumClasses = 3
+)
+
+// The limits of class 2 (unverified short headers) when Config.Unverified
+// leaves them zero. A legitimate client is unverified only for moments: when
+// it moves to a connection ID the server issued in an encrypted frame and to
+// an address the server has not sent to yet (a NAT rebinding, a migration),
+// until the server's next datagram to the address is learned, or after the
+// learned state is lost. DefaultUnverifiedLimit per stream (a burst of as
+// many at a 1 s window) carries such a client's ACKs and requests through
+// that moment. What else arrives there is junk, from any number of (spoofed)
+// sources: DefaultUnverifiedTotal holds all of it to a rate whose cost to
+// quic-go (a connection ID lookup and a drop each) is negligible, shared
+// fairly among networks by the fair total, so that a flood from many networks
+// leaves a quiet network's migrating client its share.
+const (
+	DefaultUnverifiedLimit = 1_000
+	DefaultUnverifiedTotal = 2_000
 )
 
 // Default prefixes, most specific first.
@@ -94,6 +113,10 @@ type Config struct {
 	// Established are the limits of class 1. Left zero, class 1 has the
 	// limits of class 0.
 	Established Limits
+	// Unverified are the limits of class 2. Left zero (Limit 0), class 2
+	// has DefaultUnverifiedLimit at every level but the top, the socket's
+	// total, which has DefaultUnverifiedTotal.
+	Unverified Limits
 	// ProportionalTotal turns the fair total off: the socket's total then
 	// drops the same share of everyone's packets, as every other node
 	// does. For comparisons (rakesim's quiet-network-proportional).
@@ -117,16 +140,23 @@ type Limits struct {
 	LevelLimits map[int]uint32
 }
 
-// Class returns the limits of class c (0 or 1).
+// Class returns the limits of class c (0, 1 or 2).
 func (c Config) Class(class int) Limits {
-	if class == 1 && c.Established.Limit != 0 {
+	switch {
+	case class == 1 && c.Established.Limit != 0:
 		return c.Established
+	case class == 2 && c.Unverified.Limit != 0:
+		return c.Unverified
+	case class == 2:
+		top := c.WithDefaults().Levels() - 1
+		return Limits{Limit: DefaultUnverifiedLimit, LevelLimits: map[int]uint32{top: DefaultUnverifiedTotal}}
 	}
 	return Limits{Limit: c.Limit, LevelLimits: c.LevelLimits}
 }
 
-// className prefixes the names of class 1's values in errors.
-var className = [NumClasses]string{"", "established "}
+// className prefixes the names of class 1's and class 2's values in
+// errors.
+var className = [NumClasses]string{"", "established ", "unverified "}
 
 // WithDefaults returns c with empty prefix lists replaced by the defaults.
 func (c Config) WithDefaults() Config {
@@ -247,7 +277,8 @@ type Params struct {
 	Over [NumClasses][MaxNodes]uint32
 	// Lines is the length of each node's rows, in lines, by class, and
 	// Base the index of its first line in the sketch memory: the rows of
-	// a node follow one another, nodes follow in order, class 0 first.
+	// a node follow one another, nodes follow in order, class 0 first,
+	// then class 1, then class 2.
 	// TotalLines is the size of the sketch memory in lines.
 	Lines, Base [NumClasses][MaxNodes]uint32
 	TotalLines  int
@@ -350,6 +381,8 @@ func Compile(c Config) (*Params, error) {
 				lines = 1 // the socket's total: one stream
 			case class == 1:
 				lines = EstablishedLines
+			case class == 2:
+				lines = UnverifiedLines
 			}
 			p.Lines[class][i], p.Base[class][i] = lines, uint32(p.TotalLines)
 			p.TotalLines += Depth * int(lines)

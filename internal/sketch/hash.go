@@ -18,15 +18,19 @@ const (
 	// of class 0 (connection-opening packets, or every datagram) has
 	// OpeningLines lines (OpeningWidth = 4140 cells), where a flood of
 	// many sources must not crowd out a legitimate one. A row of class 1
-	// (established connections) has EstablishedLines (768 cells): its
+	// (established connections) has EstablishedLines (576 cells): its
 	// limits are hundreds of times a client's rate, so sharing a cell with
-	// a few other sources changes nothing. The socket's total node counts
-	// a single stream and has one line per row. With the default lattice
-	// (6 nodes) the sketches of both classes take
-	// (5 x 1380 + 5 x 256 + 2) x 2 x 64 bytes = 1,047,296 bytes, under
-	// 1 MiB.
+	// a few other sources changes nothing. A row of class 2 (unverified
+	// short headers) has UnverifiedLines (192 cells): what it counts is
+	// junk, or a legitimate client for the moment before it is verified,
+	// and its small total, shared fairly, is what holds the junk. The
+	// socket's total node counts a single stream and has one line per
+	// row. With the default lattice (6 nodes) the sketches of the three
+	// classes take (5 x 1380 + 5 x 192 + 5 x 64 + 3) x 2 x 64 bytes =
+	// 1,047,424 bytes, under 1 MiB.
 	OpeningLines     = 1380
-	EstablishedLines = 256
+	EstablishedLines = 192
+	UnverifiedLines  = 64
 	OpeningWidth     = OpeningLines * CellsPerLine
 	// HashWords is the number of 32-bit words a node's key is hashed from:
 	// the family, four address words and one port word.
@@ -178,8 +182,12 @@ func column(h uint64, lines uint32) (line, cell uint64) {
 }
 
 // rank is the rank of k's source (address and port) in period: uniform in
-// [0, 2^32) and independent of other sources' under a secret key.
+// [0, 2^32) and independent of other sources' under a secret key; 0, the
+// first, for a key marked RankFirst.
 func (hk *HashKey) rank(k *Key, period uint64) uint32 {
+	if k.RankFirst {
+		return 0
+	}
 	h := hk.R[0]*period + hk.R[HashWords-1]*uint64(k.SrcPort) + hk.RB
 	for i, w := range k.Words {
 		h += hk.R[1+i] * uint64(w)

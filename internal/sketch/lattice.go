@@ -136,6 +136,11 @@ type Key struct {
 	// packet then counts only at source-port-wildcard nodes.
 	HasPorts         bool
 	SrcPort, DstPort uint16
+	// RankFirst puts the source before every other at the fair total (rank
+	// 0: admitted whenever the share admits anyone): the filter sets it for
+	// a connection-opening packet from an address the server sends to, a
+	// returning user. It is not part of the hashed key.
+	RankFirst bool
 }
 
 // KeyFrom builds the key of a UDP packet from src to local port dstPort.

@@ -1,6 +1,7 @@
 package sketch
 
 import (
+	"fmt"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -47,6 +48,15 @@ func TestValidate(t *testing.T) {
 		{"established level", func(c *Config) {
 			c.Established = Limits{Limit: 100, LevelLimits: map[int]uint32{7: 5}}
 		}, "established level limits: level 7 does not exist"},
+		{"unverified burst", func(c *Config) { c.Unverified = Limits{Limit: 9_000_000} }, "unverified limit 9000000 with window 1s"},
+		{"unverified level", func(c *Config) {
+			c.Unverified = Limits{Limit: 100, LevelLimits: map[int]uint32{7: 5}}
+		}, "unverified level limits: level 7 does not exist"},
+		{"unverified level limit zero", func(c *Config) {
+			c.Unverified = Limits{Limit: 100, LevelLimits: map[int]uint32{2: 0}}
+		}, "unverified level 2 limit 0 out of range"},
+		{"unverified defaults at the longest window", func(c *Config) { c.Limit, c.Window = 1, MaxWindow }, ""},
+		{"unverified defaults at the shortest window", func(c *Config) { c.Limit, c.Window = 100, MinWindow }, ""},
 		{"established unlimited total", func(c *Config) {
 			c.Established = Limits{Limit: 250_000, LevelLimits: map[int]uint32{3: Unlimited}}
 		}, ""},
@@ -721,4 +731,115 @@ func TestFairTotalAfterFlood(t *testing.T) {
 		t.Fatalf("from 0.5 s after the flood on, the quiet network lost %d packets (%d in the first 0.5 s)", late, early)
 	}
 	t.Logf("lost %d packets in the first 0.5 s after the flood, while the total still forwarded over its cap", early)
+}
+
+// TestUnverifiedClass: class 2 has the default limits (every level but the
+// top at DefaultUnverifiedLimit, the top at DefaultUnverifiedTotal) unless
+// configured, narrow rows, and with the other classes fits in 1 MiB.
+func TestUnverifiedClass(t *testing.T) {
+	p, err := Compile(Config{Limit: 100, Window: time.Second, Established: Limits{Limit: 200_000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := len(p.Nodes) - 1
+	for i, n := range p.Nodes {
+		want := threshold(DefaultUnverifiedLimit, p.WindowNanos)
+		if i == top {
+			want = threshold(DefaultUnverifiedTotal, p.WindowNanos)
+		}
+		if p.Thresh[2][i] != want {
+			t.Errorf("node %d (level %d): class 2 threshold %d, want %d", i, n.Level(), p.Thresh[2][i], want)
+		}
+		lines := uint32(UnverifiedLines)
+		if i == top {
+			lines = 1
+		}
+		if p.Lines[2][i] != lines || p.Base[2][i] < p.Base[1][top]+Depth*p.Lines[1][top] {
+			t.Errorf("node %d: class 2 has %d lines at %d, want %d after class 1", i, p.Lines[2][i], p.Base[2][i], lines)
+		}
+	}
+	if got := p.TotalLines * LineBytes; got != 1_047_424 || got > 1<<20 {
+		t.Errorf("the sketches take %d bytes, want 1,047,424 (under 1 MiB)", got)
+	}
+	c := Config{Limit: 100, Window: time.Second, Unverified: Limits{Limit: 50, LevelLimits: map[int]uint32{1: 70}}}
+	if p, err = Compile(c); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range p.Nodes {
+		want := threshold(50, p.WindowNanos)
+		if n.Level() == 1 {
+			want = threshold(70, p.WindowNanos)
+		}
+		if p.Thresh[2][i] != want {
+			t.Errorf("configured: node %d class 2 threshold %d, want %d", i, p.Thresh[2][i], want)
+		}
+	}
+}
+
+// TestUnverifiedTotal: junk in class 2 from a new random source on every
+// packet, 50 times the class's total, is held near the total (what passes
+// while the fair share settles aside), and class 1 beside it passes whole.
+func TestUnverifiedTotal(t *testing.T) {
+	l := newLimiter(t, Config{Limit: 100, Window: time.Second, Established: Limits{Limit: 5000}})
+	rng := rand.New(rand.NewPCG(6, 6))
+	user := key("192.0.2.7:5000")
+	var junk, users [2]int
+	for i := range 200_000 { // 2 s at 100,000 pps of junk
+		now := start + int64(i)*10_000
+		k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(rng.Uint32()), byte(rng.Uint32()),
+			byte(rng.Uint32()), byte(rng.Uint32())}), uint16(1024+rng.IntN(60000))), 443)
+		sec := i / 100_000
+		if !l.Decide(&k, 2, now, rng.Uint32()).Drop {
+			junk[sec]++
+		}
+		if i%50 == 0 && !l.Decide(&user, 1, now, rng.Uint32()).Drop {
+			users[sec]++
+		}
+	}
+	if junk[1] < DefaultUnverifiedTotal*8/10 || junk[1] > DefaultUnverifiedTotal*13/10 || junk[0] > 4*DefaultUnverifiedTotal {
+		t.Fatalf("junk passed %d in the first second and %d in the second, at a total of %d", junk[0], junk[1], DefaultUnverifiedTotal)
+	}
+	if users != [2]int{2000, 2000} {
+		t.Fatalf("class 1 beside it passed %v of 2000 a second", users)
+	}
+	t.Logf("junk passed %v a second", junk)
+}
+
+// TestRankFirst: at a capped total, a source marked RankFirst inside a
+// flooded network keeps every packet, where the same source unmarked loses
+// most of them.
+func TestRankFirst(t *testing.T) {
+	for _, first := range []bool{true, false} {
+		t.Run(fmt.Sprintf("first=%v", first), func(t *testing.T) {
+			l := newLimiter(t, Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 20_000}})
+			rng := rand.New(rand.NewPCG(7, 7))
+			var users []Key
+			for n := range 16 {
+				k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(n), 9}), 40000), 443)
+				k.RankFirst = first
+				users = append(users, k)
+			}
+			offered, passed := 0, 0
+			for i := range 800_000 { // 4 s at 200,000 pps from 1024 sources in 256 /24s
+				now := start + int64(i)*5000
+				n, a := rng.IntN(256), rng.IntN(4)
+				k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(n), byte(1 + a)}), uint16(30000+n)), 443)
+				l.Decide(&k, 0, now, rng.Uint32())
+				if i%250 == 0 { // 50 pps from each user
+					u := &users[i/250%16]
+					v := l.Decide(u, 0, now, rng.Uint32())
+					if now >= start+int64(time.Second) {
+						offered++
+						if !v.Drop {
+							passed++
+						}
+					}
+				}
+			}
+			if first && passed != offered || !first && passed > offered/2 {
+				t.Fatalf("users passed %d of %d", passed, offered)
+			}
+			t.Logf("users passed %d of %d", passed, offered)
+		})
+	}
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -121,7 +120,7 @@ func (c *Conn) keep(l *Limiter, b []byte, src netip.AddrPort) bool {
 	if l == nil {
 		return true
 	}
-	d := datagram.Datagram{Key: c.key(src), Length: len(b), Probe: b[:min(len(b), quicclass.ProbeBytes)]}
+	d := datagram.Datagram{Key: c.key(src), Length: len(b), Probe: b}
 	return !l.Decide(&d).Drop
 }
 
@@ -264,7 +263,7 @@ func (c *Conn) datagramOf(m *ipv4.Message, d *datagram.Datagram) {
 	if len(m.Buffers) > 0 {
 		first = m.Buffers[0][:min(m.N, len(m.Buffers[0]))]
 	}
-	*d = datagram.Datagram{Key: c.key(src), Length: m.N, Probe: first[:min(len(first), quicclass.ProbeBytes)]}
+	*d = datagram.Datagram{Key: c.key(src), Length: m.N, Probe: first}
 }
 
 // moveMessage copies the datagram in src into dst's own buffers.

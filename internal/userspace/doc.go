@@ -7,8 +7,10 @@
 //
 // Every datagram is decided exactly as the kernel filter decides it
 // (package datagram, the Go twin of bpf/rakelimit.c): the allowlist, the QUIC
-// classes, the version negotiation cap and the hierarchical fair-share
-// limiter, with the same counters (datagram.Stats), the same limited-stream
+// classes verified against the server IDs and peers learned
+// (LearnServerID, LearnPeer, ExpireLearned; bounded and expired as the
+// kernel's maps are), the version negotiation cap and the hierarchical
+// fair-share limiter, with the same counters (datagram.Stats), the same limited-stream
 // records (datagram.Stream: sampled one drop in 2^datagram.DefaultTrackShift, keyed
 // by the dropping node, one event per new stream, at most
 // datagram.MaxTrackedStreams) and the same all-or-nothing reconfiguration, which

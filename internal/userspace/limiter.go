@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -111,6 +112,7 @@ func newLimiter(c datagram.Config, o options) (*Limiter, error) {
 func cloneConfig(c datagram.Config) datagram.Config {
 	c.Limiter.LevelLimits = maps.Clone(c.Limiter.LevelLimits)
 	c.Limiter.Established.LevelLimits = maps.Clone(c.Limiter.Established.LevelLimits)
+	c.Limiter.Unverified.LevelLimits = maps.Clone(c.Limiter.Unverified.LevelLimits)
 	c.Limiter.IPv4Prefixes = slices.Clone(c.Limiter.IPv4Prefixes)
 	c.Limiter.IPv6Prefixes = slices.Clone(c.Limiter.IPv6Prefixes)
 	c.Allow = slices.Clone(c.Allow)
@@ -164,6 +166,35 @@ func (l *Limiter) Sweep() (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f.Limiter().Sweep(l.clock.now()), nil
+}
+
+// LearnServerID remembers id, a connection ID the server put in a long
+// header's source connection ID, now: with VerifyIDs, datagrams to it are
+// verified from now on. The error is always nil; it is there to match
+// bpf.Filter.
+func (l *Limiter) LearnServerID(id datagram.ServerID) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.f.LearnServerID(id, l.clock.now())
+	return nil
+}
+
+// LearnPeer remembers addr, an address the server sent a datagram to, now.
+// It refuses an invalid address.
+func (l *Limiter) LearnPeer(addr netip.Addr) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.f.LearnPeer(addr, l.clock.now())
+}
+
+// ExpireLearned forgets the server IDs and peers neither learned nor (for an
+// ID) used by a verified datagram for lifetime, and returns how many of
+// each. The error is always nil.
+func (l *Limiter) ExpireLearned(lifetime time.Duration) (ids, peers int, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ids, peers = l.f.ExpireLearned(l.clock.now() - int64(max(lifetime, 0)))
+	return ids, peers, nil
 }
 
 // Decide decides the fate of one datagram now, counts it and tracks its

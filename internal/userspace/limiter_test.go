@@ -160,6 +160,8 @@ func TestStreamTracking(t *testing.T) {
 			[]string{"192.0.2.0/24 sport=* -> :443"}, 2, quicclass.Opening},
 		{"established flood", quicLimits(100, 100), many("[2001:db8::1]:4000%d", 1, short()), 5,
 			[]string{"2001:db8::/64 sport=40000 -> :443"}, 0, quicclass.Established},
+		{"unverified flood", unverifiedLimits(100), many("[2001:db8::1]:4000%d", 1, short()), 5,
+			[]string{"2001:db8::/64 sport=40000 -> :443"}, 0, quicclass.Unverified},
 		{"junk from two sources", quicLimits(100, 100), []flow{{"192.0.2.1:40000", junk()}, {"192.0.2.2:40001", junk()}, {"192.0.2.2:40002", junk()}}, 5,
 			[]string{"invalid 192.0.2.1 fixed_bit", "invalid 192.0.2.2 fixed_bit"}, -1, quicclass.Invalid},
 	}
@@ -213,7 +215,9 @@ func TestStreamTracking(t *testing.T) {
 			var counted uint64
 			for f := range datagram.Families {
 				for lvl := range sketch.MaxLevels {
-					counted += st.Dropped[tt.class&1][f][lvl]
+					if tt.class < quicclass.LimiterClasses {
+						counted += st.Dropped[tt.class][f][lvl]
+					}
 				}
 				for r := range quicclass.NumReasons {
 					counted += st.Invalid[0][f][r]
@@ -232,8 +236,8 @@ func TestStreamTracking(t *testing.T) {
 	}
 }
 
-// topUnlimited lifts the limit of the socket's total in both classes, so
-// that a test flood is limited at one level only.
+// topUnlimited lifts the limit of the socket's total in every class
+// configured, so that a test flood is limited at one level only.
 func topUnlimited(c datagram.Config) datagram.Config {
 	c = cloneConfig(c)
 	top := c.Limiter.WithDefaults().Levels() - 1
@@ -241,6 +245,19 @@ func topUnlimited(c datagram.Config) datagram.Config {
 	if c.Limiter.Established.Limit != 0 {
 		c.Limiter.Established.LevelLimits = map[int]uint32{top: sketch.Unlimited}
 	}
+	if c.Limiter.Unverified.Limit != 0 {
+		c.Limiter.Unverified.LevelLimits = map[int]uint32{top: sketch.Unlimited}
+	}
+	return c
+}
+
+// unverifiedLimits verifies connection IDs, with limit as class 2's limit:
+// every short header from a source the limiter has not learned is
+// unverified.
+func unverifiedLimits(limit uint32) datagram.Config {
+	c := quicLimits(100, 100_000)
+	c.VerifyIDs = true
+	c.Limiter.Unverified = sketch.Limits{Limit: limit}
 	return c
 }
 

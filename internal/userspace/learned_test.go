@@ -1,0 +1,180 @@
+package userspace
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+func verifyingLimits() datagram.Config {
+	c := quicLimits(100, 1000)
+	c.VerifyIDs = true
+	return c
+}
+
+// TestLearnVerifies: the limiter learns server IDs and peers on its own
+// clock, verifies datagrams with them exactly as a datagram.Filter given
+// the same times and random numbers does, and forgets them after their
+// lifetime.
+func TestLearnVerifies(t *testing.T) {
+	c := verifyingLimits()
+	clk := &fakeClock{}
+	clk.advance(time.Hour)
+	l := newTestLimiter(t, c, clk, -1)
+	twin, err := datagram.New(c, sketch.SeededHashKey(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := xorshift{0x9e3779b97f4a7c15}
+	sid := datagram.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
+	other := datagram.ServerID{1, 2, 3, 4}
+	peer := netip.MustParseAddr("192.0.2.50")
+	if err := l.LearnServerID(sid); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.LearnPeer(peer); err != nil {
+		t.Fatal(err)
+	}
+	twin.LearnServerID(sid, clk.now())
+	if err := twin.LearnPeer(peer, clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		src      string
+		payload  []byte
+		class    quicclass.Class
+		verified quicclass.Verification
+	}{
+		{"198.51.100.1:40000", quicclass.ShortPacket(sid, 100), quicclass.Established, quicclass.ShortByID},
+		{"192.0.2.50:40000", quicclass.ShortPacket(other, 100), quicclass.Established, quicclass.ShortByPeer},
+		{"198.51.100.1:40000", quicclass.ShortPacket(other, 100), quicclass.Unverified, 0},
+		{"192.0.2.50:40000", quicclass.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
+			quicclass.Opening, quicclass.OpeningFromPeer},
+		{"198.51.100.1:40000", quicclass.LongPacket(quicclass.Version2, 3, other[:], nil, nil, 100), quicclass.Invalid, 0},
+	}
+	for i, tt := range tests {
+		clk.advance(time.Millisecond)
+		d := datagram.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort(tt.src), 443), Length: len(tt.payload), Probe: tt.payload}
+		got := l.Decide(&d)
+		want := twin.Decide(&d, clk.now(), rng.next())
+		if got != want || got.Class != tt.class || got.Verified != tt.verified {
+			t.Fatalf("datagram %d: %+v, the twin %+v, want %v/%v", i, got, want, tt.class, tt.verified)
+		}
+	}
+	if st, _ := l.Stats(); st != twin.Stats() {
+		t.Fatalf("stats %+v, the twin's %+v", st, twin.Stats())
+	}
+	clk.advance(2 * time.Second)
+	// The ID was used 2 s ago (by the first datagram), the peer learned
+	// as long ago.
+	if ids, peers, err := l.ExpireLearned(3 * time.Second); err != nil || ids != 0 || peers != 0 {
+		t.Fatalf("ExpireLearned(3s) = %d, %d, %v", ids, peers, err)
+	}
+	if ids, peers, err := l.ExpireLearned(time.Second); err != nil || ids != 1 || peers != 1 {
+		t.Fatalf("ExpireLearned(1s) = %d, %d, %v", ids, peers, err)
+	}
+	d := datagram.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort("192.0.2.50:40000"), 443), Length: 100,
+		Probe: quicclass.ShortPacket(sid, 100)}
+	if out := l.Decide(&d); out.Class != quicclass.Unverified {
+		t.Fatalf("after expiry: %+v", out)
+	}
+	if err := l.LearnPeer(netip.Addr{}); err == nil {
+		t.Fatal("LearnPeer accepted an invalid address")
+	}
+}
+
+// TestLearnConcurrent: the learner's calls (LearnServerID, LearnPeer,
+// ExpireLearned) race with the read path, deciding one by one and in
+// batches, and with reconfiguration: run with -race. Every datagram is
+// counted once, and those to IDs learned before they were sent are
+// verified.
+func TestLearnConcurrent(t *testing.T) {
+	c := verifyingLimits()
+	c.Limiter.Established.Limit = 1_000_000
+	l := newTestLimiter(t, c, nil, -1)
+	var ids []datagram.ServerID
+	for i := range 64 {
+		ids = append(ids, datagram.ServerID{0xee, 0, 0, byte(i)})
+	}
+	for _, id := range ids[:32] {
+		if err := l.LearnServerID(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const perWorker = 20_000
+	var wg, bg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ds := make([]datagram.Datagram, 8)
+			drop := make([]bool, 8)
+			for i := 0; i < perWorker; i += len(ds) {
+				for j := range ds {
+					ds[j] = dgram(fmt.Sprintf("192.0.%d.%d:4000%d", w, j, j%3), quicclass.ShortPacket(ids[(i+j)%32], 100))
+				}
+				if w == 0 {
+					l.DecideBatch(ds, drop)
+				} else {
+					for j := range ds {
+						l.Decide(&ds[j])
+					}
+				}
+			}
+		}()
+	}
+	background := []func(i int){
+		func(i int) { _ = l.LearnServerID(ids[32+i%32]) },
+		func(i int) { _ = l.LearnPeer(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)})) },
+		func(int) { _, _, _ = l.ExpireLearned(time.Hour) },
+		func(int) { l.Stats() },
+		func(i int) {
+			next := cloneConfig(c)
+			next.DryRun = i%2 == 1
+			if err := l.Configure(next); err != nil {
+				panic(err)
+			}
+		},
+	}
+	for _, fn := range background {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				fn(i)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	bg.Wait()
+	st, _ := l.Stats()
+	var total, verified uint64
+	for class := range sketch.NumClasses {
+		for f := range datagram.Families {
+			total += st.Passed[class][f]
+			for lvl := range sketch.MaxLevels {
+				total += st.Dropped[class][f][lvl] + st.WouldDrop[class][f][lvl]
+			}
+		}
+	}
+	for f := range datagram.Families {
+		verified += st.Verified[f][quicclass.ShortByID]
+	}
+	if total != 2*perWorker || verified != 2*perWorker {
+		t.Fatalf("counted %d datagrams, verified %d; decided %d", total, verified, 2*perWorker)
+	}
+}
