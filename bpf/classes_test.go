@@ -14,9 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // TestClassifyFrames runs one datagram of every kind, from IPv4 and IPv6,
@@ -46,7 +46,7 @@ func TestClassifyFrames(t *testing.T) {
 		{"short header of 20 bytes", 50000, quicclass.ShortHeader(20), quicclass.Invalid, quicclass.Truncated},
 		{"small unknown version", 50000, quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 400), quicclass.Invalid, quicclass.SmallUnknownVersion},
 	}
-	w := newTwin(t, quic(1000, 1000))
+	w := newTwin(t, testutil.QUICLimits(1000, 1000))
 	now := start
 	for _, src := range []string{"198.51.100.7", "2001:db8:1:2::7"} {
 		for _, ext := range [][]ipv6Ext{nil, {{kind: unix.IPPROTO_HOPOPTS}, {kind: unix.IPPROTO_DSTOPTS, units: 2}}} {
@@ -100,7 +100,7 @@ func TestAllowlistFamilies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.allow+" "+tt.src, func(t *testing.T) {
-			c := quic(1000, 1000)
+			c := testutil.QUICLimits(1000, 1000)
 			c.Allow = []netip.Prefix{netip.MustParsePrefix(tt.allow)}
 			w := newTwin(t, c)
 			p := udp(tt.src, 50000)
@@ -117,7 +117,7 @@ func TestAllowlistFamilies(t *testing.T) {
 // the cell: a flood at 95 times the limit is held.
 func TestSkewedClock(t *testing.T) {
 	const limit, rate = 100, 9500
-	w := newTwin(t, limits(limit))
+	w := newTwin(t, testutil.Limits(limit))
 	p := udp("198.51.100.7", 5000)
 	d := p.datagram(true)
 	passed, sent := 0, 0
@@ -146,7 +146,7 @@ func TestSkewedClock(t *testing.T) {
 // TestSweep: the sweep resets cells idle for the decay horizon, in the
 // kernel's sketches as in the Go twin's, and leaves live ones alone.
 func TestSweep(t *testing.T) {
-	w := newTwin(t, limits(100))
+	w := newTwin(t, testutil.Limits(100))
 	old, fresh := udp("198.51.100.7", 5000), udp("198.51.100.99", 6000)
 	w.step(old, old.datagram(true), start, 0)
 	later := start + int64(40*time.Hour)
@@ -180,17 +180,17 @@ func TestSocketClasses(t *testing.T) {
 		"retry":           quicclass.LongHeader(quicclass.Version1, 3, 8, 8, 100),
 		"truncated":       quicclass.LongHeader(quicclass.Version1, 2, 8, 8, 12),
 	}
-	c := quic(100_000, 100_000)
+	c := testutil.QUICLimits(100_000, 100_000)
 	c.Negotiation = 1000
 	f, conn, port := attached(t, c, "udp")
 	twin, err := datagram.New(c, sketch.HashKey{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := receive(conn)
+	r := testutil.Receive(conn)
 	wantDelivered := 0
 	for _, src := range []string{"127.0.0.9:40000", "127.0.0.9:53", "[::1]:40001"} {
-		s := loopbacktest.Sender(t, netip.MustParseAddrPort(src))
+		s := testutil.Sender(t, netip.MustParseAddrPort(src))
 		dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
 		if netip.MustParseAddrPort(src).Addr().Is6() {
 			dst = netip.AddrPortFrom(netip.IPv6Loopback(), port)
@@ -206,7 +206,7 @@ func TestSocketClasses(t *testing.T) {
 			}
 		}
 	}
-	r.stop()
+	r.Stop()
 	got, err := f.Stats()
 	if err != nil {
 		t.Fatal(err)
@@ -218,10 +218,10 @@ func TestSocketClasses(t *testing.T) {
 		t.Fatalf("on a real socket: invalid %v negotiation %v passed %v; the Go twin: %v %v %v",
 			got.Invalid, got.Negotiation, got.Passed, want.Invalid, want.Negotiation, want.Passed)
 	}
-	if r.total != wantDelivered {
-		t.Fatalf("delivered %d datagrams, want %d", r.total, wantDelivered)
+	if r.Total() != wantDelivered {
+		t.Fatalf("delivered %d datagrams, want %d", r.Total(), wantDelivered)
 	}
-	t.Logf("%d datagrams delivered of %d sent; invalid by reason (IPv4): %v", r.total, 3*len(payloads), got.Invalid[0][1])
+	t.Logf("%d datagrams delivered of %d sent; invalid by reason (IPv4): %v", r.Total(), 3*len(payloads), got.Invalid[0][1])
 }
 
 // TestSocketGSOBatches: quic-go sends with GSO (UDP_SEGMENT); on loopback the
@@ -232,9 +232,9 @@ func TestSocketClasses(t *testing.T) {
 // as established.
 func TestSocketGSOBatches(t *testing.T) {
 	const segment, perBatch, batches = 1200, 8, 20
-	f, conn, port := attached(t, quic(100_000, 100_000), "udp")
-	r := receive(conn)
-	s := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.9:40000"))
+	f, conn, port := attached(t, testutil.QUICLimits(100_000, 100_000), "udp")
+	r := testutil.Receive(conn)
+	s := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.9:40000"))
 	buf := make([]byte, 0, segment*perBatch)
 	for range perBatch {
 		buf = append(buf, quicclass.ShortHeader(segment)...)
@@ -243,10 +243,10 @@ func TestSocketGSOBatches(t *testing.T) {
 	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port))
 	for range batches {
 		if _, _, err := s.WriteMsgUDP(buf, oob, dst); err != nil {
-			skipOrFail(t, "sending a GSO batch: %v", err)
+			testutil.SkipOrFail(t, "sending a GSO batch: %v", err)
 		}
 	}
-	r.stop()
+	r.Stop()
 	st, err := f.Stats()
 	if err != nil {
 		t.Fatal(err)
@@ -256,9 +256,9 @@ func TestSocketGSOBatches(t *testing.T) {
 	for _, n := range st.Invalid[0][v4] {
 		invalid += n
 	}
-	if r.total != perBatch*batches || st.Passed[quicclass.Established][v4] != perBatch*batches || invalid != 0 {
+	if r.Total() != perBatch*batches || st.Passed[quicclass.Established][v4] != perBatch*batches || invalid != 0 {
 		t.Fatalf("%d segments sent in GSO batches: %d delivered, %d counted established, %d invalid (%v)",
-			perBatch*batches, r.total, st.Passed[quicclass.Established][v4], invalid, st.Invalid[0][v4])
+			perBatch*batches, r.Total(), st.Passed[quicclass.Established][v4], invalid, st.Invalid[0][v4])
 	}
 }
 
