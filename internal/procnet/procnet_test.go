@@ -7,6 +7,19 @@ import (
 	"testing"
 )
 
+// errorWanted reports whether a case wanted an error (want is not ""), and
+// fails t unless err then says want.
+func errorWanted(t *testing.T, name string, err error, want string) bool {
+	t.Helper()
+	if want == "" {
+		return false
+	}
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: err = %v, want one saying %q", name, err, want)
+	}
+	return true
+}
+
 func TestParseSocketDrops(t *testing.T) {
 	// Port 8443 is 0x20FB; the flood's connected sockets have it as the
 	// remote port and must not count.
@@ -32,10 +45,7 @@ func TestParseSocketDrops(t *testing.T) {
 	}
 	for _, tt := range tests {
 		got, err := ParseSocketDrops(strings.NewReader(tt.table), tt.port)
-		if tt.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Errorf("%s: err = %v, want one saying %q", tt.name, err, tt.wantErr)
-			}
+		if errorWanted(t, tt.name, err, tt.wantErr) {
 			continue
 		}
 		if err != nil || got != tt.want {
@@ -72,10 +82,7 @@ UdpLite6InDatagrams             	9
 	}
 	for _, tt := range tests {
 		got, err := ParseUDPCounters(tt.snmp, tt.snmp6)
-		if tt.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Errorf("%s: err = %v, want one saying %q", tt.name, err, tt.wantErr)
-			}
+		if errorWanted(t, tt.name, err, tt.wantErr) {
 			continue
 		}
 		if err != nil || got != tt.want {
