@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"net/http"
@@ -24,8 +23,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/cilium/ebpf"
-	"github.com/quic-go/quic-go"
-	"github.com/quic-go/quic-go/http3"
 	"go.uber.org/zap"
 
 	"github.com/rakelimit/caddy-rakelimit/bpf"
@@ -49,21 +46,7 @@ func requireBPF(t *testing.T) {
 // freePort returns a port free for both TCP and UDP on loopback.
 func freePort(t *testing.T) int {
 	t.Helper()
-	for range 50 {
-		u, err := net.ListenUDP("udp", &net.UDPAddr{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := u.LocalAddr().(*net.UDPAddr).Port
-		l, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
-		u.Close()
-		if err == nil {
-			l.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
+	return testutil.FreePort(t)
 }
 
 // testCaddy is the in-process Caddy of one test.
@@ -109,17 +92,7 @@ func (c *testCaddy) globals() string {
 // issues the tls internal certificate in the background after a load.
 func (c *testCaddy) waitReady() {
 	c.t.Helper()
-	url := fmt.Sprintf("https://127.0.0.1:%d/", c.port)
-	var err error
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, _, err = h3Get(ctx, legitSrc, url)
-		cancel()
-		if err == nil {
-			return
-		}
-	}
-	c.t.Fatalf("%s never answered over HTTP/3: %v", url, err)
+	testutil.WaitHTTP3(c.t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", c.port))
 }
 
 // waitTLS retries a request over TLS on TCP until https://localhost:port
@@ -209,42 +182,7 @@ func (l *limiter) stats(t *testing.T) (passed, dropped uint64) {
 // h3Get fetches url over HTTP/3 from a socket bound to src, on a new QUIC
 // connection, and returns the body and how long it took.
 func h3Get(ctx context.Context, src netip.Addr, url string) (string, time.Duration, error) {
-	udp, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)))
-	if err != nil {
-		return "", 0, err
-	}
-	defer udp.Close()
-	qt := &quic.Transport{Conn: udp}
-	defer qt.Close()
-	rt := &http3.Transport{
-		// tls internal: the trust chain is not under test. The name is
-		// sent as SNI; without it Caddy picks the certificate by the
-		// local address, which a socket hidden from quic-go lacks.
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
-		Dial: func(ctx context.Context, addr string, tlsCfg *tls.Config, cfg *quic.Config) (*quic.Conn, error) {
-			a, err := net.ResolveUDPAddr("udp", addr)
-			if err != nil {
-				return nil, err
-			}
-			return qt.DialEarly(ctx, a, tlsCfg, cfg)
-		},
-	}
-	defer rt.Close()
-	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return "", 0, err
-	}
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return "", time.Since(start), err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("status %s", resp.Status)
-	}
-	return string(body), time.Since(start), err
+	return testutil.HTTP3Get(ctx, src, url)
 }
 
 // quicFlood sends QUIC Initial-sized datagrams (testutil.Initials) from src
@@ -737,7 +675,7 @@ func filterDrops(t *testing.T) uint64 {
 
 // held reports whether a flood of sent packets was held to limit: all but
 // a burst and a second at the limit, with margin, dropped.
-func held(sent int, dropped uint64, limit int) bool { return dropped+uint64(4*limit) >= uint64(sent) }
+func held(sent int, dropped uint64, limit int) bool { return testutil.Held(sent, dropped, limit) }
 
 // TestReloadOntoRunningListener: Caddy does not call packet conn wrappers
 // on a socket it keeps across a reload. A reload that adds rakelimit to a
