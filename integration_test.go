@@ -3,21 +3,16 @@
 package rakelimit
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"fmt"
-	"io"
 	"math"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,13 +23,14 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/cilium/ebpf"
-	"github.com/quic-go/quic-go"
-	"github.com/quic-go/quic-go/http3"
 	"go.uber.org/zap"
 
 	"github.com/rakelimit/caddy-rakelimit/bpf"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
+	"github.com/rakelimit/caddy-rakelimit/internal/latency"
+	"github.com/rakelimit/caddy-rakelimit/internal/procnet"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -45,33 +41,13 @@ import (
 
 func requireBPF(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" || os.Getenv("RAKELIMIT_REQUIRE_BPF") == "1" {
-		t.Fatal("integration tests need root (CAP_BPF)")
-	}
-	t.Skip("integration tests need root (CAP_BPF)")
+	testutil.RequireRoot(t)
 }
 
 // freePort returns a port free for both TCP and UDP on loopback.
 func freePort(t *testing.T) int {
 	t.Helper()
-	for range 50 {
-		u, err := net.ListenUDP("udp", &net.UDPAddr{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := u.LocalAddr().(*net.UDPAddr).Port
-		l, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
-		u.Close()
-		if err == nil {
-			l.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
+	return testutil.FreePort(t)
 }
 
 // testCaddy is the in-process Caddy of one test.
@@ -117,17 +93,7 @@ func (c *testCaddy) globals() string {
 // issues the tls internal certificate in the background after a load.
 func (c *testCaddy) waitReady() {
 	c.t.Helper()
-	url := fmt.Sprintf("https://127.0.0.1:%d/", c.port)
-	var err error
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, _, err = h3Get(ctx, legitSrc, url)
-		cancel()
-		if err == nil {
-			return
-		}
-	}
-	c.t.Fatalf("%s never answered over HTTP/3: %v", url, err)
+	testutil.WaitHTTP3(c.t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", c.port))
 }
 
 // waitTLS retries a request over TLS on TCP until https://localhost:port
@@ -209,193 +175,53 @@ func limiterStats(t *testing.T, l *engine.Limiter) (passed, dropped uint64) {
 // h3Get fetches url over HTTP/3 from a socket bound to src, on a new QUIC
 // connection, and returns the body and how long it took.
 func h3Get(ctx context.Context, src netip.Addr, url string) (string, time.Duration, error) {
-	udp, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)))
-	if err != nil {
-		return "", 0, err
-	}
-	defer udp.Close()
-	qt := &quic.Transport{Conn: udp}
-	defer qt.Close()
-	rt := &http3.Transport{
-		// tls internal: the trust chain is not under test. The name is
-		// sent as SNI; without it Caddy picks the certificate by the
-		// local address, which a socket hidden from quic-go lacks.
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
-		Dial: func(ctx context.Context, addr string, tlsCfg *tls.Config, cfg *quic.Config) (*quic.Conn, error) {
-			a, err := net.ResolveUDPAddr("udp", addr)
-			if err != nil {
-				return nil, err
-			}
-			return qt.DialEarly(ctx, a, tlsCfg, cfg)
-		},
-	}
-	defer rt.Close()
-	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return "", 0, err
-	}
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return "", time.Since(start), err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("status %s", resp.Status)
-	}
-	return string(body), time.Since(start), err
+	return testutil.HTTP3Get(ctx, src, url)
 }
 
-// quicFlood sends QUIC Initial-sized datagrams (1200 bytes with a long
-// header, version 1 and random connection IDs and payload, which quic-go must
-// try to decrypt) from src to dst at rate packets per second for d. It
-// returns the number sent.
+// quicFlood sends QUIC Initial-sized datagrams (testutil.Initials) from src
+// to dst at rate packets per second for d. It returns the number sent.
 func quicFlood(t *testing.T, src netip.Addr, dst netip.AddrPort, rate int, d time.Duration) int {
 	t.Helper()
-	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rng := rand.New(rand.NewPCG(uint64(rate), uint64(d)))
-	// Random payloads made once: filling 1,200 bytes per packet would
-	// slow the sender below the rate under the race detector. Each packet
-	// still gets a connection ID of its own.
-	var pool [64][1200]byte
-	for p := range pool {
-		for i := range pool[p] {
-			pool[p][i] = byte(rng.Uint32())
-		}
-		pool[p][0] = 0xc0 | pool[p][0]&0x0f      // long header, Initial
-		copy(pool[p][1:], []byte{0, 0, 0, 1, 8}) // version 1, 8-byte DCID
-		pool[p][14] = 8                          // an 8-byte SCID: a valid header
-	}
-	pkt := make([]byte, 1200)
-	const burst = 50
-	tick := time.Duration(float64(time.Second) * burst / float64(rate))
-	sent := 0
-	for end, next := time.Now().Add(d), time.Now(); time.Now().Before(end); {
-		for range burst {
-			copy(pkt, pool[sent%len(pool)][:])
-			binary.LittleEndian.PutUint64(pkt[6:], rng.Uint64()) // the DCID
-			if _, err := conn.WriteToUDPAddrPort(pkt, dst); err != nil {
-				t.Fatal(err)
-			}
-			sent++
-		}
-		next = next.Add(tick)
-		time.Sleep(time.Until(next))
-	}
-	return sent
+	return testutil.FloodInitials(t, src, dst, rate, d)
 }
 
 // socketDrops reads the kernel's drop counter of the UDP socket on port:
 // packets a socket filter refused, or a full receive queue.
 func socketDrops(t *testing.T, port int) uint64 {
 	t.Helper()
-	var total uint64
-	for _, file := range []string{"/proc/net/udp", "/proc/net/udp6"} {
-		f, err := os.Open(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fields := strings.Fields(sc.Text())
-			if len(fields) < 13 || !strings.HasSuffix(fields[1], fmt.Sprintf(":%04X", port)) {
-				continue
-			}
-			n, err := strconv.ParseUint(fields[len(fields)-1], 10, 64)
-			if err == nil {
-				total += n
-			}
-		}
-		f.Close()
+	n, err := procnet.SocketDrops(port)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return total
+	return n
 }
 
 // drops is a reading of the drop counters of one UDP socket.
-type drops struct {
-	// socket counts the socket's drops: by its filter, or because its
-	// receive queue was full.
-	socket uint64
-	// overflow counts the datagrams the kernel dropped because a socket's
-	// receive queue was full, every socket (RcvbufErrors, IPv4 and IPv6).
-	overflow uint64
-}
+type drops struct{ procnet.Drops }
 
 // readDrops reads the drop counters of the UDP socket on port.
 func readDrops(t *testing.T, port int) drops {
 	t.Helper()
-	return drops{socket: socketDrops(t, port), overflow: snmpCounter(t, "/proc/net/snmp", "Udp: ", "RcvbufErrors") +
-		snmpCounter(t, "/proc/net/snmp6", "Udp6RcvbufErrors", "")}
+	d, err := procnet.ReadDrops(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return drops{d}
 }
 
 // filteredSince returns how many datagrams the socket's filter dropped since
-// d0: the socket's drops less the queue overflows, which a slow reader (the
-// race detector, a busy machine) causes whatever the filter does.
-func (d drops) filteredSince(d0 drops) uint64 {
-	n, over := d.socket-d0.socket, d.overflow-d0.overflow
-	if over > n {
-		return 0
-	}
-	return n - over
-}
-
-// snmpCounter reads a counter of /proc/net/snmp (a line of names after
-// prefix, then one of values) or, with name "", of /proc/net/snmp6 (a name
-// and a value per line).
-func snmpCounter(t *testing.T, file, prefix, name string) uint64 {
-	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(string(b), "\n")
-	for i, line := range lines {
-		f := strings.Fields(line)
-		switch {
-		case name == "" && len(f) == 2 && f[0] == prefix:
-			v, _ := strconv.ParseUint(f[1], 10, 64)
-			return v
-		case name != "" && strings.HasPrefix(line, prefix) && i+1 < len(lines) && strings.HasPrefix(lines[i+1], prefix):
-			vals := strings.Fields(lines[i+1])
-			for j, n := range f {
-				if n == name && j < len(vals) {
-					v, _ := strconv.ParseUint(vals[j], 10, 64)
-					return v
-				}
-			}
-		}
-	}
-	t.Fatalf("no %s%s in %s", prefix, name, file)
-	return 0
-}
+// d0, queue overflows left out.
+func (d drops) filteredSince(d0 drops) uint64 { return d.FilteredSince(d0.Drops) }
 
 // udpInDatagrams reads the kernel's count of UDP datagrams delivered to
-// sockets, which includes those a socket filter let through.
+// IPv4 sockets, which includes those a socket filter let through.
 func udpInDatagrams(t *testing.T) uint64 {
 	t.Helper()
-	b, err := os.ReadFile("/proc/net/snmp")
+	c, err := procnet.ReadUDPCounters()
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(string(b), "\n")
-	for i := 0; i+1 < len(lines); i++ {
-		if strings.HasPrefix(lines[i], "Udp: ") && strings.HasPrefix(lines[i+1], "Udp: ") {
-			names, vals := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-			for j, n := range names {
-				if n == "InDatagrams" {
-					v, _ := strconv.ParseUint(vals[j], 10, 64)
-					return v
-				}
-			}
-		}
-	}
-	t.Fatal("no Udp InDatagrams in /proc/net/snmp")
-	return 0
+	return c.InDatagrams
 }
 
 const siteWithLimit = `127.0.0.1:{port}, localhost:{port} {
@@ -412,16 +238,6 @@ var (
 	legitSrc = netip.MustParseAddr("127.0.0.5")
 	floodSrc = netip.MustParseAddr("127.0.0.6")
 )
-
-// percentile returns the p-th percentile of ds.
-func percentile(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(p*float64(len(s))))]
-}
 
 // TestIntegrationFlood: while a flood of QUIC Initial-sized packets from one
 // address hits the HTTP/3 port, requests from another address succeed, and
@@ -493,7 +309,7 @@ func TestIntegrationFlood(t *testing.T) {
 	t.Logf("flood: %d packets at %d pps for %d s from %v; filter dropped %d (%.1f%%), socket drops +%d",
 		sent, rate, seconds, floodSrc, dropped, 100*float64(dropped)/float64(sent), drops)
 	t.Logf("legit from %v: %d of %d requests ok during the flood; latency p50 %v p99 %v (quiet: p50 %v)",
-		legitSrc, len(lat)-failed, len(lat), percentile(lat, 0.5), percentile(lat, 0.99), percentile(quiet, 0.5))
+		legitSrc, len(lat)-failed, len(lat), latency.Percentile(lat, 50), latency.Percentile(lat, 99), latency.Percentile(quiet, 50))
 }
 
 // gtlsGet fetches the page with ngtcp2's gtlsclient and returns what it
@@ -852,7 +668,7 @@ func filterDrops(t *testing.T) uint64 {
 
 // held reports whether a flood of sent packets was held to limit: all but
 // a burst and a second at the limit, with margin, dropped.
-func held(sent int, dropped uint64, limit int) bool { return dropped+uint64(4*limit) >= uint64(sent) }
+func held(sent int, dropped uint64, limit int) bool { return testutil.Held(sent, dropped, limit) }
 
 // TestReloadOntoRunningListener: Caddy does not call packet conn wrappers
 // on a socket it keeps across a reload. A reload that adds rakelimit to a

@@ -13,10 +13,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // The operator's view under a flood: metrics, the admin API, logs of limited
@@ -25,41 +26,14 @@ import (
 // adminGet fetches path from the admin endpoint of c.
 func (c *testCaddy) adminGet(path string) (int, string) {
 	c.t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://localhost:%d%s", c.admin, path))
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	return testutil.AdminGet(c.t, c.admin, path)
 }
 
 // metric returns the value of the sample of name whose labels include all of
 // want (label="value" pairs), from a Prometheus text exposition.
 func metric(t *testing.T, exposition, name string, want ...string) float64 {
 	t.Helper()
-	for _, line := range strings.Split(exposition, "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, w := range want {
-			ok = ok && strings.Contains(line, w)
-		}
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		if err != nil {
-			t.Fatalf("parsing %q: %v", line, err)
-		}
-		return v
-	}
-	t.Fatalf("no sample %s %v in:\n%s", name, want, exposition)
-	return 0
+	return testutil.Metric(t, exposition, name, want...)
 }
 
 // TestMetricsAndAdmin floods one listener and reads /metrics and

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // floorProgram is a trivial socket filter that returns the packet length:
@@ -26,7 +27,7 @@ func floorProgram(tb testing.TB) *ebpf.Program {
 		},
 	})
 	if err != nil {
-		skipOrFail(tb, "loading the floor program: %v", err)
+		testutil.SkipOrFail(tb, "loading the floor program: %v", err)
 	}
 	tb.Cleanup(func() { prog.Close() })
 	return prog
@@ -45,8 +46,8 @@ func BenchmarkFilter(b *testing.B) {
 	short := withData(udp("198.51.100.7", 50000), quicclass.ShortHeader(1200))
 	junk := withData(udp("198.51.100.7", 50000), make([]byte, 100))
 	// Every datagram alike (the filter before it knew QUIC), and by class.
-	pass, drop := limits(1_000_000), limits(25)
-	quicPass, quicDrop := quic(1_000_000, 1_000_000), quic(25, 25)
+	pass, drop := testutil.Limits(1_000_000), testutil.Limits(25)
+	quicPass, quicDrop := testutil.QUICLimits(1_000_000, 1_000_000), testutil.QUICLimits(25, 25)
 	floor := floorProgram(b)
 	// The operations features on: an allowlist of 64 prefixes that the
 	// packets are not in (so that each is looked up), and stream tracking,
@@ -73,8 +74,8 @@ func BenchmarkFilter(b *testing.B) {
 		{"established-pass", quicPass, short, loadOptions{}},
 		{"established-drop", quicDrop, short, loadOptions{}},
 		{"invalid-drop", quicPass, junk, loadOptions{}},
-		{"ipv4-random-sources", limits(1000), v4, loadOptions{benchRandomSource: true}},
-		{"opening-random-sources", quic(1000, 250_000), initial, loadOptions{benchRandomSource: true}},
+		{"ipv4-random-sources", testutil.Limits(1000), v4, loadOptions{benchRandomSource: true}},
+		{"opening-random-sources", testutil.QUICLimits(1000, 250_000), initial, loadOptions{benchRandomSource: true}},
 		{"ipv4-pass-allowlist", withAllow(pass), v4, loadOptions{}},
 		{"ipv4-drop-allowlist", withAllow(drop), v4, loadOptions{}},
 		{"ipv6-pass-allowlist", withAllow(pass), v6, loadOptions{}},

@@ -14,9 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // TestClassifyFrames runs one datagram of every kind, from IPv4 and IPv6,
@@ -46,7 +46,7 @@ func TestClassifyFrames(t *testing.T) {
 		{"short header of 20 bytes", 50000, quicclass.ShortHeader(20), quicclass.Invalid, quicclass.Truncated},
 		{"small unknown version", 50000, quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 400), quicclass.Invalid, quicclass.SmallUnknownVersion},
 	}
-	w := newTwin(t, quic(1000, 1000))
+	w := newTwin(t, testutil.QUICLimits(1000, 1000))
 	now := start
 	for _, src := range []string{"198.51.100.7", "2001:db8:1:2::7"} {
 		for _, ext := range [][]ipv6Ext{nil, {{kind: unix.IPPROTO_HOPOPTS}, {kind: unix.IPPROTO_DSTOPTS, units: 2}}} {
@@ -147,7 +147,7 @@ func TestClassifyFramesVerify(t *testing.T) {
 		{"retry", true, quicclass.LongPacket(v1, 3, sid[:], cid, nil, 100), quicclass.Invalid, quicclass.ServerOnly, 0},
 		{"unknown version", true, quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200), quicclass.Negotiation, 0, 0},
 	}
-	c := quic(1000, 1000)
+	c := testutil.QUICLimits(1000, 1000)
 	c.VerifyIDs = true
 	w := newTwin(t, c)
 	now := start
@@ -199,7 +199,7 @@ func TestAllowlistFamilies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.allow+" "+tt.src, func(t *testing.T) {
-			c := quic(1000, 1000)
+			c := testutil.QUICLimits(1000, 1000)
 			c.Allow = []netip.Prefix{netip.MustParsePrefix(tt.allow)}
 			w := newTwin(t, c)
 			p := udp(tt.src, 50000)
@@ -216,7 +216,7 @@ func TestAllowlistFamilies(t *testing.T) {
 // the cell: a flood at 95 times the limit is held.
 func TestSkewedClock(t *testing.T) {
 	const limit, rate = 100, 9500
-	w := newTwin(t, limits(limit))
+	w := newTwin(t, testutil.Limits(limit))
 	p := udp("198.51.100.7", 5000)
 	d := p.datagram(true)
 	passed, sent := 0, 0
@@ -245,7 +245,7 @@ func TestSkewedClock(t *testing.T) {
 // TestSweep: the sweep resets cells idle for the decay horizon, in the
 // kernel's sketches as in the Go twin's, and leaves live ones alone.
 func TestSweep(t *testing.T) {
-	w := newTwin(t, limits(100))
+	w := newTwin(t, testutil.Limits(100))
 	old, fresh := udp("198.51.100.7", 5000), udp("198.51.100.99", 6000)
 	w.step(old, old.datagram(true), start, 0)
 	later := start + int64(40*time.Hour)
@@ -298,7 +298,7 @@ func TestSocketClasses(t *testing.T) {
 	}
 	for _, verify := range []bool{false, true} {
 		t.Run(fmt.Sprintf("verify=%v", verify), func(t *testing.T) {
-			c := quic(100_000, 100_000)
+			c := testutil.QUICLimits(100_000, 100_000)
 			c.Negotiation = 1000
 			c.VerifyIDs = verify
 			f, conn, port := attached(t, c, "udp")
@@ -317,10 +317,10 @@ func TestSocketClasses(t *testing.T) {
 			if err := twin.LearnPeer(peer, start); err != nil {
 				t.Fatal(err)
 			}
-			r := receive(conn)
+			r := testutil.Receive(conn)
 			wantDelivered := 0
 			for _, src := range []string{"127.0.0.9:40000", "127.0.0.9:53", "127.0.0.10:40002", "[::1]:40001"} {
-				s := loopbacktest.Sender(t, netip.MustParseAddrPort(src))
+				s := testutil.Sender(t, netip.MustParseAddrPort(src))
 				dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
 				if netip.MustParseAddrPort(src).Addr().Is6() {
 					dst = netip.AddrPortFrom(netip.IPv6Loopback(), port)
@@ -335,7 +335,7 @@ func TestSocketClasses(t *testing.T) {
 					}
 				}
 			}
-			r.stop()
+			r.Stop()
 			got, err := f.Stats()
 			if err != nil {
 				t.Fatal(err)
@@ -348,15 +348,15 @@ func TestSocketClasses(t *testing.T) {
 				t.Fatalf("on a real socket: invalid %v negotiation %v passed %v verified %v; the Go twin: %v %v %v %v",
 					got.Invalid, got.Negotiation, got.Passed, got.Verified, want.Invalid, want.Negotiation, want.Passed, want.Verified)
 			}
-			if r.total != wantDelivered {
-				t.Fatalf("delivered %d datagrams, want %d", r.total, wantDelivered)
+			if r.Total() != wantDelivered {
+				t.Fatalf("delivered %d datagrams, want %d", r.Total(), wantDelivered)
 			}
 			v4 := datagram.FamilyIndex(sketch.IPv4)
 			if verify && (got.Invalid[0][v4][quicclass.Length] == 0 || got.Verified[v4][quicclass.OpeningFromPeer] == 0 ||
 				got.Passed[quicclass.Unverified][v4] == 0) {
 				t.Fatalf("verification missed a path: invalid %v verified %v", got.Invalid[0][v4], got.Verified[v4])
 			}
-			t.Logf("%d datagrams delivered of %d sent; invalid by reason (IPv4): %v; verified (IPv4): %v", r.total,
+			t.Logf("%d datagrams delivered of %d sent; invalid by reason (IPv4): %v; verified (IPv4): %v", r.Total(),
 				4*len(payloads), got.Invalid[0][v4], got.Verified[v4])
 		})
 	}
@@ -373,14 +373,14 @@ func TestSocketGSOBatches(t *testing.T) {
 	sid := datagram.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
 	for _, verify := range []bool{false, true} {
 		t.Run(fmt.Sprintf("verify=%v", verify), func(t *testing.T) {
-			c := quic(100_000, 100_000)
+			c := testutil.QUICLimits(100_000, 100_000)
 			c.VerifyIDs = verify
 			f, conn, port := attached(t, c, "udp")
 			if err := f.LearnServerID(sid); err != nil {
 				t.Fatal(err)
 			}
-			r := receive(conn)
-			s := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.9:40000"))
+			r := testutil.Receive(conn)
+			s := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.9:40000"))
 			buf := make([]byte, 0, segment*perBatch)
 			for range perBatch {
 				buf = append(buf, quicclass.ShortPacket(sid, segment)...)
@@ -389,10 +389,10 @@ func TestSocketGSOBatches(t *testing.T) {
 			dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port))
 			for range batches {
 				if _, _, err := s.WriteMsgUDP(buf, oob, dst); err != nil {
-					skipOrFail(t, "sending a GSO batch: %v", err)
+					testutil.SkipOrFail(t, "sending a GSO batch: %v", err)
 				}
 			}
-			r.stop()
+			r.Stop()
 			st, err := f.Stats()
 			if err != nil {
 				t.Fatal(err)
@@ -402,9 +402,9 @@ func TestSocketGSOBatches(t *testing.T) {
 			for _, n := range st.Invalid[0][v4] {
 				invalid += n
 			}
-			if r.total != perBatch*batches || st.Passed[quicclass.Established][v4] != perBatch*batches || invalid != 0 {
+			if r.Total() != perBatch*batches || st.Passed[quicclass.Established][v4] != perBatch*batches || invalid != 0 {
 				t.Fatalf("%d segments sent in GSO batches: %d delivered, %d counted established, %d invalid (%v)",
-					perBatch*batches, r.total, st.Passed[quicclass.Established][v4], invalid, st.Invalid[0][v4])
+					perBatch*batches, r.Total(), st.Passed[quicclass.Established][v4], invalid, st.Invalid[0][v4])
 			}
 			if verify && st.Verified[v4][quicclass.ShortByID] != perBatch*batches {
 				t.Fatalf("%d segments to a server ID: verified %v", perBatch*batches, st.Verified[v4])

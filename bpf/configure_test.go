@@ -17,6 +17,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // kernelState is what the kernel holds of a filter's configuration: the
@@ -75,9 +76,9 @@ func withAllow(c datagram.Config, a []netip.Prefix, dryRun bool) datagram.Config
 // a new lattice, a bad limit) and for a failure half way, after some of the
 // new allowlist entries went in (forced by filling the trie from outside).
 func TestConfigureAllOrNothing(t *testing.T) {
-	base := withAllow(limits(100), prefixes(0, 10), false)
-	big := limits(5000)
-	perDport := limits(5000)
+	base := withAllow(testutil.Limits(100), prefixes(0, 10), false)
+	big := testutil.Limits(5000)
+	perDport := testutil.Limits(5000)
 	perDport.Limiter.PerDstPort = true
 	tests := []struct {
 		name string
@@ -90,7 +91,7 @@ func TestConfigureAllOrNothing(t *testing.T) {
 		{"1,100 allowlist prefixes", withAllow(big, prefixes(1, 1100), false), 0,
 			[]string{"allow: 1100 IPv4 prefixes", "1024"}},
 		{"new lattice", withAllow(perDport, prefixes(0, 10), false), 0, []string{"cannot change the lattice"}},
-		{"bad limit", withAllow(limits(0), prefixes(0, 10), false), 0, []string{"limit 0"}},
+		{"bad limit", withAllow(testutil.Limits(0), prefixes(0, 10), false), 0, []string{"limit 0"}},
 		{"trie full half way", withAllow(big, append(prefixes(0, 10), prefixes(2, 20)...), false),
 			datagram.MaxAllow - 10 - 7, []string{"adding", "to the allowlist"}},
 	}
@@ -134,9 +135,9 @@ func TestConfigureAllOrNothing(t *testing.T) {
 // new settings, and the allowlist ends up holding exactly the new list, also
 // when old and new lists together exceed the trie.
 func TestConfigureSwitchesOnce(t *testing.T) {
-	f := loadTest(t, limits(100), loadOptions{})
+	f := loadTest(t, testutil.Limits(100), loadOptions{})
 	lim := func(l uint32, w time.Duration) datagram.Config {
-		c := limits(l)
+		c := testutil.Limits(l)
 		c.Limiter.Window = w
 		return c
 	}
@@ -145,7 +146,7 @@ func TestConfigureSwitchesOnce(t *testing.T) {
 		withAllow(lim(300, time.Second), prefixes(0, 1000), false),
 		// 1,000 entries out, 1,000 others in: 2,000 would not fit at once.
 		withAllow(lim(400, time.Second), prefixes(5, 1000), false),
-		withAllow(quic(400, 4000), append(prefixes(5, 10), netip.MustParsePrefix("2001:db8::/32")), false),
+		withAllow(testutil.QUICLimits(400, 4000), append(prefixes(5, 10), netip.MustParsePrefix("2001:db8::/32")), false),
 		lim(400, time.Second),
 	}
 	for i, c := range steps {
@@ -180,7 +181,7 @@ func TestConfigureSwitchesOnce(t *testing.T) {
 // run, as a reload does while Caddy logs limited streams; under -race this
 // fails if the readers read shared state without the filter's lock.
 func TestConfigureRaceReaders(t *testing.T) {
-	f := loadTest(t, limits(25), loadOptions{})
+	f := loadTest(t, testutil.Limits(25), loadOptions{})
 	if _, _, err := f.objs.Rakelimit.Benchmark(udp("198.51.100.7", 5000).frame(), 10_000, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +205,7 @@ func TestConfigureRaceReaders(t *testing.T) {
 		}
 	})
 	for i := range 200 {
-		if err := f.Configure(withAllow(limits(25+uint32(i%5)), nil, i%2 == 0)); err != nil {
+		if err := f.Configure(withAllow(testutil.Limits(25+uint32(i%5)), nil, i%2 == 0)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -17,9 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // twin runs the BPF program (in test mode) and the Go twin (datagram.Filter)
@@ -242,7 +242,7 @@ func TestParse(t *testing.T) {
 			}{fmt.Sprintf("ipv6 payload %d", size), with(v6, func(p *packet) { p.payload = size }), true, nil},
 		)
 	}
-	all, classes := newTwin(t, limits(1000)), newTwin(t, quic(1000, 1000))
+	all, classes := newTwin(t, testutil.Limits(1000)), newTwin(t, testutil.QUICLimits(1000, 1000))
 	now := start
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -299,7 +299,7 @@ func quicPayloads(rng *rand.Rand) [][]byte {
 func TestDifferential(t *testing.T) {
 	for _, perDstPort := range []bool{false, true} {
 		t.Run(fmt.Sprintf("per-dport=%v", perDstPort), func(t *testing.T) {
-			c := quic(50, 200)
+			c := testutil.QUICLimits(50, 200)
 			c.Limiter.Window, c.Limiter.PerDstPort = 500*time.Millisecond, perDstPort
 			// Networks and ports unlimited, so that enough reaches the
 			// total for its fair share to decide.
@@ -423,7 +423,7 @@ func TestLatticeNodes(t *testing.T) {
 			{sketch.NewNode(2, true, false), func(a, b int) string { return fmt.Sprintf("2001:db8:%x::7", a) }, func(a, b int) uint16 { return uint16(1000 + b) }},
 		},
 	}
-	c := limits(limit)
+	c := testutil.Limits(limit)
 	p, _ := sketch.Compile(c.Limiter)
 	for fam, list := range shapes {
 		for _, s := range list {
@@ -460,12 +460,12 @@ func TestLatticeNodes(t *testing.T) {
 // more allowlist prefixes than it holds, and keeps its configuration, its
 // allowlist and its active slot.
 func TestConfigureErrors(t *testing.T) {
-	good := limits(100)
+	good := testutil.Limits(100)
 	good.Allow = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
 	f := loadTest(t, good, loadOptions{})
 	before, active := f.Params(), f.active
-	tooMany := withAllow(limits(5000), prefixes(1, 1100), false)
-	perDport := limits(100)
+	tooMany := withAllow(testutil.Limits(5000), prefixes(1, 1100), false)
+	perDport := testutil.Limits(100)
 	perDport.Limiter.PerDstPort = true
 	tests := []struct {
 		name string
@@ -473,7 +473,7 @@ func TestConfigureErrors(t *testing.T) {
 		want string
 	}{
 		{"new lattice", perDport, "cannot change the lattice"},
-		{"zero limit", limits(0), "limit 0 out of range"},
+		{"zero limit", testutil.Limits(0), "limit 0 out of range"},
 		{"tiny window", datagram.Config{Limiter: sketch.Config{Limit: 100, Window: time.Nanosecond}}, "window 1ns out of range"},
 		{"allowlist over capacity", tooMany, "allow: 1100 IPv4 prefixes, more than the filter holds (at most 1024 per family)"},
 		{"negotiation", datagram.Config{Limiter: good.Limiter, Negotiation: datagram.MaxNegotiation + 1}, "version negotiation"},
@@ -518,7 +518,7 @@ func countAllow(t *testing.T, f *Filter) int {
 // trie is full of entries the check does not know) leaves no new prefix
 // behind and the old configuration in force.
 func TestConfigureRollsBack(t *testing.T) {
-	f := loadTest(t, limits(100), loadOptions{})
+	f := loadTest(t, testutil.Limits(100), loadOptions{})
 	// Fill the IPv4 trie behind the filter's back.
 	for i := range datagram.MaxAllow {
 		e := allowEntry{bits: 32, addr: netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)}).As16()}
@@ -526,7 +526,7 @@ func TestConfigureRollsBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c := limits(5000)
+	c := testutil.Limits(5000)
 	c.Allow = []netip.Prefix{netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("198.51.100.0/24")}
 	err := f.Configure(c)
 	if err == nil || !strings.Contains(err.Error(), "adding") {
@@ -541,7 +541,7 @@ func TestConfigureRollsBack(t *testing.T) {
 // TestInfo: the sketches of the three classes fit in 1 MiB with the default
 // lattice, and a socket pays little option memory for the filter.
 func TestInfo(t *testing.T) {
-	f := loadTest(t, quic(1000, 250_000), loadOptions{})
+	f := loadTest(t, testutil.QUICLimits(1000, 250_000), loadOptions{})
 	in, err := f.Info()
 	if err != nil {
 		t.Fatal(err)
@@ -551,7 +551,7 @@ func TestInfo(t *testing.T) {
 	}
 	// The kernel charges an attached filter to the socket's option memory
 	// (net.core.optmem_max): measure it.
-	conn := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+	conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
 	before := optmem(t, conn)
 	if err := f.Attach(conn); err != nil {
 		t.Fatal(err)
@@ -592,7 +592,7 @@ func optmem(t testing.TB, conn *net.UDPConn) int {
 // total (a short map would count every packet as an error): datagrams of
 // every class of the limiter, with verification.
 func TestDimensions(t *testing.T) {
-	c := quic(100, 1000)
+	c := testutil.QUICLimits(100, 1000)
 	c.VerifyIDs = true
 	c.Limiter.PerDstPort = true
 	c.Limiter.IPv4Prefixes, c.Limiter.IPv6Prefixes = []uint8{32, 24, 16, 0}, []uint8{128, 64, 48, 0}
@@ -633,7 +633,7 @@ func TestDimensions(t *testing.T) {
 // loop's paths multiply shows up here before it breaks loading on a kernel
 // whose verifier prunes less.
 func TestVerifierBudget(t *testing.T) {
-	loadTest(t, limits(1), loadOptions{}) // skips without BPF
+	loadTest(t, testutil.Limits(1), loadOptions{}) // skips without BPF
 	spec, err := loadRakelimit()
 	if err != nil {
 		t.Fatal(err)
@@ -670,7 +670,7 @@ func TestVerifierBudget(t *testing.T) {
 // total; verification switched off and on again; a dry run at the end.
 // Every verdict, counter, cell, fair share and learned time must agree.
 func TestDifferentialVerify(t *testing.T) {
-	c := quic(50, 500)
+	c := testutil.QUICLimits(50, 500)
 	c.VerifyIDs = true
 	c.Limiter.Window = 500 * time.Millisecond
 	top := c.Limiter.WithDefaults().Levels() - 1

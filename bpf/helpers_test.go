@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
-	"os"
 	"testing"
 	"time"
 
@@ -14,42 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
-
-// mustBPF reports whether BPF tests must run: in CI (CI=true) or when
-// RAKELIMIT_REQUIRE_BPF=1, a missing privilege fails the test instead of
-// skipping it.
-func mustBPF() bool {
-	return os.Getenv("CI") == "true" || os.Getenv("RAKELIMIT_REQUIRE_BPF") == "1"
-}
-
-// skipOrFail skips t, or fails it when BPF tests are required.
-func skipOrFail(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if mustBPF() {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
-// limits is a configuration that counts every datagram alike (no
-// classification) with limit packets per second at every level.
-func limits(limit uint32) datagram.Config {
-	return datagram.Config{Limiter: sketch.Config{Limit: limit, Window: time.Second}}
-}
-
-// quic is a configuration that classifies datagrams, with the given limits
-// for connection-opening and established-connection packets.
-func quic(opening, established uint32) datagram.Config {
-	return datagram.Config{
-		Limiter:      sketch.Config{Limit: opening, Window: time.Second, Established: sketch.Limits{Limit: established}},
-		Classify:     true,
-		BlockedPorts: quicclass.DefaultBlockedPorts(),
-		Negotiation:  10,
-	}
-}
 
 // loadTest loads a filter for a test and closes it when the test ends. It
 // skips (or, in CI, fails) when the process may not load BPF.
@@ -60,9 +26,7 @@ func loadTest(t testing.TB, c datagram.Config, o loadOptions) *Filter {
 		o.hashKey = &hk
 	}
 	f, err := load(c, o)
-	if errors.Is(err, unix.EPERM) || errors.Is(err, ebpf.ErrNotSupported) {
-		skipOrFail(t, "cannot load BPF here: %v", err)
-	}
+	testutil.RequireBPF(t, err)
 	if err != nil {
 		t.Fatalf("load: %+v", err)
 	}

@@ -15,12 +15,13 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // TestLearnExpire: the public methods learn at the kernel's monotonic time
 // and expire by a lifetime; a bad address is refused in one line.
 func TestLearnExpire(t *testing.T) {
-	f := loadTest(t, quic(100, 1000), loadOptions{})
+	f := loadTest(t, testutil.QUICLimits(100, 1000), loadOptions{})
 	before := monoNow()
 	id := datagram.ServerID{9, 8, 7, 6}
 	if err := f.LearnServerID(id); err != nil {
@@ -55,7 +56,7 @@ func TestLearnExpire(t *testing.T) {
 // another, rather than refusing it; and expiry reads every entry of a full
 // map.
 func TestLearnedFull(t *testing.T) {
-	f := loadTest(t, quic(100, 1000), loadOptions{})
+	f := loadTest(t, testutil.QUICLimits(100, 1000), loadOptions{})
 	keys := make([]rakelimitServerId, datagram.MaxServerIDs)
 	times := make([]uint64, datagram.MaxServerIDs)
 	for i := range keys {
@@ -85,7 +86,7 @@ func TestLearnedFull(t *testing.T) {
 // TestLearnedMemory logs what the kernel charges for the learned sets (the
 // package doc states it).
 func TestLearnedMemory(t *testing.T) {
-	f := loadTest(t, quic(100, 1000), loadOptions{})
+	f := loadTest(t, testutil.QUICLimits(100, 1000), loadOptions{})
 	for name, m := range map[string]*ebpf.Map{"server_ids": f.objs.ServerIds, "peers": f.objs.Peers} {
 		b := memlock(t, m)
 		if b < int(m.MaxEntries()*(m.KeySize()+m.ValueSize())) {

@@ -13,9 +13,9 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 func sum(levels [sketch.MaxLevels]uint64) (n uint64) {
@@ -34,33 +34,31 @@ func attached(t *testing.T, cfg datagram.Config, network string) (*Filter, *net.
 	if network == "udp" {
 		addr = "[::]:0"
 	}
-	conn := loopbacktest.Listen(t, network, addr)
+	conn := testutil.Listen(t, network, addr)
 	if err := f.Attach(conn); err != nil {
 		t.Fatal(err)
 	}
-	return f, conn, uint16(conn.LocalAddr().(*net.UDPAddr).Port)
+	return f, conn, testutil.PortOf(conn)
 }
 
 // TestDryRun: a dry run delivers the whole flood and counts what it would
 // have dropped; switched off on the live socket, the same flood is dropped.
 func TestDryRun(t *testing.T) {
 	const limit, rate = 100, 4000
-	c := limits(limit)
+	c := testutil.Limits(limit)
 	f, conn, port := attached(t, c, "udp4")
 	c.DryRun = true
 	if err := f.Configure(c); err != nil {
 		t.Fatal(err)
 	}
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
-	src := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
-	r := receive(conn)
+	src := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
+	r := testutil.Receive(conn)
 	if err := flood(src, dst, rate, 2*rate, rand.New(rand.NewPCG(1, 1))); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
-	r.mu.Lock()
-	got := r.total
-	r.mu.Unlock()
+	got := r.Total()
 	st, err := f.Stats()
 	if err != nil {
 		t.Fatal(err)
@@ -83,7 +81,7 @@ func TestDryRun(t *testing.T) {
 	if err := flood(src, dst, rate, rate, rand.New(rand.NewPCG(2, 2))); err != nil {
 		t.Fatal(err)
 	}
-	r.stop()
+	r.Stop()
 	st, err = f.Stats()
 	if err != nil {
 		t.Fatal(err)
@@ -107,21 +105,18 @@ func TestAllowlist(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := limits(limit)
+			c := testutil.Limits(limit)
 			f, conn, port := attached(t, c, "udp")
 			c.Allow = []netip.Prefix{netip.MustParsePrefix(tt.allow)}
 			if err := f.Configure(c); err != nil {
 				t.Fatal(err)
 			}
-			r := receive(conn)
+			r := testutil.Receive(conn)
 			done := make(chan error, 1)
 			for _, src := range []string{tt.allowed, tt.other} {
 				a := netip.MustParseAddr(src)
-				s := loopbacktest.Sender(t, netip.AddrPortFrom(a, 0))
-				dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
-				if a.Is6() {
-					dst = netip.AddrPortFrom(netip.IPv6Loopback(), port)
-				}
+				s := testutil.Sender(t, netip.AddrPortFrom(a, 0))
+				dst := testutil.LoopbackFor(a, port)
 				go func() { done <- flood(s, dst, rate, 2*rate, rand.New(rand.NewPCG(3, 3))) }()
 			}
 			for range 2 {
@@ -129,13 +124,8 @@ func TestAllowlist(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			counts := r.stop()
-			total := func(a string) (n int) {
-				for _, c := range counts[netip.MustParseAddr(a)] {
-					n += c
-				}
-				return n
-			}
+			r.Stop()
+			total := func(a string) int { return r.ReceivedFrom(netip.MustParseAddr(a)) }
 			st, err := f.Stats()
 			if err != nil {
 				t.Fatal(err)
@@ -168,7 +158,7 @@ func TestAllowlist(t *testing.T) {
 // expires once the flood stops.
 func TestStreamEvents(t *testing.T) {
 	const limit = 25
-	f := loadTest(t, limits(limit), loadOptions{})
+	f := loadTest(t, testutil.Limits(limit), loadOptions{})
 	events, err := f.Events()
 	if err != nil {
 		t.Fatal(err)
@@ -230,7 +220,7 @@ func TestStreamEvents(t *testing.T) {
 // from a stranger to an ID the server never issued is limited in class 2,
 // and tracked and reported as a stream of that class.
 func TestStreamEventsUnverified(t *testing.T) {
-	c := quic(100, 100_000)
+	c := testutil.QUICLimits(100, 100_000)
 	c.VerifyIDs = true
 	shift := uint8(0)
 	f := loadTest(t, c, loadOptions{trackShift: &shift})

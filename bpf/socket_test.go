@@ -19,58 +19,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // Real sockets see the packet differently from BPF_PROG_TEST_RUN (skb->data
 // at the UDP header, not the IP header), so the filter is tested on them
 // too. Every test here sends only to loopback addresses or to ULA addresses
 // inside a network namespace it creates, and every flood is bounded.
-
-// receiver counts what a socket receives, per source address and per second
-// since start.
-type receiver struct {
-	conn  *net.UDPConn
-	start time.Time
-	mu    sync.Mutex
-	count map[netip.Addr][]int
-	total int
-	done  chan struct{}
-}
-
-func receive(conn *net.UDPConn) *receiver {
-	r := &receiver{conn: conn, start: time.Now(), count: map[netip.Addr][]int{}, done: make(chan struct{})}
-	go func() {
-		defer close(r.done)
-		buf := make([]byte, 2048)
-		for {
-			_, from, err := conn.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			sec := int(time.Since(r.start) / time.Second)
-			r.mu.Lock()
-			src := from.Addr().Unmap()
-			for len(r.count[src]) <= sec {
-				r.count[src] = append(r.count[src], 0)
-			}
-			r.count[src][sec]++
-			r.total++
-			r.mu.Unlock()
-		}
-	}()
-	return r
-}
-
-// stop waits for packets in flight, closes the socket and returns the
-// counts.
-func (r *receiver) stop() map[netip.Addr][]int {
-	time.Sleep(100 * time.Millisecond)
-	r.conn.Close()
-	<-r.done
-	return r.count
-}
 
 // touchedCells returns the indexes of the sketch cells that have been used.
 func touchedCells(lines []sketch.Line) []int {
@@ -107,18 +63,18 @@ func TestSocketProbes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			hk := sketch.SeededHashKey(9)
-			c := limits(1_000_000)
+			c := testutil.Limits(1_000_000)
 			f := loadTest(t, c, loadOptions{hashKey: &hk})
 			twin, err := sketch.New(c.Limiter, hk)
 			if err != nil {
 				t.Fatal(err)
 			}
-			conn := loopbacktest.Listen(t, tt.network, tt.listen)
+			conn := testutil.Listen(t, tt.network, tt.listen)
 			if err := f.Attach(conn); err != nil {
 				t.Fatal(err)
 			}
 			dport := uint16(conn.LocalAddr().(*net.UDPAddr).Port)
-			r := receive(conn)
+			r := testutil.Receive(conn)
 			sent := 0
 			for _, src := range tt.sources {
 				for _, port := range ports {
@@ -126,10 +82,7 @@ func TestSocketProbes(t *testing.T) {
 					if err != nil {
 						continue // port taken on this machine: the others cover the range
 					}
-					dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), dport)
-					if netip.MustParseAddr(src).Is6() {
-						dst = netip.AddrPortFrom(netip.IPv6Loopback(), dport)
-					}
+					dst := testutil.LoopbackFor(netip.MustParseAddr(src), dport)
 					for _, size := range sizes {
 						if _, err := s.WriteToUDPAddrPort(make([]byte, size), dst); err != nil {
 							t.Fatalf("send from %s:%d: %v", src, port, err)
@@ -141,7 +94,7 @@ func TestSocketProbes(t *testing.T) {
 					s.Close()
 				}
 			}
-			r.stop()
+			r.Stop()
 			st, err := f.Stats()
 			if err != nil {
 				t.Fatal(err)
@@ -152,8 +105,8 @@ func TestSocketProbes(t *testing.T) {
 					dropped += st.Dropped[0][fam][l]
 				}
 			}
-			if r.total != sent || dropped != 0 {
-				t.Fatalf("sent %d probes, received %d, filter dropped %d", sent, r.total, dropped)
+			if r.Total() != sent || dropped != 0 {
+				t.Fatalf("sent %d probes, received %d, filter dropped %d", sent, r.Total(), dropped)
 			}
 			want := touchedCells(twin.Lines())
 			if got := touchedCells(f.lines(t)); !slices.Equal(got, want) {
@@ -168,7 +121,7 @@ func TestSocketProbes(t *testing.T) {
 // about rate packets per second, then stops.
 func flood(conn *net.UDPConn, dst netip.AddrPort, rate, n int, rng *rand.Rand) error {
 	buf := make([]byte, 1350)
-	return loopbacktest.Pace(conn, dst, rate, n, func() []byte { return buf[:rng.IntN(len(buf)+1)] })
+	return testutil.Pace(conn, dst, rate, n, func() []byte { return buf[:rng.IntN(len(buf)+1)] })
 }
 
 // trickle sends one packet every interval until stop is closed.
@@ -204,30 +157,25 @@ func TestSocketFlood(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := loadTest(t, limits(limit), loadOptions{})
-			conn := loopbacktest.Listen(t, tt.network, tt.listen)
+			f := loadTest(t, testutil.Limits(limit), loadOptions{})
+			conn := testutil.Listen(t, tt.network, tt.listen)
 			if err := f.Attach(conn); err != nil {
 				t.Fatal(err)
 			}
-			port := uint16(conn.LocalAddr().(*net.UDPAddr).Port)
-			dstFor := func(src string) netip.AddrPort {
-				if netip.MustParseAddr(src).Is6() {
-					return netip.AddrPortFrom(netip.IPv6Loopback(), port)
-				}
-				return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
-			}
-			fs := loopbacktest.Sender(t, netip.AddrPortFrom(netip.MustParseAddr(tt.flood), 0))
-			ls := loopbacktest.Sender(t, netip.AddrPortFrom(netip.MustParseAddr(tt.legit), 0))
-			r := receive(conn)
+			port := testutil.PortOf(conn)
+			floodSrc, legitSrc := netip.MustParseAddr(tt.flood), netip.MustParseAddr(tt.legit)
+			fs := testutil.Sender(t, netip.AddrPortFrom(floodSrc, 0))
+			ls := testutil.Sender(t, netip.AddrPortFrom(legitSrc, 0))
+			r := testutil.Receive(conn)
 			stop := make(chan struct{})
 			var legitSent int
 			var legitErr error
 			done := make(chan struct{})
 			go func() {
-				legitSent, legitErr = trickle(ls, dstFor(tt.legit), 200*time.Millisecond, stop)
+				legitSent, legitErr = trickle(ls, testutil.LoopbackFor(legitSrc, port), 200*time.Millisecond, stop)
 				close(done)
 			}()
-			if err := flood(fs, dstFor(tt.flood), rate, rate*seconds, rand.New(rand.NewPCG(1, 2))); err != nil {
+			if err := flood(fs, testutil.LoopbackFor(floodSrc, port), rate, rate*seconds, rand.New(rand.NewPCG(1, 2))); err != nil {
 				t.Fatal(err)
 			}
 			close(stop)
@@ -235,16 +183,13 @@ func TestSocketFlood(t *testing.T) {
 			if legitErr != nil {
 				t.Fatal(legitErr)
 			}
-			counts := r.stop()
-			loopbacktest.CheckHeld(t, "flood", counts[netip.MustParseAddr(tt.flood)], seconds, limit)
-			legit := 0
-			for _, c := range counts[netip.MustParseAddr(tt.legit)] {
-				legit += c
-			}
+			r.Stop()
+			testutil.CheckHeld(t, "flood", r.PerSecondFrom(floodSrc), seconds, limit)
+			legit := r.ReceivedFrom(legitSrc)
 			if legit != legitSent {
 				t.Errorf("legit: sent %d, received %d", legitSent, legit)
 			}
-			t.Logf("flood per second %v; legit %d of %d", counts[netip.MustParseAddr(tt.flood)], legit, legitSent)
+			t.Logf("flood per second %v; legit %d of %d", r.PerSecondFrom(floodSrc), legit, legitSent)
 		})
 	}
 }
@@ -255,19 +200,20 @@ func TestSocketConcurrentFlood(t *testing.T) {
 	const limit, rate, seconds = 200, 4000, 4
 	cpus := runtime.NumCPU()
 	if cpus < 2 {
-		skipOrFail(t, "needs two CPUs, have %d", cpus)
+		testutil.SkipOrFail(t, "needs two CPUs, have %d", cpus)
 	}
-	f := loadTest(t, limits(limit), loadOptions{})
-	conn := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+	f := loadTest(t, testutil.Limits(limit), loadOptions{})
+	conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
 	if err := f.Attach(conn); err != nil {
 		t.Fatal(err)
 	}
-	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(conn.LocalAddr().(*net.UDPAddr).Port))
-	r := receive(conn)
+	src := netip.MustParseAddr("127.0.0.7")
+	dst := testutil.LoopbackFor(src, testutil.PortOf(conn))
+	r := testutil.Receive(conn)
 	var wg sync.WaitGroup
 	errs := make(chan error, cpus)
 	for cpu := range cpus {
-		s := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.7:0"))
+		s := testutil.Sender(t, netip.AddrPortFrom(src, 0))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -290,9 +236,9 @@ func TestSocketConcurrentFlood(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	counts := r.stop()
-	loopbacktest.CheckHeld(t, "flood from every CPU", counts[netip.MustParseAddr("127.0.0.7")], seconds, limit)
-	t.Logf("flood from %d CPUs, per second: %v", cpus, counts[netip.MustParseAddr("127.0.0.7")])
+	r.Stop()
+	testutil.CheckHeld(t, "flood from every CPU", r.PerSecondFrom(src), seconds, limit)
+	t.Logf("flood from %d CPUs, per second: %v", cpus, r.PerSecondFrom(src))
 }
 
 // netns is a network namespace created for one test, with ULA addresses on
@@ -305,11 +251,11 @@ type netns struct {
 func newNetns(t *testing.T, addrs []string) *netns {
 	t.Helper()
 	if _, err := exec.LookPath("ip"); err != nil {
-		skipOrFail(t, "needs iproute2: %v", err)
+		testutil.SkipOrFail(t, "needs iproute2: %v", err)
 	}
 	name := fmt.Sprintf("rakelimit-test-%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		skipOrFail(t, "creating network namespace: %v: %s", err, out)
+		testutil.SkipOrFail(t, "creating network namespace: %v: %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
 	batch := "link set lo up\n"
@@ -377,53 +323,45 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := loadTest(t, limits(limit), loadOptions{})
+			f := loadTest(t, testutil.Limits(limit), loadOptions{})
 			var conn, legit *net.UDPConn
 			var floods []*net.UDPConn
 			ns.do(t, func() {
-				conn = loopbacktest.Listen(t, "udp6", "[fd00:1:2:3::1]:0")
-				legit = loopbacktest.Sender(t, netip.MustParseAddrPort("[fd00:9::5]:0"))
+				conn = testutil.Listen(t, "udp6", "[fd00:1:2:3::1]:0")
+				legit = testutil.Sender(t, netip.MustParseAddrPort("[fd00:9::5]:0"))
 				for _, s := range tt.sources {
-					floods = append(floods, loopbacktest.Sender(t, netip.AddrPortFrom(netip.MustParseAddr(s), 0)))
+					floods = append(floods, testutil.Sender(t, netip.AddrPortFrom(netip.MustParseAddr(s), 0)))
 				}
 			})
 			if err := f.Attach(conn); err != nil {
 				t.Fatal(err)
 			}
-			dst := netip.AddrPortFrom(netip.MustParseAddr("fd00:1:2:3::1"), uint16(conn.LocalAddr().(*net.UDPAddr).Port))
-			r := receive(conn)
+			dst := netip.AddrPortFrom(netip.MustParseAddr("fd00:1:2:3::1"), testutil.PortOf(conn))
+			r := testutil.Receive(conn)
 			stop := make(chan struct{})
 			var legitSent int
 			done := make(chan struct{})
 			go func() { legitSent, _ = trickle(legit, dst, 200*time.Millisecond, stop); close(done) }()
 			// Round robin over the sources, each at perSource pps.
 			buf := make([]byte, 100)
-			tick := time.Second / perSource
-			for end, next := time.Now().Add(seconds*time.Second), time.Now(); time.Now().Before(end); {
-				for _, s := range floods {
-					if _, err := s.WriteToUDPAddrPort(buf, dst); err != nil {
-						t.Fatal(err)
-					}
-				}
-				next = next.Add(tick)
-				time.Sleep(time.Until(next))
+			rate := perSource * len(floods)
+			if _, err := (testutil.Flood{From: floods, To: dst, Rate: rate, Count: rate * seconds, For: seconds * time.Second,
+				Next: func() []byte { return buf }}).Send(); err != nil {
+				t.Fatal(err)
 			}
 			close(stop)
 			<-done
-			counts := r.stop()
+			r.Stop()
 			perSecond := make([]int, seconds)
 			for _, s := range tt.sources {
-				for sec, c := range counts[netip.MustParseAddr(s)] {
+				for sec, c := range r.PerSecondFrom(netip.MustParseAddr(s)) {
 					if sec < seconds {
 						perSecond[sec] += c
 					}
 				}
 			}
-			loopbacktest.CheckHeld(t, "flood", perSecond, seconds, limit)
-			legitGot := 0
-			for _, c := range counts[netip.MustParseAddr("fd00:9::5")] {
-				legitGot += c
-			}
+			testutil.CheckHeld(t, "flood", perSecond, seconds, limit)
+			legitGot := r.ReceivedFrom(netip.MustParseAddr("fd00:9::5"))
 			if legitGot != legitSent {
 				t.Errorf("legit from another /48: sent %d, received %d", legitSent, legitGot)
 			}
@@ -448,19 +386,17 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 // capability and how to grant it.
 func TestLoadWithoutCapBPF(t *testing.T) {
 	if os.Getenv("RAKELIMIT_CHILD") == "load" {
-		_, err := Load(limits(10))
+		_, err := Load(testutil.Limits(10))
 		fmt.Printf("LOAD-RESULT: %v\n", err)
 		return
 	}
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root to drop capabilities from")
-	}
+	testutil.RequireRoot(t)
 	if v := sysctl("kernel/unprivileged_bpf_disabled"); v == "0" {
-		skipOrFail(t, "kernel.unprivileged_bpf_disabled=0: any process may load socket filters here")
+		testutil.SkipOrFail(t, "kernel.unprivileged_bpf_disabled=0: any process may load socket filters here")
 	}
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
-		skipOrFail(t, "needs setpriv (util-linux): %v", err)
+		testutil.SkipOrFail(t, "needs setpriv (util-linux): %v", err)
 	}
 	cmd := exec.Command(setpriv, "--bounding-set=-bpf,-sys_admin", "--inh-caps=-bpf,-sys_admin",
 		os.Args[0], "-test.run=^TestLoadWithoutCapBPF$", "-test.v")

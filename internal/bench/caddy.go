@@ -3,7 +3,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/procnet"
 )
 
 // moduleRoot finds the directory of this repository's go.mod from dir
@@ -318,7 +319,7 @@ func (c *caddyProc) sample() (procSample, error) {
 	if s.cpuTicks, err = parseStatCPU(string(b)); err != nil {
 		return s, err
 	}
-	if s.drops, err = udpDrops(c.site.port); err != nil {
+	if s.drops, err = procnet.SocketDrops(c.site.port); err != nil {
 		return s, err
 	}
 	return s, nil
@@ -387,42 +388,4 @@ func parseVmHWM(status string) (uint64, error) {
 		}
 	}
 	return 0, errors.New("no VmHWM in /proc/PID/status")
-}
-
-// udpDrops sums the drops column of the UDP sockets bound to port, in
-// /proc/net/udp and udp6. It counts datagrams a socket filter refused as
-// well as those a full receive buffer lost.
-func udpDrops(port int) (uint64, error) {
-	var total uint64
-	for _, file := range []string{"/proc/net/udp", "/proc/net/udp6"} {
-		f, err := os.Open(file)
-		if err != nil {
-			return 0, fmt.Errorf("reading socket drops: %w", err)
-		}
-		n, err := parseUDPDrops(f, port)
-		f.Close()
-		if err != nil {
-			return 0, fmt.Errorf("reading %s: %w", file, err)
-		}
-		total += n
-	}
-	return total, nil
-}
-
-func parseUDPDrops(r io.Reader, port int) (uint64, error) {
-	var total uint64
-	suffix := fmt.Sprintf(":%04X", port)
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 13 || f[0] == "sl" || !strings.HasSuffix(f[1], suffix) {
-			continue
-		}
-		n, err := strconv.ParseUint(f[len(f)-1], 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("drops column %q: %w", f[len(f)-1], err)
-		}
-		total += n
-	}
-	return total, sc.Err()
 }

@@ -20,6 +20,8 @@ import (
 
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/latency"
 )
 
 // clientTLS trusts Caddy's internal CA blindly (the trust chain is not under
@@ -159,8 +161,8 @@ func (l *requestLog) stats() LegitStats {
 		s.SuccessPct = 100 * float64(len(l.lat)) / float64(l.attempted)
 	}
 	if len(l.lat) > 0 {
-		s.P50Ms = ptr(ms(percentile(l.lat, 50)))
-		s.P99Ms = ptr(ms(percentile(l.lat, 99)))
+		s.P50Ms = ptr(ms(latency.Percentile(l.lat, 50)))
+		s.P99Ms = ptr(ms(latency.Percentile(l.lat, 99)))
 	}
 	return s
 }

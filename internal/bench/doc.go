@@ -13,13 +13,13 @@
 //   - options.go: flags, variants, validation
 //   - scenarios.go: the scenarios and their flood sources
 //   - process.go, caddy.go: the Caddy process, its configuration and probes
-//     from /proc (CPU, peak RSS, socket drops)
+//     from /proc (CPU, peak RSS; socket drops through internal/procnet)
 //   - metrics.go: the module's Prometheus counters, parsed generically
 //   - packets.go, flood.go: flood datagrams and their bounded senders
 //   - spoof.go: spoofed floods, whole IPv4 datagrams from a raw socket
 //   - clients.go: the legitimate HTTP/3 clients and gtlsclient
 //   - transfers.go: the downloads, the upload and its backend
-//   - stats.go: percentiles, medians, ratios
+//   - stats.go: medians and ratios (percentiles: internal/latency)
 //   - run.go: the run of every scenario, variant and repetition
 //   - report.go, charts.go: results.json, results.md and the SVG charts
 //

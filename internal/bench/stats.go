@@ -5,21 +5,7 @@ package bench
 import (
 	"math"
 	"slices"
-	"time"
 )
-
-// percentile returns the p-th percentile (0 < p <= 100) of ds by the
-// nearest-rank method: the smallest value with at least p% of the values at
-// or below it. It returns 0 for no values.
-func percentile(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	rank := int(math.Ceil(p / 100 * float64(len(s))))
-	return s[min(max(rank, 1), len(s))-1]
-}
 
 // median returns the median of the values that are not NaN (the mean of the
 // middle two for an even count), or NaN when there are none.

@@ -9,7 +9,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // TestFastPathThroughConn: what quic-go does with the socket works through
@@ -17,7 +17,7 @@ import (
 // ID taught; an ECN mark reaches the wire; x/net reads a batch of
 // datagrams with one call (quic-go's reader on a conn without ReadBatch).
 func TestFastPathThroughConn(t *testing.T) {
-	rx := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
 	raw, err := rx.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +29,7 @@ func TestFastPathThroughConn(t *testing.T) {
 	to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
 	sink := newRecSink()
 	l, _ := testLearner(t, sink, Options{})
-	c, err := NewConn(loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.1:0")), l)
+	c, err := NewConn(testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0")), l)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // writeMethods are every way to write a datagram through a Conn; connected
@@ -65,7 +65,7 @@ func TestEveryWriteTeaches(t *testing.T) {
 	}
 	for _, m := range writeMethods {
 		t.Run(m.name, func(t *testing.T) {
-			rx := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+			rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
 			to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
 			var sock *net.UDPConn
 			if m.connected {
@@ -76,7 +76,7 @@ func TestEveryWriteTeaches(t *testing.T) {
 				}
 				t.Cleanup(func() { sock.Close() })
 			} else {
-				sock = loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
+				sock = testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
 			}
 			sink := newRecSink()
 			l, _ := testLearner(t, sink, Options{})
@@ -107,7 +107,7 @@ func TestConnLearner(t *testing.T) {
 	if _, err := NewConn(nil, nil); err == nil || !strings.Contains(err.Error(), "no UDP socket") {
 		t.Fatalf("NewConn(nil): %v", err)
 	}
-	sock := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
+	sock := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
 	sink := newRecSink()
 	l, _ := testLearner(t, sink, Options{})
 	c, err := NewConn(sock, nil)
@@ -136,7 +136,7 @@ func TestConnLearner(t *testing.T) {
 // TestConnWritesAllocateNothingMore: a write through a Conn allocates what
 // the socket's own write does, no more.
 func TestConnWritesAllocateNothingMore(t *testing.T) {
-	rx := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
 	to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
 	go func() { // drain, so that the writes never wait
 		b := make([]byte, 1500)
@@ -146,7 +146,7 @@ func TestConnWritesAllocateNothingMore(t *testing.T) {
 			}
 		}
 	}()
-	sock := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
+	sock := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
 	l, _ := testLearner(t, nopSink{}, Options{})
 	c, _ := NewConn(sock, l)
 	b := shortPacket(1200)

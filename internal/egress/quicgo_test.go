@@ -13,7 +13,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/egress/egresstest"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // cmsgConn is a Conn that counts the control messages quic-go writes with:
@@ -98,7 +98,7 @@ func TestStatelessRepliesTeachNoPeer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			conn := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+			conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
 			c, err := egress.NewConn(conn, l)
 			if err != nil {
 				t.Fatal(err)
@@ -107,7 +107,7 @@ func TestStatelessRepliesTeachNoPeer(t *testing.T) {
 			egresstest.Serve(t, tr, serverTLS, egresstest.ServerConfig(quic.Version1))
 			to := conn.LocalAddr().(*net.UDPAddr).AddrPort()
 			flight := egresstest.FirstFlight(t, to, clientTLS, quic.Version1)
-			spoofer := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
+			spoofer := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
 			for _, b := range flight {
 				if _, err := spoofer.WriteToUDPAddrPort(b, to); err != nil {
 					t.Fatal(err)

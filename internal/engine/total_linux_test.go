@@ -14,7 +14,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -35,7 +35,7 @@ func TestTotalFollowsQueue(t *testing.T) {
 		t.Skipf("no BPF here: %v", err)
 	}
 	defer l.Close()
-	rx := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
 	if err := rx.SetReadBuffer(256 << 10); err != nil {
 		t.Fatal(err)
 	}
@@ -67,9 +67,9 @@ func TestTotalFollowsQueue(t *testing.T) {
 	const senders = 16
 	done := make(chan error, senders)
 	for range senders {
-		s := loopbacktest.Sender(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), 0))
+		s := testutil.Sender(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), 0))
 		go func() {
-			done <- loopbacktest.Pace(s, dst, 20_000/senders, 3*20_000/senders, func() []byte { return initial })
+			done <- testutil.Pace(s, dst, 20_000/senders, 3*20_000/senders, func() []byte { return initial })
 		}()
 	}
 	deadline := time.Now().Add(5 * time.Second)

@@ -10,14 +10,14 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // benchConfig is a production-like configuration: QUIC classes, 1000
 // connection-opening packets per second per stream, the default lattice.
-func benchConfig() datagram.Config { return quicLimits(1000, 100_000) }
+func benchConfig() datagram.Config { return testutil.QUICLimits(1000, 100_000) }
 
 var fixedSource = netip.MustParseAddrPort("192.0.2.1:40000")
 
@@ -56,7 +56,7 @@ func BenchmarkDecide(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			cfg := benchConfig()
 			if bc.limit != 0 {
-				cfg = quicLimits(bc.limit, 100_000)
+				cfg = testutil.QUICLimits(bc.limit, 100_000)
 			}
 			l := newTestLimiter(b, cfg, nil, -1)
 			ds := make([]datagram.Datagram, 8)
@@ -127,9 +127,9 @@ func floodSource(i int) netip.Addr {
 
 func benchReadBatch(b *testing.B, withLimiter, fixed bool, limit uint32) {
 	const round = 128
-	conn := loopbacktest.Listen(b, "udp4", "127.0.0.1:0")
-	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), portOf(conn))
-	cfg := quicLimits(limit, 100_000)
+	conn := testutil.Listen(b, "udp4", "127.0.0.1:0")
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(conn))
+	cfg := testutil.QUICLimits(limit, 100_000)
 	cfg.Limiter.LevelLimits = map[int]uint32{3: limit}
 	cfg.Allow = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
 	var l *Limiter
@@ -142,14 +142,14 @@ func benchReadBatch(b *testing.B, withLimiter, fixed bool, limit uint32) {
 	floodAddr := "127.0.0.2:0"
 	if runtime.GOOS != "linux" {
 		floodAddr = "[::1]:0" // other systems have 127.0.0.1 alone
-		conn = loopbacktest.Listen(b, "udp", "[::]:0")
+		conn = testutil.Listen(b, "udp", "[::]:0")
 		c = wrap(b, conn, l)
-		dst = netip.AddrPortFrom(netip.IPv6Loopback(), portOf(conn))
+		dst = netip.AddrPortFrom(netip.IPv6Loopback(), testutil.PortOf(conn))
 	}
 	flood := sender(b, floodAddr)
 	pc := ipv4.NewPacketConn(flood)
 	sentinel := sender(b, "127.0.0.1:0")
-	sentinelDst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), portOf(conn))
+	sentinelDst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(conn))
 	payload := initial()
 	ms, _ := quicGoBatch()
 	sent := 0

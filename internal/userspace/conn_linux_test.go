@@ -2,17 +2,16 @@ package userspace
 
 import (
 	"bufio"
-	"io"
+	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // TestSocketOptionsThroughConn makes, through the Conn's raw connection, the
@@ -21,8 +20,8 @@ import (
 // IPV6_MTU_DISCOVER, for path MTU discovery) and the ECN and packet info
 // options. Each must reach the socket itself.
 func TestSocketOptionsThroughConn(t *testing.T) {
-	conn := loopbacktest.Listen(t, "udp", "[::]:0")
-	c := wrap(t, conn, newTestLimiter(t, limits(100), nil, -1))
+	conn := testutil.Listen(t, "udp", "[::]:0")
+	c := wrap(t, conn, newTestLimiter(t, testutil.Limits(100), nil, -1))
 	rc, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -125,23 +124,12 @@ func TestWithoutPrivileges(t *testing.T) {
 		t.Fatalf("needs setpriv (util-linux, installed by make deps): %v", err)
 	}
 	// The test binary, where nobody may run it.
-	dir, err := os.MkdirTemp("", "rakelimit-userspace-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	bin := filepath.Join(dir, "userspace.test")
-	if err := copyFile(os.Args[0], bin); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := testutil.CopyTestBinary(t, "userspace.test")
 	tests := []struct {
 		name string
 		args []string
 	}{
-		{"nobody", []string{"--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"}},
+		{"nobody", []string{fmt.Sprintf("--reuid=%d", testutil.Nobody), fmt.Sprintf("--regid=%d", testutil.Nobody), "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"}},
 		{"root without CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN", []string{"--inh-caps=-bpf,-perfmon,-sys_admin",
 			"--bounding-set=-bpf,-perfmon,-sys_admin"}},
 	}
@@ -162,21 +150,4 @@ func TestWithoutPrivileges(t *testing.T) {
 			}
 		})
 	}
-}
-
-func copyFile(from, to string) error {
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }

@@ -17,9 +17,9 @@ import (
 	"golang.org/x/net/ipv6"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // readMethods are every way to read a datagram through a Conn, each
@@ -80,10 +80,10 @@ func TestEveryReadFilters(t *testing.T) {
 	}
 	for _, m := range readMethods {
 		t.Run(m.name, func(t *testing.T) {
-			l := newTestLimiter(t, quicLimits(100, 1000), nil, -1)
-			c := wrap(t, loopbacktest.Listen(t, "udp4", "127.0.0.1:0"), l)
+			l := newTestLimiter(t, testutil.QUICLimits(100, 1000), nil, -1)
+			c := wrap(t, testutil.Listen(t, "udp4", "127.0.0.1:0"), l)
 			s := sender(t, "127.0.0.1:0")
-			dst := loopbackTo("127.0.0.1:0", portOf(c.UDPConn))
+			dst := loopbackTo("127.0.0.1:0", testutil.PortOf(c.UDPConn))
 			want := initial()
 			copy(want[100:], "the datagram that passes")
 			for _, b := range [][]byte{junk(), quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 300), want} {
@@ -100,7 +100,7 @@ func TestEveryReadFilters(t *testing.T) {
 			if !bytes.Equal(buf[:n], want) {
 				t.Fatalf("read %d bytes starting %x, want the Initial", n, buf[:min(n, 16)])
 			}
-			if m.name != "Read" && from != netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), portOf(s)) {
+			if m.name != "Read" && from != netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(s)) {
 				t.Fatalf("from %v, want %v", from, s.LocalAddr())
 			}
 			st, _ := l.Stats()
@@ -114,7 +114,7 @@ func TestEveryReadFilters(t *testing.T) {
 // TestRawConnRefusesRead: the raw connection controls the socket (quic-go
 // sets its options through it) but cannot read around the limiter.
 func TestRawConnRefusesRead(t *testing.T) {
-	c := wrap(t, loopbacktest.Listen(t, "udp4", "127.0.0.1:0"), newTestLimiter(t, limits(100), nil, -1))
+	c := wrap(t, testutil.Listen(t, "udp4", "127.0.0.1:0"), newTestLimiter(t, testutil.Limits(100), nil, -1))
 	rc, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -141,10 +141,10 @@ func TestNewConnRefuses(t *testing.T) {
 // TestSetLimiter: without a limiter every datagram passes; with one again,
 // the drops resume.
 func TestSetLimiter(t *testing.T) {
-	l := newTestLimiter(t, quicLimits(100, 1000), nil, -1)
-	c := wrap(t, loopbacktest.Listen(t, "udp4", "127.0.0.1:0"), l)
+	l := newTestLimiter(t, testutil.QUICLimits(100, 1000), nil, -1)
+	c := wrap(t, testutil.Listen(t, "udp4", "127.0.0.1:0"), l)
 	s := sender(t, "127.0.0.1:0")
-	dst := loopbackTo("127.0.0.1:0", portOf(c.UDPConn))
+	dst := loopbackTo("127.0.0.1:0", testutil.PortOf(c.UDPConn))
 	buf := make([]byte, 1500)
 	c.SetLimiter(nil)
 	s.WriteToUDPAddrPort(junk(), dst)
@@ -169,11 +169,11 @@ func TestSetLimiter(t *testing.T) {
 func TestDroppingReadsBlock(t *testing.T) {
 	for _, m := range readMethods {
 		t.Run(m.name, func(t *testing.T) {
-			l := newTestLimiter(t, quicLimits(100, 1000), nil, -1)
-			conn := loopbacktest.Listen(t, "udp4", "127.0.0.1:0")
+			l := newTestLimiter(t, testutil.QUICLimits(100, 1000), nil, -1)
+			conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
 			c := wrap(t, conn, l)
 			s := sender(t, "127.0.0.1:0")
-			dst := loopbackTo("127.0.0.1:0", portOf(conn))
+			dst := loopbackTo("127.0.0.1:0", testutil.PortOf(conn))
 			for range 20 {
 				s.WriteToUDPAddrPort(junk(), dst)
 			}
@@ -233,7 +233,7 @@ func TestFilterBatchCompaction(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := newTestLimiter(t, quicLimits(100_000, 100_000), nil, -1)
+			l := newTestLimiter(t, testutil.QUICLimits(100_000, 100_000), nil, -1)
 			c := &Conn{port: 443}
 			n := len(tt.pattern)
 			ms := make([]ipv4.Message, n)
@@ -310,8 +310,8 @@ func TestMoveMessageCuts(t *testing.T) {
 // control message (the destination address, of its own family).
 func TestReadBatchPairs(t *testing.T) {
 	const rounds = 20
-	l := newTestLimiter(t, quicLimits(10_000, 10_000), nil, -1)
-	conn := loopbacktest.Listen(t, "udp", "[::]:0")
+	l := newTestLimiter(t, testutil.QUICLimits(10_000, 10_000), nil, -1)
+	conn := testutil.Listen(t, "udp", "[::]:0")
 	linux := runtime.GOOS == "linux"
 	if linux {
 		if err := ipv6.NewPacketConn(conn).SetControlMessage(ipv6.FlagDst, true); err != nil {
@@ -335,8 +335,8 @@ func TestReadBatchPairs(t *testing.T) {
 			if i%2 == 1 {
 				b = junk()
 			}
-			b = fmt.Appendf(b[:30], "port %d round %d", portOf(s), round)
-			if _, err := s.WriteToUDPAddrPort(b, loopbackTo(s.LocalAddr().String(), portOf(conn))); err != nil {
+			b = fmt.Appendf(b[:30], "port %d round %d", testutil.PortOf(s), round)
+			if _, err := s.WriteToUDPAddrPort(b, loopbackTo(s.LocalAddr().String(), testutil.PortOf(conn))); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -387,20 +387,20 @@ func TestReadBatchPairs(t *testing.T) {
 // traffic of a client on ::1 arrives whole.
 func TestConnFlood(t *testing.T) {
 	const limit, rate, seconds = 200, 5000, 4
-	conn := loopbacktest.Listen(t, "udp", "[::]:0")
-	port := portOf(conn)
+	conn := testutil.Listen(t, "udp", "[::]:0")
+	port := testutil.PortOf(conn)
 	floodS := sender(t, "127.0.0.1:0")
 	junkS := sender(t, "127.0.0.1:0")
 	blockedS := sender(t, "127.0.0.1:0")
 	legitS := sender(t, "[::1]:0")
-	cfg := quicLimits(limit, 10_000)
+	cfg := testutil.QUICLimits(limit, 10_000)
 	blocked := *cfg.BlockedPorts
-	blocked.Add(portOf(blockedS), portOf(blockedS))
+	blocked.Add(testutil.PortOf(blockedS), testutil.PortOf(blockedS))
 	cfg.BlockedPorts = &blocked
 	l := newTestLimiter(t, cfg, nil, -1)
 	c := wrap(t, conn, l)
-	tl := newTally()
-	done := readBatches(t, c, tl, false)
+	tl := testutil.NewTally()
+	done := readBatches(c, tl)
 
 	errs := make(chan error, 3)
 	legitSent := 0
@@ -430,12 +430,12 @@ func TestConnFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := func(s *net.UDPConn) netip.AddrPort { return s.LocalAddr().(*net.UDPAddr).AddrPort() }
-	flood := tl.count[at(floodS)]
-	loopbacktest.CheckHeld(t, "flood", flood, seconds, limit)
-	if got := tl.total(at(legitS)); got != legitSent {
+	flood := tl.PerSecond(at(floodS))
+	testutil.CheckHeld(t, "flood", flood, seconds, limit)
+	if got := tl.Received(at(legitS)); got != legitSent {
 		t.Errorf("legit client on ::1: sent %d, received %d", legitSent, got)
 	}
-	if j, b := tl.total(at(junkS)), tl.total(at(blockedS)); j != 0 || b != 0 {
+	if j, b := tl.Received(at(junkS)), tl.Received(at(blockedS)); j != 0 || b != 0 {
 		t.Errorf("received %d junk datagrams and %d from a blocked port", j, b)
 	}
 	st, _ := l.Stats()
@@ -453,13 +453,13 @@ func TestConnFlood(t *testing.T) {
 	if passed := st.Passed[0][v4]; passed+dropped != rate*seconds {
 		t.Errorf("flood: passed %d + dropped %d, sent %d", passed, dropped, rate*seconds)
 	}
-	t.Logf("flood per second %v; legit %d of %d; dropped %d", flood, tl.total(at(legitS)), legitSent, dropped)
+	t.Logf("flood per second %v; legit %d of %d; dropped %d", flood, tl.Received(at(legitS)), legitSent, dropped)
 }
 
 // TestFilterBatchAllocatesNothing: deciding and compacting a batch, with
 // drops tracked, allocates nothing.
 func TestFilterBatchAllocatesNothing(t *testing.T) {
-	l := newTestLimiter(t, quicLimits(100, 100_000), nil, 0)
+	l := newTestLimiter(t, testutil.QUICLimits(100, 100_000), nil, 0)
 	c := &Conn{port: 443}
 	ms, _ := quicGoBatch()
 	for i := range ms {

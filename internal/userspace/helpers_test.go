@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,31 +11,14 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // Every socket test here sends only to loopback addresses (127.0.0.1 and
 // ::1, which every system has), and every flood is bounded in count and
 // time.
-
-// limits counts every datagram alike (no classification) with limit
-// packets per second at every level.
-func limits(limit uint32) datagram.Config {
-	return datagram.Config{Limiter: sketch.Config{Limit: limit, Window: time.Second}}
-}
-
-// quicLimits classifies datagrams, with the given limits for
-// connection-opening and established-connection packets.
-func quicLimits(opening, established uint32) datagram.Config {
-	return datagram.Config{
-		Limiter:      sketch.Config{Limit: opening, Window: time.Second, Established: sketch.Limits{Limit: established}},
-		Classify:     true,
-		BlockedPorts: quicclass.DefaultBlockedPorts(),
-		Negotiation:  10,
-	}
-}
 
 // fakeClock is a clock a test moves by hand.
 type fakeClock struct{ ns atomic.Int64 }
@@ -94,55 +76,12 @@ func wrap(t testing.TB, conn *net.UDPConn, l *Limiter) *Conn {
 // sender opens a socket bound to src (port 0: any).
 func sender(t testing.TB, src string) *net.UDPConn {
 	t.Helper()
-	return loopbacktest.Sender(t, netip.MustParseAddrPort(src))
+	return testutil.Sender(t, netip.MustParseAddrPort(src))
 }
-
-// portOf is a socket's local port.
-func portOf(c *net.UDPConn) uint16 { return uint16(c.LocalAddr().(*net.UDPAddr).Port) }
 
 // loopbackTo is the loopback address of src's family with port.
 func loopbackTo(src string, port uint16) netip.AddrPort {
-	if netip.MustParseAddrPort(src).Addr().Is6() {
-		return netip.AddrPortFrom(netip.IPv6Loopback(), port)
-	}
-	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
-}
-
-// tally counts what a reader received, per source (address and port) and
-// per second since start.
-type tally struct {
-	start time.Time
-	mu    sync.Mutex
-	count map[netip.AddrPort][]int
-	bytes map[netip.AddrPort][][]byte
-}
-
-func newTally() *tally {
-	return &tally{start: time.Now(), count: map[netip.AddrPort][]int{}, bytes: map[netip.AddrPort][][]byte{}}
-}
-
-func (t *tally) add(from netip.AddrPort, payload []byte, keep bool) {
-	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-	sec := int(time.Since(t.start) / time.Second)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for len(t.count[from]) <= sec {
-		t.count[from] = append(t.count[from], 0)
-	}
-	t.count[from][sec]++
-	if keep {
-		t.bytes[from] = append(t.bytes[from], append([]byte(nil), payload...))
-	}
-}
-
-func (t *tally) total(from netip.AddrPort) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := 0
-	for _, c := range t.count[from] {
-		n += c
-	}
-	return n
+	return testutil.LoopbackFor(netip.MustParseAddrPort(src).Addr(), port)
 }
 
 var (
@@ -164,10 +103,10 @@ func quicGoBatch() (ms []ipv4.Message, bufs [][]byte) {
 	return ms, bufs
 }
 
-// readBatches reads c with ReadBatch in batches of 8, as quic-go does, each
-// slot with its own buffer, until the socket is closed; it checks that
-// ReadBatch never returns 0 without an error and never swaps buffers.
-func readBatches(t testing.TB, c *Conn, tl *tally, keepBytes bool) <-chan error {
+// readBatches reads c into tl with ReadBatch in batches of 8, as quic-go
+// does, each slot with its own buffer, until the socket is closed; it checks
+// that ReadBatch never returns 0 without an error and never swaps buffers.
+func readBatches(c *Conn, tl *testutil.Tally) <-chan error {
 	done := make(chan error, 1)
 	ms, bufs := quicGoBatch()
 	go func() {
@@ -186,7 +125,7 @@ func readBatches(t testing.TB, c *Conn, tl *tally, keepBytes bool) <-chan error 
 					done <- errSwapped
 					return
 				}
-				tl.add(ms[i].Addr.(*net.UDPAddr).AddrPort(), ms[i].Buffers[0][:ms[i].N], keepBytes)
+				tl.Add(ms[i].Addr.(*net.UDPAddr).AddrPort())
 			}
 		}
 	}()
@@ -196,5 +135,5 @@ func readBatches(t testing.TB, c *Conn, tl *tally, keepBytes bool) <-chan error 
 // pace sends n copies of payload from conn to dst at about rate per second
 // (in bursts of 50), then stops.
 func pace(conn *net.UDPConn, dst netip.AddrPort, payload []byte, rate, n int) error {
-	return loopbacktest.Pace(conn, dst, rate, n, func() []byte { return payload })
+	return testutil.Pace(conn, dst, rate, n, func() []byte { return payload })
 }

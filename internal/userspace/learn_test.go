@@ -10,9 +10,9 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/egress/egresstest"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // TestWritesTeach: each way to write through a Conn teaches its learner,
@@ -45,9 +45,9 @@ func TestWritesTeach(t *testing.T) {
 	}
 	for _, w := range writes {
 		t.Run(w.name, func(t *testing.T) {
-			c := wrap(t, loopbacktest.Listen(t, "udp", "[::]:0"), nil)
+			c := wrap(t, testutil.Listen(t, "udp", "[::]:0"), nil)
 			rx := sender(t, "127.0.0.1:0")
-			to := netip.AddrPortFrom(netip.MustParseAddr("::ffff:127.0.0.1"), portOf(rx))
+			to := netip.AddrPortFrom(netip.MustParseAddr("::ffff:127.0.0.1"), testutil.PortOf(rx))
 			sink := egresstest.NewSink()
 			l, err := egress.NewLearner(sink, egress.Options{})
 			if err != nil {
@@ -85,7 +85,7 @@ func TestQUICGoTeachesThroughLimiter(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var lim *Limiter
 			wrapLearning := func(t testing.TB, conn *net.UDPConn, l *egress.Learner) net.PacketConn {
-				lim = newTestLimiter(t, quicLimits(1000, 100_000), nil, -1)
+				lim = newTestLimiter(t, testutil.QUICLimits(1000, 100_000), nil, -1)
 				c := wrap(t, conn, lim)
 				c.SetLearner(l)
 				return c

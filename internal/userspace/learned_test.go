@@ -10,10 +10,11 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 func verifyingLimits() datagram.Config {
-	c := quicLimits(100, 1000)
+	c := testutil.QUICLimits(100, 1000)
 	c.VerifyIDs = true
 	return c
 }

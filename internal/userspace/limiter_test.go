@@ -14,6 +14,7 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // xorshift replays the limiter's generator, for the twin.
@@ -32,7 +33,7 @@ func (x *xorshift) next() uint32 {
 // the sampling alike): every outcome, counter and sketch cell must be the
 // same, before and after a reconfiguration to a dry run.
 func TestLimiterIsTheFilter(t *testing.T) {
-	c := quicLimits(100, 1000)
+	c := testutil.QUICLimits(100, 1000)
 	c.Allow = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}
 	clk := &fakeClock{}
 	clk.advance(time.Hour)
@@ -150,19 +151,19 @@ func TestStreamTracking(t *testing.T) {
 		level int
 		class quicclass.Class
 	}{
-		{"one source", limits(100), many("192.0.2.1:4000%d", 1, nil), 5,
+		{"one source", testutil.Limits(100), many("192.0.2.1:4000%d", 1, nil), 5,
 			[]string{"192.0.2.1/32 sport=40000 -> :443"}, 0, quicclass.Opening},
-		{"one address, many ports", limits(100), many("192.0.2.1:%d", 20, nil), 1,
+		{"one address, many ports", testutil.Limits(100), many("192.0.2.1:%d", 20, nil), 1,
 			[]string{"192.0.2.1/32 sport=* -> :443"}, 1, quicclass.Opening},
-		{"one /24 and port, many addresses", limits(100), many("192.0.2.%d:40000", 20, nil), 1,
+		{"one /24 and port, many addresses", testutil.Limits(100), many("192.0.2.%d:40000", 20, nil), 1,
 			[]string{"192.0.2.0/24 sport=40000 -> :443"}, 1, quicclass.Opening},
-		{"one /24, many addresses and ports", limits(100), many("192.0.2.%[1]d:400%02[1]d", 20, nil), 1,
+		{"one /24, many addresses and ports", testutil.Limits(100), many("192.0.2.%[1]d:400%02[1]d", 20, nil), 1,
 			[]string{"192.0.2.0/24 sport=* -> :443"}, 2, quicclass.Opening},
-		{"established flood", quicLimits(100, 100), many("[2001:db8::1]:4000%d", 1, short()), 5,
+		{"established flood", testutil.QUICLimits(100, 100), many("[2001:db8::1]:4000%d", 1, short()), 5,
 			[]string{"2001:db8::/64 sport=40000 -> :443"}, 0, quicclass.Established},
 		{"unverified flood", unverifiedLimits(100), many("[2001:db8::1]:4000%d", 1, short()), 5,
 			[]string{"2001:db8::/64 sport=40000 -> :443"}, 0, quicclass.Unverified},
-		{"junk from two sources", quicLimits(100, 100), []flow{{"192.0.2.1:40000", junk()}, {"192.0.2.2:40001", junk()}, {"192.0.2.2:40002", junk()}}, 5,
+		{"junk from two sources", testutil.QUICLimits(100, 100), []flow{{"192.0.2.1:40000", junk()}, {"192.0.2.2:40001", junk()}, {"192.0.2.2:40002", junk()}}, 5,
 			[]string{"invalid 192.0.2.1 fixed_bit", "invalid 192.0.2.2 fixed_bit"}, -1, quicclass.Invalid},
 	}
 	for _, tt := range tests {
@@ -255,7 +256,7 @@ func topUnlimited(c datagram.Config) datagram.Config {
 // every short header from a source the limiter has not learned is
 // unverified.
 func unverifiedLimits(limit uint32) datagram.Config {
-	c := quicLimits(100, 100_000)
+	c := testutil.QUICLimits(100, 100_000)
 	c.VerifyIDs = true
 	c.Limiter.Unverified = sketch.Limits{Limit: limit}
 	return c
@@ -276,7 +277,7 @@ func slicesSort(s []string) {
 // drops: about 1,000 samples, 4 standard deviations).
 func TestStreamSampling(t *testing.T) {
 	clk := &fakeClock{}
-	l := newTestLimiter(t, limits(100), clk, -1)
+	l := newTestLimiter(t, testutil.Limits(100), clk, -1)
 	for range 16_200 {
 		clk.advance(100 * time.Microsecond)
 		d := dgram("192.0.2.1:40000", []byte("x"))
@@ -300,7 +301,7 @@ func TestStreamSampling(t *testing.T) {
 // forgotten; one still dropped stays.
 func TestExpireStreams(t *testing.T) {
 	clk := &fakeClock{}
-	l := newTestLimiter(t, topUnlimited(limits(100)), clk, 0)
+	l := newTestLimiter(t, topUnlimited(testutil.Limits(100)), clk, 0)
 	flood := func(src string, d time.Duration) {
 		for end := clk.now() + int64(d); clk.now() < end; clk.advance(time.Millisecond) {
 			for range 10 {
@@ -330,7 +331,7 @@ func TestExpireStreams(t *testing.T) {
 // that saw no drop lately, never those still dropped.
 func TestStreamTableFull(t *testing.T) {
 	clk := &fakeClock{}
-	l := newTestLimiter(t, quicLimits(100, 100), clk, 0)
+	l := newTestLimiter(t, testutil.QUICLimits(100, 100), clk, 0)
 	send := func(i int) {
 		d := dgram(fmt.Sprintf("10.%d.%d.1:40000", i/256, i%256), junk())
 		l.Decide(&d)
@@ -372,7 +373,7 @@ func TestStreamTableFull(t *testing.T) {
 // field and value, and changes nothing; a good one applies from the next
 // datagram and keeps the counts.
 func TestConfigure(t *testing.T) {
-	base := quicLimits(100, 1000)
+	base := testutil.QUICLimits(100, 1000)
 	many := make([]netip.Prefix, datagram.MaxAllow+1)
 	for i := range many {
 		many[i] = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
@@ -443,7 +444,7 @@ func TestConfigure(t *testing.T) {
 
 // TestConfigIsCopied: the limiter keeps its own copy of the configuration.
 func TestConfigIsCopied(t *testing.T) {
-	c := quicLimits(100, 1000)
+	c := testutil.QUICLimits(100, 1000)
 	l := newTestLimiter(t, c, nil, -1)
 	c.BlockedPorts.Add(40000, 40000)
 	c.Limiter.Limit = 1
@@ -462,7 +463,7 @@ func TestConfigIsCopied(t *testing.T) {
 // TestEvents: Read blocks until an event, one reader at a time, and Close
 // (of the reader or the limiter) ends a blocked Read with os.ErrClosed.
 func TestEvents(t *testing.T) {
-	l := newTestLimiter(t, limits(10), nil, 0)
+	l := newTestLimiter(t, testutil.Limits(10), nil, 0)
 	r, err := l.Events()
 	if err != nil {
 		t.Fatal(err)
@@ -532,7 +533,7 @@ func TestEvents(t *testing.T) {
 func TestSweep(t *testing.T) {
 	clk := &fakeClock{}
 	clk.advance(time.Hour)
-	l := newTestLimiter(t, limits(100), clk, -1)
+	l := newTestLimiter(t, testutil.Limits(100), clk, -1)
 	d := dgram("192.0.2.1:40000", []byte("x"))
 	l.Decide(&d)
 	if n, _ := l.Sweep(); n != 0 {
@@ -549,7 +550,7 @@ func TestSweep(t *testing.T) {
 // expire, sweep and read events: run with -race. Every datagram must be
 // counted once.
 func TestLimiterConcurrent(t *testing.T) {
-	c := quicLimits(200, 2000)
+	c := testutil.QUICLimits(200, 2000)
 	l := newTestLimiter(t, c, nil, -1)
 	events, err := l.Events()
 	if err != nil {

@@ -3,7 +3,6 @@ package userspace
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"fmt"
 	"net"
@@ -21,9 +20,9 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/egress/egresstest"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // quicBatches says whether quic-go reads in batches here (its oobConn); on
@@ -120,12 +119,12 @@ func tail(out []byte) string {
 // dual-stack wildcard socket like Caddy's, and prints the result.
 func quicChild(t *testing.T, mode string) {
 	serverTLS, clientTLS := egresstest.TLSConfigs(t)
-	conn := loopbacktest.Listen(t, "udp", "[::]:0")
+	conn := testutil.Listen(t, "udp", "[::]:0")
 	var pc net.PacketConn
 	var cc *countingConn
 	switch mode {
 	case "wrapped":
-		cc = &countingConn{Conn: wrap(t, conn, newTestLimiter(t, quicLimits(1000, 100_000), nil, -1))}
+		cc = &countingConn{Conn: wrap(t, conn, newTestLimiter(t, testutil.QUICLimits(1000, 100_000), nil, -1))}
 		pc = cc
 	case "plain":
 		pc = struct{ net.PacketConn }{conn}
@@ -135,21 +134,13 @@ func quicChild(t *testing.T, mode string) {
 	egresstest.Serve(t, &quic.Transport{Conn: pc}, serverTLS, &quic.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := exchange(ctx, fmt.Sprintf("127.0.0.1:%d", portOf(conn)), clientTLS, [][]byte{[]byte("ping")}); err != nil {
+	if err := exchange(ctx, fmt.Sprintf("127.0.0.1:%d", testutil.PortOf(conn)), clientTLS, [][]byte{[]byte("ping")}); err != nil {
 		t.Fatal(err)
 	}
 	fmt.Println("EXCHANGE-OK")
 	if cc != nil {
 		fmt.Printf("READBATCH-CALLS %d\n", cc.batches.Load())
 	}
-}
-
-// floodInitial is a QUIC v1 Initial of 1200 bytes with a random destination
-// connection ID: quic-go builds a connection for each one that reaches it.
-func floodInitial() []byte {
-	b := quicclass.LongHeader(quicclass.Version1, 0, 8, 0, 1200)
-	rand.Read(b[6:14])
-	return b
 }
 
 // TestQUICGoUnderFlood: a quic-go server reads a dual-stack socket through a
@@ -159,28 +150,16 @@ func floodInitial() []byte {
 func TestQUICGoUnderFlood(t *testing.T) {
 	const limit, rate, seconds = 200, 5000, 3
 	serverTLS, clientTLS := egresstest.TLSConfigs(t)
-	conn := loopbacktest.Listen(t, "udp", "[::]:0")
-	port := portOf(conn)
-	l := newTestLimiter(t, quicLimits(limit, 100_000), nil, -1)
+	conn := testutil.Listen(t, "udp", "[::]:0")
+	port := testutil.PortOf(conn)
+	l := newTestLimiter(t, testutil.QUICLimits(limit, 100_000), nil, -1)
 	cc := &countingConn{Conn: wrap(t, conn, l)}
 	egresstest.Serve(t, &quic.Transport{Conn: cc}, serverTLS, &quic.Config{})
 
 	floodS := sender(t, "127.0.0.1:0")
 	flooded := make(chan error, 1)
 	go func() {
-		const burst = 50
-		next := time.Now()
-		for sent := 0; sent < rate*seconds; sent += burst {
-			for range burst {
-				if _, err := floodS.WriteToUDPAddrPort(floodInitial(), loopbackTo("127.0.0.1:0", port)); err != nil {
-					flooded <- err
-					return
-				}
-			}
-			next = next.Add(time.Second * burst / rate)
-			time.Sleep(time.Until(next))
-		}
-		flooded <- nil
+		flooded <- testutil.Pace(floodS, loopbackTo("127.0.0.1:0", port), rate, rate*seconds, testutil.NewInitials(1).Next)
 	}()
 	time.Sleep(500 * time.Millisecond) // the flood is on
 	payloads := make([][]byte, 21)

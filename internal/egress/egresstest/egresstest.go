@@ -28,7 +28,7 @@ import (
 	"github.com/quic-go/quic-go/qlogwriter"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/loopbacktest"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // alpn is the application protocol of the test exchange.
@@ -178,7 +178,7 @@ func Check(t *testing.T, wrap Wrap, s Setup) Report {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := loopbacktest.Listen(t, "udp", "[::]:0")
+	conn := testutil.Listen(t, "udp", "[::]:0")
 	port := uint16(conn.LocalAddr().(*net.UDPAddr).Port)
 	tr := &quic.Transport{Conn: wrap(t, conn, l)}
 	if s.Retry {
@@ -186,7 +186,7 @@ func Check(t *testing.T, wrap Wrap, s Setup) Report {
 	}
 	Serve(t, tr, serverTLS, ServerConfig(s.Version))
 
-	client := loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
+	client := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
 	from := client.LocalAddr().(*net.UDPAddr).AddrPort().Addr()
 	rec := &recorder{sink: sink, from: from, revealed: map[string]bool{}}
 	ctr := &quic.Transport{Conn: client}
@@ -280,7 +280,7 @@ func (c *capture) WriteTo(b []byte, _ net.Addr) (int, error) {
 // socket sends nothing.
 func FirstFlight(t testing.TB, to netip.AddrPort, tlsConf *tls.Config, v quic.Version) [][]byte {
 	t.Helper()
-	c := &capture{PacketConn: loopbacktest.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))}
+	c := &capture{PacketConn: testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))}
 	tr := &quic.Transport{Conn: c}
 	defer tr.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)

@@ -1,6 +1,6 @@
 //go:build linux
 
-package rakelimit
+package main
 
 import (
 	"bytes"
@@ -20,19 +20,33 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+
+	rakelimit "github.com/rakelimit/caddy-rakelimit"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
-// Some checks need Caddy as a process of its own: its log from start-up, or
-// its privileges. The test binary plays Caddy when RAKELIMIT_AS_CADDY is set.
+// These tests need Caddy as a process of its own: its log from start-up, or
+// its privileges. This package's test binary plays Caddy (main) when
+// RAKELIMIT_AS_CADDY holds the arguments, with hideUDP registered, a module
+// for these tests only. They run as root, and run Caddy as root or, with
+// setpriv and setcap, as nobody with the capabilities under test; floods
+// come from loopback addresses only, bounded in rate and time.
 
-func init() {
+// The sources of the tests' traffic: legitimate requests, and floods.
+var (
+	legitSrc = netip.MustParseAddr("127.0.0.5")
+	floodSrc = netip.MustParseAddr("127.0.0.6")
+)
+
+// TestMain runs Caddy when RAKELIMIT_AS_CADDY is set, the tests otherwise.
+func TestMain(m *testing.M) {
 	caddy.RegisterModule(hideUDP{})
 	if args := os.Getenv("RAKELIMIT_AS_CADDY"); args != "" {
 		os.Args = append([]string{"caddy"}, strings.Fields(args)...)
-		caddycmd.Main()
+		main()
 		os.Exit(0)
 	}
+	os.Exit(m.Run())
 }
 
 // hideUDP is a packet conn wrapper for tests only: it hides the socket
@@ -40,12 +54,15 @@ func init() {
 // optimizations. It shows that the fast-path check below can fail.
 type hideUDP struct{}
 
+// CaddyModule returns the module's information.
 func (hideUDP) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "caddy.packetconns.test_hide_udp", New: func() caddy.Module { return new(hideUDP) }}
 }
 
+// WrapPacketConn hides pc's type.
 func (hideUDP) WrapPacketConn(pc net.PacketConn) net.PacketConn { return struct{ net.PacketConn }{pc} }
 
+// UnmarshalCaddyfile reads the directive, which has no options.
 func (*hideUDP) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next()
 	return nil
@@ -98,14 +115,14 @@ func processCaddyfile(t *testing.T, port int, globals, site string) string {
 	%s
 	respond "hello"
 }
-`, freePort(t), port, globals, port, port, site)
+`, testutil.FreePort(t), port, globals, port, port, site)
 }
 
 // TestQUICKeepsFastPath runs Caddy with quic-go's log at info level and
 // checks that quic-go got the UDP socket itself: it logs "Disabling
 // optimizations" when a wrapper hides it, as the control shows.
 func TestQUICKeepsFastPath(t *testing.T) {
-	requireBPF(t)
+	testutil.RequireRoot(t)
 	tests := []struct {
 		name     string
 		wrappers string
@@ -116,7 +133,7 @@ func TestQUICKeepsFastPath(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			port := freePort(t)
+			port := testutil.FreePort(t)
 			cfg := writeConfig(t, processCaddyfile(t, port,
 				"servers {\n\t\tpacket_conn_wrappers {\n\t\t\t"+tt.wrappers+"\n\t\t}\n\t}", ""))
 			ctx, cancel := context.WithCancel(context.Background())
@@ -127,13 +144,12 @@ func TestQUICKeepsFastPath(t *testing.T) {
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			c := &testCaddy{t: t, port: port}
 			t.Cleanup(func() {
 				if t.Failed() {
 					t.Logf("caddy's log:\n%s", out.String())
 				}
 			})
-			c.waitReady()
+			testutil.WaitHTTP3(t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", port))
 			cancel()
 			cmd.Wait()
 			log := out.String()
@@ -151,7 +167,7 @@ func TestQUICKeepsFastPath(t *testing.T) {
 // CAP_BPF, in mode bpf: both must fail, naming the capability and how to
 // grant it, rather than serve the listener unprotected.
 func TestRefusesWithoutCapBPF(t *testing.T) {
-	requireBPF(t)
+	testutil.RequireRoot(t)
 	if v, _ := os.ReadFile("/proc/sys/kernel/unprivileged_bpf_disabled"); strings.TrimSpace(string(v)) == "0" {
 		t.Skip("kernel.unprivileged_bpf_disabled=0: any process may load socket filters here")
 	}
@@ -159,7 +175,7 @@ func TestRefusesWithoutCapBPF(t *testing.T) {
 	if err != nil {
 		t.Fatalf("setpriv (util-linux) is needed: %v", err)
 	}
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	cfg := writeConfig(t, processCaddyfile(t, port, "", "rakelimit 1000 {\n\t\tmode bpf\n\t}"))
 	drop := []string{setpriv, "--bounding-set=-bpf,-sys_admin", "--inh-caps=-bpf,-sys_admin"}
 	for _, verb := range []string{"validate", "run"} {
@@ -198,39 +214,18 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// nobody is the unprivileged user the capability tests run Caddy as.
-const nobody = 65534
-
 // unprivilegedDir makes a directory that nobody may use, with a copy of
-// this test binary, and removes it when the test ends.
+// this test binary and data and config directories that nobody owns, and
+// removes it when the test ends.
 func unprivilegedDir(t *testing.T) (dir, bin string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "rakelimit-caps-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin = filepath.Join(dir, "caddy")
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin = testutil.CopyTestBinary(t, "caddy")
 	for _, sub := range []string{"data", "config"} {
 		p := filepath.Join(dir, sub)
 		if err := os.Mkdir(p, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Chown(p, nobody, nobody); err != nil {
+		if err := os.Chown(p, testutil.Nobody, testutil.Nobody); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -249,7 +244,7 @@ func unprivilegedDir(t *testing.T) (dir, bin string) {
 // which never tries BPF, and as root without CAP_BPF, CAP_PERFMON and
 // CAP_SYS_ADMIN.
 func TestLeastPrivilege(t *testing.T) {
-	requireBPF(t)
+	testutil.RequireRoot(t)
 	tools := map[string]string{}
 	for _, tool := range []string{"setpriv", "setcap"} {
 		p, err := exec.LookPath(tool)
@@ -262,7 +257,7 @@ func TestLeastPrivilege(t *testing.T) {
 		tools[tool] = p
 	}
 	unprivilegedBPF, _ := os.ReadFile("/proc/sys/kernel/unprivileged_bpf_disabled")
-	asNobody := []string{tools["setpriv"], fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups"}
+	asNobody := []string{tools["setpriv"], fmt.Sprintf("--reuid=%d", testutil.Nobody), fmt.Sprintf("--regid=%d", testutil.Nobody), "--clear-groups"}
 	const documented = "cap_bpf,cap_perfmon,cap_net_bind_service"
 	ambient := "-all,+bpf,+perfmon,+net_bind_service"
 	dropRoot := []string{"--bounding-set=-bpf,-perfmon,-sys_admin", "--inh-caps=-bpf,-perfmon,-sys_admin"}
@@ -280,16 +275,16 @@ func TestLeastPrivilege(t *testing.T) {
 		refused []string
 		runs    string
 	}{
-		{"setcap " + documented, documented + "+ep", nil, false, "", nil, ModeBPF},
+		{"setcap " + documented, documented + "+ep", nil, false, "", nil, rakelimit.ModeBPF},
 		{"ambient capabilities as systemd sets them", "",
-			[]string{"--inh-caps=" + ambient, "--ambient-caps=" + ambient, "--bounding-set=" + ambient}, false, "", nil, ModeBPF},
-		{"CAP_BPF without CAP_PERFMON, mode bpf", "cap_bpf,cap_net_bind_service+ep", nil, false, ModeBPF,
+			[]string{"--inh-caps=" + ambient, "--ambient-caps=" + ambient, "--bounding-set=" + ambient}, false, "", nil, rakelimit.ModeBPF},
+		{"CAP_BPF without CAP_PERFMON, mode bpf", "cap_bpf,cap_net_bind_service+ep", nil, false, rakelimit.ModeBPF,
 			[]string{"lacks CAP_PERFMON", "setcap " + documented + "+ep"}, ""},
-		{"no capability, mode bpf", "", nil, false, ModeBPF, []string{"lacks CAP_BPF and CAP_PERFMON"}, ""},
-		{"CAP_BPF without CAP_PERFMON, mode auto", "cap_bpf,cap_net_bind_service+ep", nil, false, "", nil, ModeUserspace},
-		{"no capability, mode auto", "", nil, false, "", nil, ModeUserspace},
-		{"no capability, mode userspace", "", nil, false, ModeUserspace, nil, ModeUserspace},
-		{"root without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN", "", dropRoot, true, "", nil, ModeUserspace},
+		{"no capability, mode bpf", "", nil, false, rakelimit.ModeBPF, []string{"lacks CAP_BPF and CAP_PERFMON"}, ""},
+		{"CAP_BPF without CAP_PERFMON, mode auto", "cap_bpf,cap_net_bind_service+ep", nil, false, "", nil, rakelimit.ModeUserspace},
+		{"no capability, mode auto", "", nil, false, "", nil, rakelimit.ModeUserspace},
+		{"no capability, mode userspace", "", nil, false, rakelimit.ModeUserspace, nil, rakelimit.ModeUserspace},
+		{"root without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN", "", dropRoot, true, "", nil, rakelimit.ModeUserspace},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -302,7 +297,7 @@ func TestLeastPrivilege(t *testing.T) {
 					t.Fatalf("setcap %s: %v: %s", tt.fileCaps, err, out)
 				}
 			}
-			port, admin := freePort(t), freePort(t)
+			port, admin := testutil.FreePort(t), testutil.FreePort(t)
 			cfg := filepath.Join(dir, "Caddyfile")
 			// With the admin endpoint, for the metrics, and the log at DEBUG.
 			directive := "rakelimit 100"
@@ -346,35 +341,33 @@ func TestLeastPrivilege(t *testing.T) {
 					t.Logf("caddy's output:\n%s", out.String())
 				}
 			})
-			c := &testCaddy{t: t, port: port}
-			c.waitReady()
+			testutil.WaitHTTP3(t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", port))
 			if !strings.Contains(out.String(), "protecting listener") {
 				t.Fatal("rakelimit did not attach")
 			}
 			// Userspace: one warning, when the configuration asked for
 			// auto, that says why and what to grant.
 			warned := strings.Count(out.String(), "rakelimit filters in userspace")
-			if want := tt.runs == ModeUserspace && tt.mode != ModeUserspace; warned != map[bool]int{true: 1}[want] ||
+			if want := tt.runs == rakelimit.ModeUserspace && tt.mode != rakelimit.ModeUserspace; warned != map[bool]int{true: 1}[want] ||
 				want && !strings.Contains(out.String(), "grant CAP_BPF and CAP_PERFMON") {
 				t.Errorf("%d warnings about userspace, want %v", warned, want)
 			}
 			// Its filter's count of drops, from its metrics.
-			c.admin = admin
 			dropped := func() uint64 {
-				_, m := c.adminGet("/metrics")
-				return uint64(metric(t, m, "caddy_rakelimit_packets_total", `class="opening"`, `verdict="dropped"`, `level="0"`, `family="ipv4"`))
+				_, m := testutil.AdminGet(t, admin, "/metrics")
+				return uint64(testutil.Metric(t, m, "caddy_rakelimit_packets_total", `class="opening"`, `verdict="dropped"`, `level="0"`, `family="ipv4"`))
 			}
-			_, m := c.adminGet("/metrics")
-			if got := metric(t, m, "caddy_rakelimit_mode", `mode="`+tt.runs+`"`); got != 1 {
+			_, m := testutil.AdminGet(t, admin, "/metrics")
+			if got := testutil.Metric(t, m, "caddy_rakelimit_mode", `mode="`+tt.runs+`"`); got != 1 {
 				t.Errorf("caddy_rakelimit_mode{mode=%q} = %v, want 1", tt.runs, got)
 			}
 			const limit = 100
 			dropped0 := dropped()
-			sent := quicFlood(t, floodSrc, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)), 30*limit, time.Second)
-			if d := dropped() - dropped0; !held(sent, d, limit) {
+			sent := testutil.FloodInitials(t, floodSrc, testutil.LoopbackFor(floodSrc, uint16(port)), 30*limit, time.Second)
+			if d := dropped() - dropped0; !testutil.Held(sent, d, limit) {
 				t.Fatalf("a flood of %d at 30x the limit: the filter dropped %d", sent, d)
 			}
-			t.Logf("%s mode, as uid %d (root %v): flood of %d at 30x the limit, %d dropped", tt.runs, nobody, tt.root,
+			t.Logf("%s mode, as uid %d (root %v): flood of %d at 30x the limit, %d dropped", tt.runs, testutil.Nobody, tt.root,
 				sent, dropped()-dropped0)
 		})
 	}
@@ -424,7 +417,7 @@ func checkRefusal(t *testing.T, out string, want []string) {
 // user and run only Caddy, the tests and apt-get through sudo. `make run`
 // says that it is building.
 func TestMakeCommands(t *testing.T) {
-	requireBPF(t) // root, to run make as another user
+	testutil.RequireRoot(t) // root, to run make as another user
 	mk, err := exec.LookPath("make")
 	if err != nil {
 		t.Fatalf("make is needed: %v", err)
@@ -434,7 +427,7 @@ func TestMakeCommands(t *testing.T) {
 		t.Fatalf("setpriv (util-linux) is needed: %v", err)
 	}
 	dir, _ := unprivilegedDir(t)
-	b, err := os.ReadFile("Makefile")
+	b, err := os.ReadFile(filepath.Join("..", "..", "Makefile"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +447,7 @@ func TestMakeCommands(t *testing.T) {
 			"./caddy run --config testdata/Caddyfile",
 			"go test -race $(go list ./... | grep -v /internal/sim$)",
 		}},
-		{"user with sudo", []string{setpriv, fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups"}, []string{
+		{"user with sudo", []string{setpriv, fmt.Sprintf("--reuid=%d", testutil.Nobody), fmt.Sprintf("--regid=%d", testutil.Nobody), "--clear-groups"}, []string{
 			"go build -v -o caddy ./cmd/caddy",
 			"sudo --preserve-env=CI,RAKELIMIT_REQUIRE_BPF ./caddy run --config testdata/Caddyfile",
 			"go test -race -exec 'sudo --preserve-env=CI,RAKELIMIT_REQUIRE_BPF' $(go list ./... | grep -v /internal/sim$)",
