@@ -30,8 +30,8 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 	"github.com/rakelimit/caddy-rakelimit/internal/latency"
 	"github.com/rakelimit/caddy-rakelimit/internal/procnet"
-	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // These tests run a real Caddy in this process, with HTTP/3 on, and talk to
