@@ -61,6 +61,20 @@ type viewLimiter struct {
 	// OpeningTotal is the cap in force on the socket's connection-opening
 	// packets.
 	OpeningTotal viewOpeningTotal `json:"opening_total"`
+	// Verification says whether the limiter verifies what clients send
+	// against what the server sent, and what it learned.
+	Verification viewVerification `json:"verification"`
+}
+
+// viewVerification is the state of connection ID verification.
+type viewVerification struct {
+	On bool `json:"on"`
+	// ServerIDs and Peers count what the limiter taught the filter (new
+	// and refreshed); OddIDs the server's packets whose connection IDs
+	// are not 4 bytes (which turn verification off).
+	ServerIDs uint64 `json:"server_ids"`
+	Peers     uint64 `json:"peers"`
+	OddIDs    uint64 `json:"odd_ids"`
 }
 
 // viewOpeningTotal is the opening total in force and, when it follows the
@@ -109,6 +123,9 @@ type viewCounters struct {
 	Invalid       map[string]uint64 `json:"invalid"`
 	InvalidDryRun map[string]uint64 `json:"invalid_dry_run"`
 	Allowlisted   uint64            `json:"allowlisted"`
+	// Verified counts datagrams verified against what the server sent,
+	// by how (see the metric caddy_rakelimit_verified_packets_total).
+	Verified map[string]uint64 `json:"verified"`
 }
 
 // viewClassCounters are one limiter class's counts; the maps are keyed by
@@ -197,6 +214,9 @@ func viewOf(l *engine.Limiter) (viewLimiter, error) {
 	for _, p := range set.Allow {
 		al.Config.Allow = append(al.Config.Allow, p.String())
 	}
+	learned := l.Learned()
+	al.Verification = viewVerification{On: set.VerifyIDs && !l.VerificationOff(), ServerIDs: learned.IDs,
+		Peers: learned.Peers, OddIDs: learned.OddIDs}
 	total := l.OpeningTotal()
 	al.OpeningTotal = viewOpeningTotal{Adaptive: total.Adaptive, CapPPS: total.Cap, QueueFill: total.Last.Fill,
 		QueueDrops: total.Last.Overflows, OpenedPPS: total.Last.OpenedPPS}
@@ -208,7 +228,7 @@ func viewOf(l *engine.Limiter) (viewLimiter, error) {
 		ac := viewCounters{Classes: map[string]viewClassCounters{}, Allowlisted: st.Allowed[fam],
 			Negotiation: map[string]uint64{"passed": st.Negotiation[fam][0], "dropped": st.Negotiation[fam][1],
 				"dry_run": st.Negotiation[fam][2]},
-			Invalid: map[string]uint64{}, InvalidDryRun: map[string]uint64{}}
+			Invalid: map[string]uint64{}, InvalidDryRun: map[string]uint64{}, Verified: map[string]uint64{}}
 		for _, class := range engine.LimiterClasses {
 			cc := viewClassCounters{Passed: st.Unlimited(int(class), fam),
 				Limited: map[string]uint64{}, Dropped: map[string]uint64{}, DryRun: map[string]uint64{}}
@@ -221,6 +241,9 @@ func viewOf(l *engine.Limiter) (viewLimiter, error) {
 		}
 		for r := quicclass.Reason(1); r < quicclass.NumReasons; r++ {
 			ac.Invalid[r.String()], ac.InvalidDryRun[r.String()] = st.Invalid[0][fam][r], st.Invalid[1][fam][r]
+		}
+		for how := quicclass.Verification(1); how < quicclass.NumVerifications; how++ {
+			ac.Verified[how.String()] = st.Verified[fam][how]
 		}
 		al.Counters[familyNames[fam]] = ac
 	}

@@ -38,6 +38,7 @@ func init() {
 //	    dry_run
 //	    allow                   <cidr|address> ...
 //	    mode                    auto|bpf|userspace
+//	    verify_connection_ids   on|off
 //	}
 //
 // Every option may be left out. The directive stands in a site block, or
@@ -136,7 +137,7 @@ func caddyfileOptions() []option {
 		{name: "level_limit", repeatable: true, parse: parseLevelLimitOption, shows: levelLimitShown},
 		{name: "established_limit", parse: parseEstablishedLimitOption, shows: named("established limit")},
 		{name: "established_level_limit", repeatable: true, parse: parseLevelLimitOption, shows: levelLimitShown},
-		{name: "classify", parse: parseClassifyOption},
+		{name: "classify", parse: parseOnOffOption(func(r *RakeLimit) **bool { return &r.Classify })},
 		{name: "block_source_ports", parse: parseBlockSourcePortsOption},
 		{name: "version_negotiation", parse: parseVersionNegotiationOption, shows: named("version negotiation")},
 		{name: "ipv4_prefixes", parse: parsePrefixesOption},
@@ -152,6 +153,7 @@ func caddyfileOptions() []option {
 		}},
 		{name: "allow", repeatable: true, parse: parseAllowOption},
 		{name: "mode", parse: parseModeOption},
+		{name: "verify_connection_ids", parse: parseOnOffOption(func(r *RakeLimit) **bool { return &r.VerifyConnectionIDs })},
 	}
 }
 
@@ -268,13 +270,17 @@ func parseEstablishedLimitOption(r *RakeLimit, d *caddyfile.Dispenser, name stri
 	return nil
 }
 
-func parseClassifyOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
-	if len(args) != 1 || (args[0] != "on" && args[0] != "off") {
-		return d.Errf("%s: want on or off, got %q", name, strings.Join(args, " "))
+// parseOnOffOption reads an option that takes on or off into the field
+// that field returns.
+func parseOnOffOption(field func(*RakeLimit) **bool) func(*RakeLimit, *caddyfile.Dispenser, string, []string) error {
+	return func(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
+		if len(args) != 1 || (args[0] != "on" && args[0] != "off") {
+			return d.Errf("%s: want on or off, got %q", name, strings.Join(args, " "))
+		}
+		on := args[0] == "on"
+		*field(r) = &on
+		return nil
 	}
-	on := args[0] == "on"
-	r.Classify = &on
-	return nil
 }
 
 func parseBlockSourcePortsOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {

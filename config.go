@@ -79,6 +79,11 @@ func (r *RakeLimit) convert() (datagram.Config, error) {
 	top := c.WithDefaults().Levels() - 1
 	_, totalSet := r.LevelLimits[top]
 	s.AdaptiveTotal = r.classify() && !totalSet && !slices.Contains(r.UnlimitedLevels, top)
+	verify := r.VerifyConnectionIDs == nil || *r.VerifyConnectionIDs
+	if verify && !r.classify() && r.VerifyConnectionIDs != nil {
+		return datagram.Config{}, errors.New("verify_connection_ids true needs classify: without classes there is nothing to verify")
+	}
+	s.VerifyIDs = verify && r.classify()
 	if r.VersionNegotiation != nil {
 		s.Negotiation = *r.VersionNegotiation
 	}

@@ -54,6 +54,21 @@ var (
 	queueFillDesc = prometheus.NewDesc("caddy_rakelimit_receive_queue_fill_ratio",
 		"How full the sockets' receive queues were in the adaptive total's last period, 0 to 1.",
 		[]string{"limiter"}, nil)
+	verifiedDesc = prometheus.NewDesc("caddy_rakelimit_verified_packets_total",
+		"Datagrams verified against what the server sent, by how: short_by_id (a short header carrying a server "+
+			"connection ID), short_by_peer (from an address the server answers), opening_by_id (an Initial, 0-RTT or "+
+			"Handshake carrying a server ID), handshake_from_peer, opening_from_peer (an Initial from an address the "+
+			"server answers: first at the opening total).",
+		[]string{"limiter", "listener", "family", "how"}, nil)
+	learnedDesc = prometheus.NewDesc("caddy_rakelimit_learned_total",
+		"What the limiter learned from the datagrams quic-go sent: server_ids (connection IDs the server chose) "+
+			"and peers (addresses it answers), each counted when taught to the filter: when first sent, and again "+
+			"as a refresh while it stays in use.",
+		[]string{"limiter", "kind"}, nil)
+	verifyingDesc = prometheus.NewDesc("caddy_rakelimit_verifying",
+		"1 when the limiter verifies connection IDs and peers; 0 when it is off (configured, or the server's "+
+			"connection IDs are not quic-go's 4 bytes).",
+		[]string{"limiter"}, nil)
 	collectionErrorsDesc = prometheus.NewDesc("caddy_rakelimit_collection_errors_total",
 		"Failed reads of a filter's counters or streams while collecting metrics.", nil, nil)
 )
@@ -83,7 +98,8 @@ func (p *pool) registerMetrics(reg *prometheus.Registry) error {
 // Describe implements prometheus.Collector.
 func (*collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, modeDesc, windowDesc, dryRunDesc,
-		streamsDesc, attachErrorsDesc, openingTotalDesc, queueFillDesc, collectionErrorsDesc} {
+		streamsDesc, attachErrorsDesc, openingTotalDesc, queueFillDesc, verifiedDesc, learnedDesc, verifyingDesc,
+		collectionErrorsDesc} {
 		ch <- d
 	}
 }
@@ -145,6 +161,10 @@ func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
 		counter(invalid, fam, quicclass.Invalid.String(), "invalid", "")
 		counter(wouldDrop, fam, quicclass.Invalid.String(), "dry_run", "")
 		counter(st.Allowed[fam], fam, "", "allowlisted", "")
+		for how := quicclass.Verification(1); how < quicclass.NumVerifications; how++ {
+			ch <- prometheus.MustNewConstMetric(verifiedDesc, prometheus.CounterValue, float64(st.Verified[fam][how]),
+				name, listener, familyNames[fam], how.String())
+		}
 	}
 	for _, class := range engine.LimiterClasses {
 		for lvl := range levels {
@@ -171,6 +191,14 @@ func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
 	if total.Adaptive {
 		ch <- prometheus.MustNewConstMetric(queueFillDesc, prometheus.GaugeValue, total.Last.Fill, name)
 	}
+	learned := l.Learned()
+	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(learned.IDs), name, "server_ids")
+	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(learned.Peers), name, "peers")
+	verifying := 0.0
+	if set.VerifyIDs && !l.VerificationOff() {
+		verifying = 1
+	}
+	ch <- prometheus.MustNewConstMetric(verifyingDesc, prometheus.GaugeValue, verifying, name)
 	ch <- prometheus.MustNewConstMetric(attachErrorsDesc, prometheus.CounterValue, float64(l.AttachErrors()), name)
 	streams, err := eng.Streams()
 	if err != nil {

@@ -149,6 +149,21 @@ type RakeLimit struct {
 	// office networks. Their packets are counted as allowlisted only.
 	Allow []string `json:"allow,omitempty"`
 
+	// VerifyConnectionIDs checks what clients send against what only the
+	// server knows: the connection IDs it chose and the addresses it
+	// answers, learned from the datagrams quic-go sends. A short header
+	// that carries a server ID or comes from such an address is
+	// established; any other is unverified, held by a small total of its
+	// own (1,000 per second per stream, 2,000 for the socket); a Handshake
+	// packet neither carries nor comes from one is invalid, and so is a
+	// long header whose lengths do not add up (RFC 9000 section 17.2). An
+	// Initial that carries a server ID (the answer to a Retry) passes at
+	// the established limits, and one from an address the server answers
+	// goes before strangers' at the opening total. Needs classify. Off,
+	// short headers are established on their first byte, as before.
+	// Default: on.
+	VerifyConnectionIDs *bool `json:"verify_connection_ids,omitempty"`
+
 	// Mode chooses where datagrams are decided: "bpf" in the kernel, by a
 	// BPF socket filter (Linux; the process needs CAP_BPF and
 	// CAP_PERFMON), or refuse to start; "userspace" in front of quic-go,

@@ -11,7 +11,7 @@ import (
 )
 
 // LimiterClasses are the classes with limiters, as the counters index them.
-var LimiterClasses = []quicclass.Class{quicclass.Opening, quicclass.Established}
+var LimiterClasses = []quicclass.Class{quicclass.Opening, quicclass.Established, quicclass.Unverified}
 
 // ClassName names the limiter class of a stream or counter: opening and
 // established when the filter classifies, all when it does not.

@@ -52,11 +52,13 @@ func withTotal(c datagram.Config, cap uint32) datagram.Config {
 	return c
 }
 
-// effective is the configuration the engine runs for s: s's, with the
-// adaptive total at the controller's value; l.mu must be held. A new
+// effective is the configuration the engine runs for c: c, with the
+// adaptive total at the controller's value and verification off when the
+// server's connection IDs cannot be verified; l.mu must be held. A new
 // setting that makes the total adaptive starts the controller at its level
 // limit; one that makes it fixed stops it.
 func (l *Limiter) effective(c datagram.Config) datagram.Config {
+	c.VerifyIDs = c.VerifyIDs && !l.oddIDs.Load()
 	if !c.AdaptiveTotal {
 		l.ctl = nil
 		return c

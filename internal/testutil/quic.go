@@ -21,14 +21,20 @@ const (
 	initialDCIDAt    = 6
 	initialSCIDLenAt = 14
 	initialCIDLen    = 8
+	// initialTokenLenAt is the token length (0), after the source
+	// connection ID; initialLengthAt the Length field, a 2-byte varint
+	// that covers the rest of the datagram, as in a real Initial.
+	initialTokenLenAt = initialSCIDLenAt + 1 + initialCIDLen
+	initialLengthAt   = initialTokenLenAt + 1
+	initialRest       = InitialSize - initialLengthAt - 2
 	// initialPool is how many payloads Initials makes up front.
 	initialPool = 64
 )
 
 // Initials makes flood datagrams that look like a client's first packet:
 // 1200 bytes with a long header of type Initial, version 1, 8-byte
-// connection IDs and random bytes after them, which a QUIC server must try
-// to decrypt. Each has a destination connection ID of its own, so that a
+// connection IDs, no token and a Length that covers the rest, then random
+// bytes, which a QUIC server must try to decrypt. Each has a destination connection ID of its own, so that a
 // server would make a connection for each.
 type Initials struct {
 	rng  *rand.Rand
@@ -51,6 +57,8 @@ func NewInitials(seed uint64) *Initials {
 		binary.BigEndian.PutUint32(b[initialVersionAt:], 1)
 		b[initialDCIDLenAt] = initialCIDLen
 		b[initialSCIDLenAt] = initialCIDLen
+		b[initialTokenLenAt] = 0
+		binary.BigEndian.PutUint16(b[initialLengthAt:], 0x4000|initialRest)
 	}
 	return g
 }
