@@ -8,20 +8,14 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
-
-// fakeClock is a clock a test moves by hand.
-type fakeClock struct{ ns atomic.Int64 }
-
-func (c *fakeClock) now() int64              { return c.ns.Load() }
-func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // recSink records what it is taught; it refuses with idErr and peerErr
 // when they are set, and each call waits for gate when it is not nil,
@@ -75,10 +69,10 @@ func (nopSink) LearnServerID(ServerID) error { return nil }
 func (nopSink) LearnPeer(netip.Addr) error   { return nil }
 
 // testLearner returns a Learner teaching sink on a fake clock.
-func testLearner(t testing.TB, sink Sink, o Options) (*Learner, *fakeClock) {
+func testLearner(t testing.TB, sink Sink, o Options) (*Learner, *testutil.Clock) {
 	t.Helper()
-	clk := &fakeClock{}
-	l, err := newLearner(sink, o, clk.now)
+	clk := &testutil.Clock{}
+	l, err := newLearner(sink, o, clk.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +121,7 @@ func TestLearnDedupes(t *testing.T) {
 		{time.Second, handshakeTo(idA), 2, 4},
 	}
 	for i, s := range steps {
-		clk.advance(s.after)
+		clk.Advance(s.after)
 		l.Learn(s.b, nil, peerA)
 		if ids, peers := sink.counts(idA, peerA.Addr()); ids != s.ids || peers != s.peers {
 			t.Fatalf("step %d: taught the ID %d times and the peer %d times, want %d and %d", i, ids, peers, s.ids, s.peers)
@@ -174,7 +168,7 @@ func TestSinkErrors(t *testing.T) {
 	sink.idErr, sink.peerErr = errors.New("map full"), errors.New("map full")
 	l, clk := testLearner(t, sink, Options{})
 	l.Learn(handshakeTo(idA), nil, peerA)
-	clk.advance(time.Millisecond)
+	clk.Advance(time.Millisecond)
 	l.Learn(handshakeTo(idA), nil, peerA)
 	if ids, peers := sink.counts(idA, peerA.Addr()); ids != 2 || peers != 1 {
 		t.Fatalf("refused: ID tried %d times, peer %d times; want 2, 1", ids, peers)
@@ -199,9 +193,9 @@ func TestSetSink(t *testing.T) {
 	first := newRecSink()
 	l, clk := testLearner(t, first, Options{Lifetime: 40 * time.Second})
 	l.Learn(handshakeTo(idA), nil, peerA)
-	clk.advance(30 * time.Second)
+	clk.Advance(30 * time.Second)
 	l.Learn(handshakeTo(idB), nil, peerA)
-	clk.advance(15 * time.Second) // A was sent 45 s ago, B 15 s ago
+	clk.Advance(15 * time.Second) // A was sent 45 s ago, B 15 s ago
 
 	second := newRecSink()
 	l.SetSink(second)
@@ -388,10 +382,10 @@ func TestMemoryBound(t *testing.T) {
 	for i := range MaxIDs {
 		var id ServerID
 		binary.BigEndian.PutUint32(id[:], uint32(i))
-		l.learnID(id, clk.now())
+		l.learnID(id, clk.Now())
 	}
 	for i := range MaxPeers {
-		l.learnPeer(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), clk.now())
+		l.learnPeer(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), clk.Now())
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
@@ -404,7 +398,7 @@ func TestMemoryBound(t *testing.T) {
 
 	// Past the bound at one instant: shards empty (overflows), sizes stay.
 	for i := range MaxPeers {
-		l.learnPeer(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), clk.now())
+		l.learnPeer(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), clk.Now())
 	}
 	if l.Stats().Overflows == 0 {
 		t.Error("twice MaxPeers peers in one instant overflowed no shard")
@@ -412,9 +406,9 @@ func TestMemoryBound(t *testing.T) {
 	// A second later the old peers are past their time: swept, no
 	// overflow.
 	over := l.Stats().Overflows
-	clk.advance(PeerInterval)
+	clk.Advance(PeerInterval)
 	for i := range MaxPeers {
-		l.learnPeer(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), clk.now())
+		l.learnPeer(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), clk.Now())
 	}
 	if got := l.Stats().Overflows; got != over {
 		t.Errorf("peers a second old were not swept first: %d more overflows", got-over)

@@ -4,9 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"golang.org/x/net/ipv4"
 
@@ -20,20 +18,14 @@ import (
 // ::1, which every system has), and every flood is bounded in count and
 // time.
 
-// fakeClock is a clock a test moves by hand.
-type fakeClock struct{ ns atomic.Int64 }
-
-func (c *fakeClock) now() int64              { return c.ns.Load() }
-func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
-
 // newTestLimiter returns a limiter with a fixed hash key and seed, on clk
 // when it is not nil, tracking one drop in 2^shift (shift < 0: the default).
-func newTestLimiter(t testing.TB, c datagram.Config, clk *fakeClock, shift int) *Limiter {
+func newTestLimiter(t testing.TB, c datagram.Config, clk *testutil.Clock, shift int) *Limiter {
 	t.Helper()
 	hk := sketch.SeededHashKey(1)
 	o := options{hashKey: &hk, seed: 0x9e3779b97f4a7c15}
 	if clk != nil {
-		o.now = clk.now
+		o.now = clk.Now
 	}
 	if shift >= 0 {
 		s := uint8(shift)

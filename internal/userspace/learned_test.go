@@ -25,8 +25,8 @@ func verifyingLimits() datagram.Config {
 // lifetime.
 func TestLearnVerifies(t *testing.T) {
 	c := verifyingLimits()
-	clk := &fakeClock{}
-	clk.advance(time.Hour)
+	clk := &testutil.Clock{}
+	clk.Advance(time.Hour)
 	l := newTestLimiter(t, c, clk, -1)
 	twin, err := datagram.New(c, sketch.SeededHashKey(1))
 	if err != nil {
@@ -42,8 +42,8 @@ func TestLearnVerifies(t *testing.T) {
 	if err := l.LearnPeer(peer); err != nil {
 		t.Fatal(err)
 	}
-	twin.LearnServerID(sid, clk.now())
-	if err := twin.LearnPeer(peer, clk.now()); err != nil {
+	twin.LearnServerID(sid, clk.Now())
+	if err := twin.LearnPeer(peer, clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -60,10 +60,10 @@ func TestLearnVerifies(t *testing.T) {
 		{"198.51.100.1:40000", quicclass.LongPacket(quicclass.Version2, 3, other[:], nil, nil, 100), quicclass.Invalid, 0},
 	}
 	for i, tt := range tests {
-		clk.advance(time.Millisecond)
+		clk.Advance(time.Millisecond)
 		d := datagram.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort(tt.src), 443), Length: len(tt.payload), Probe: tt.payload}
 		got := l.Decide(&d)
-		want := twin.Decide(&d, clk.now(), rng.next())
+		want := twin.Decide(&d, clk.Now(), rng.next())
 		if got != want || got.Class != tt.class || got.Verified != tt.verified {
 			t.Fatalf("datagram %d: %+v, the twin %+v, want %v/%v", i, got, want, tt.class, tt.verified)
 		}
@@ -71,7 +71,7 @@ func TestLearnVerifies(t *testing.T) {
 	if st, _ := l.Stats(); st != twin.Stats() {
 		t.Fatalf("stats %+v, the twin's %+v", st, twin.Stats())
 	}
-	clk.advance(2 * time.Second)
+	clk.Advance(2 * time.Second)
 	// The ID was used 2 s ago (by the first datagram), the peer learned
 	// as long ago.
 	if ids, peers, err := l.ExpireLearned(3 * time.Second); err != nil || ids != 0 || peers != 0 {

@@ -35,8 +35,8 @@ func (x *xorshift) next() uint32 {
 func TestLimiterIsTheFilter(t *testing.T) {
 	c := testutil.QUICLimits(100, 1000)
 	c.Allow = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}
-	clk := &fakeClock{}
-	clk.advance(time.Hour)
+	clk := &testutil.Clock{}
+	clk.Advance(time.Hour)
 	l := newTestLimiter(t, c, clk, -1)
 	hk := sketch.SeededHashKey(1)
 	twin, err := datagram.New(c, hk)
@@ -70,14 +70,14 @@ func TestLimiterIsTheFilter(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		clk.advance(10 * time.Microsecond)
+		clk.Advance(10 * time.Microsecond)
 		for _, s := range sources {
 			if step%s.every != 0 {
 				continue
 			}
 			d := dgram(s.src, s.payload)
 			got := l.Decide(&d)
-			want := twin.Decide(&d, clk.now(), rng.next())
+			want := twin.Decide(&d, clk.Now(), rng.next())
 			if got != want {
 				t.Fatalf("step %d, %s: outcome %+v, want %+v", step, s.src, got, want)
 			}
@@ -168,8 +168,8 @@ func TestStreamTracking(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := &fakeClock{}
-			clk.advance(time.Hour)
+			clk := &testutil.Clock{}
+			clk.Advance(time.Hour)
 			l := newTestLimiter(t, topUnlimited(tt.cfg), clk, 0)
 			events, err := l.Events()
 			if err != nil {
@@ -178,7 +178,7 @@ func TestStreamTracking(t *testing.T) {
 			// 2 s of tt.rate datagrams per ms, round robin.
 			for i := range 2000 * tt.rate {
 				if i%tt.rate == 0 {
-					clk.advance(time.Millisecond)
+					clk.Advance(time.Millisecond)
 				}
 				f := tt.flows[i%len(tt.flows)]
 				d := dgram(f.src, f.payload)
@@ -276,10 +276,10 @@ func slicesSort(s []string) {
 // up, and the drops a stream reports are within 15% of the true count (16,000
 // drops: about 1,000 samples, 4 standard deviations).
 func TestStreamSampling(t *testing.T) {
-	clk := &fakeClock{}
+	clk := &testutil.Clock{}
 	l := newTestLimiter(t, testutil.Limits(100), clk, -1)
 	for range 16_200 {
-		clk.advance(100 * time.Microsecond)
+		clk.Advance(100 * time.Microsecond)
 		d := dgram("192.0.2.1:40000", []byte("x"))
 		l.Decide(&d)
 	}
@@ -300,10 +300,10 @@ func TestStreamSampling(t *testing.T) {
 // TestExpireStreams: a stream with no drop for idle is returned once and
 // forgotten; one still dropped stays.
 func TestExpireStreams(t *testing.T) {
-	clk := &fakeClock{}
+	clk := &testutil.Clock{}
 	l := newTestLimiter(t, topUnlimited(testutil.Limits(100)), clk, 0)
 	flood := func(src string, d time.Duration) {
-		for end := clk.now() + int64(d); clk.now() < end; clk.advance(time.Millisecond) {
+		for end := clk.Now() + int64(d); clk.Now() < end; clk.Advance(time.Millisecond) {
 			for range 10 {
 				dg := dgram(src, []byte("x"))
 				l.Decide(&dg)
@@ -330,7 +330,7 @@ func TestExpireStreams(t *testing.T) {
 // TestStreamTableFull: past datagram.MaxTrackedStreams, new streams replace those
 // that saw no drop lately, never those still dropped.
 func TestStreamTableFull(t *testing.T) {
-	clk := &fakeClock{}
+	clk := &testutil.Clock{}
 	l := newTestLimiter(t, testutil.QUICLimits(100, 100), clk, 0)
 	send := func(i int) {
 		d := dgram(fmt.Sprintf("10.%d.%d.1:40000", i/256, i%256), junk())
@@ -339,7 +339,7 @@ func TestStreamTableFull(t *testing.T) {
 	for i := range datagram.MaxTrackedStreams {
 		send(i)
 	}
-	clk.advance(time.Millisecond)
+	clk.Advance(time.Millisecond)
 	for i := range datagram.MaxTrackedStreams / 2 {
 		send(i) // still dropped
 	}
@@ -531,15 +531,15 @@ func TestEvents(t *testing.T) {
 
 // TestSweep: cells idle past the decay horizon are reset.
 func TestSweep(t *testing.T) {
-	clk := &fakeClock{}
-	clk.advance(time.Hour)
+	clk := &testutil.Clock{}
+	clk.Advance(time.Hour)
 	l := newTestLimiter(t, testutil.Limits(100), clk, -1)
 	d := dgram("192.0.2.1:40000", []byte("x"))
 	l.Decide(&d)
 	if n, _ := l.Sweep(); n != 0 {
 		t.Fatalf("swept %d fresh cells", n)
 	}
-	clk.advance(48 * time.Hour)
+	clk.Advance(48 * time.Hour)
 	if n, _ := l.Sweep(); n == 0 {
 		t.Fatal("swept nothing after 48 idle hours")
 	}
