@@ -3,19 +3,18 @@ package egress
 import (
 	"encoding/binary"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 )
 
 // ServerIDLen is the length of the connection IDs a quic-go server issues
 // with its default generator (Caddy sets none): 4 random bytes.
-const ServerIDLen = 4
+const ServerIDLen = datagram.ServerIDLen
 
 // ServerID is a connection ID the server chose, as it appears in the source
-// connection ID of the server's long-header packets.
-//
-// TODO(lead): becomes datagram.ServerID (type ServerID = datagram.ServerID)
-// once the engine side lands.
-type ServerID [ServerIDLen]byte
+// connection ID of the server's long-header packets: the filter's
+// datagram.ServerID.
+type ServerID = datagram.ServerID
 
 // Wire format (RFC 9000 section 17, RFC 9369 section 3).
 const (

@@ -60,6 +60,11 @@ type Engine interface {
 	// quic-go must read from and write to: a conn that teaches learner
 	// what the server sends (its connection IDs and peers).
 	Protect(conn *net.UDPConn, learner *egress.Learner) (net.PacketConn, error)
+	// Sink learns the server's connection IDs and peers (from the
+	// learner Protect's conns teach); ExpireLearned forgets those unused
+	// for lifetime.
+	egress.Sink
+	ExpireLearned(lifetime time.Duration) (ids, peers int, err error)
 	// Unprotect takes the filter away from a socket that stays open (the
 	// limiter was removed). It reports false when the socket is closed.
 	Unprotect(conn *net.UDPConn) (bool, error)

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"time"
 
 	"go.uber.org/zap"
 
@@ -21,19 +20,6 @@ const IDLifetime = egress.DefaultLifetime
 // expireLearnedEvery is how many ticks of the expiry loop (seconds) pass
 // between two expiries of the learned IDs and peers.
 const expireLearnedEvery = 5
-
-// learnedExpirer is an engine that forgets what it learned.
-type learnedExpirer interface {
-	ExpireLearned(lifetime time.Duration) (ids, peers int, err error)
-}
-
-// sinkOf is the engine as a learner's sink, or nil if it learns nothing.
-func sinkOf(e Engine) egress.Sink {
-	if s, ok := e.(egress.Sink); ok {
-		return s
-	}
-	return nil
-}
 
 // Learned returns what the limiter's learner has seen and taught.
 func (l *Limiter) Learned() egress.Stats { return l.learner.Stats() }

@@ -99,7 +99,7 @@ func start(name, mode string, eng Engine, put Setting, userspace func(datagram.C
 	}
 	l := &Limiter{name: name, requested: mode, userspace: userspace, eng: eng, put: put, events: events,
 		stop: make(chan struct{})}
-	l.learner, err = egress.NewLearner(sinkOf(eng), egress.Options{Lifetime: IDLifetime, OnOddID: l.oddID})
+	l.learner, err = egress.NewLearner(eng, egress.Options{Lifetime: IDLifetime, OnOddID: l.oddID})
 	if err != nil {
 		events.Close()
 		eng.Close()
@@ -253,7 +253,7 @@ func (l *Limiter) fallBack(why error) error {
 	}
 	old, oldEvents := l.eng, l.events
 	l.eng, l.events = u, events
-	l.learner.SetSink(sinkOf(u))
+	l.learner.SetSink(u)
 	oldEvents.Close() // readEvents moves on to the new reader
 	old.Close()
 	l.put.Logger.Warn("rakelimit filters in userspace, in front of quic-go, because the BPF filter cannot attach to the socket; "+
@@ -318,8 +318,8 @@ func (l *Limiter) expireStreams() {
 		for _, st := range expired {
 			put.Logger.Info(expiredMessage(st), l.expiredFields(put.Config, st, listeners)...)
 		}
-		if learned, ok := eng.(learnedExpirer); ok && sweep%expireLearnedEvery == 0 {
-			if _, _, err := learned.ExpireLearned(IDLifetime); err != nil {
+		if sweep%expireLearnedEvery == 0 {
+			if _, _, err := eng.ExpireLearned(IDLifetime); err != nil {
 				put.Logger.Error("forgetting unused connection IDs and peers", zap.String("limiter", l.name), zap.Error(err))
 			}
 		}

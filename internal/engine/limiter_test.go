@@ -67,7 +67,10 @@ func (e *fakeEngine) Protect(conn *net.UDPConn, _ *egress.Learner) (net.PacketCo
 	e.protected = append(e.protected, conn)
 	return conn, nil
 }
-func (e *fakeEngine) Unprotect(conn *net.UDPConn) (bool, error) { return !IsClosed(conn), nil }
+func (e *fakeEngine) Unprotect(conn *net.UDPConn) (bool, error)     { return !IsClosed(conn), nil }
+func (e *fakeEngine) LearnServerID(datagram.ServerID) error         { return nil }
+func (e *fakeEngine) LearnPeer(netip.Addr) error                    { return nil }
+func (e *fakeEngine) ExpireLearned(time.Duration) (int, int, error) { return 0, 0, nil }
 func (e *fakeEngine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
