@@ -1,7 +1,6 @@
 package engine
 
 import (
-
 	"go.uber.org/zap"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/egress"
