@@ -165,7 +165,8 @@ func (l *Learner) Stats() Stats {
 	}
 }
 
-// SetSink makes s the sink from now on (nil: learn nothing). A new sink
+// SetSink makes s the sink from now on (nil: learn nothing); once it
+// returns, no report is still being made to the old sink. A new sink
 // knows nothing: it is taught at once every server ID sent within the
 // lifetime (quic-go sends a connection's ID only in its handshake, so it
 // would not be seen again), and every peer again at the next datagram to
@@ -185,6 +186,13 @@ func (l *Learner) SetSink(s Sink) {
 		sh.mu.Unlock()
 	}
 	if box == nil {
+		// A report in flight holds its shard's lock: once every lock has
+		// been taken, none is still calling the old sink, which the
+		// caller may then close.
+		for i := range l.ids {
+			l.ids[i].mu.Lock()
+			l.ids[i].mu.Unlock()
+		}
 		return
 	}
 	now := l.now()

@@ -1,0 +1,116 @@
+package rakelimit
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+// TestMigratingClientKeepsConnection: with connection IDs verified (the
+// default), a client that moves its connection to a new source port, or to
+// a new address, keeps it: from the same address the server answers, its
+// packets are verified by the address whatever their connection ID; from a
+// new address, with a new connection ID, they are unverified and pass under
+// that class's limits.
+func TestMigratingClientKeepsConnection(t *testing.T) {
+	c := startCaddy(t, fmt.Sprintf(siteWithLimit, 1000))
+	url := fmt.Sprintf("https://127.0.0.1:%d/", c.port)
+	lim := limiterNamed(DefaultName)
+	for _, tt := range []struct {
+		name string
+		// to is the address the client moves to; how the class and the
+		// verification that must have grown.
+		to    netip.Addr
+		class quicclass.Class
+		how   quicclass.Verification
+	}{
+		{"new port, same address", legitSrc, quicclass.Established, quicclass.ShortByPeer},
+		{"new address", netip.MustParseAddr("127.0.0.8"), quicclass.Unverified, quicclass.NotVerified},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			first := transport(t, legitSrc)
+			conn, err := first.DialEarly(ctx, net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(c.port))),
+				&tls.Config{InsecureSkipVerify: true, ServerName: "localhost", NextProtos: []string{http3.NextProtoH3}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.CloseWithError(0, "")
+			cc := (&http3.Transport{}).NewClientConn(conn)
+			get := func(when string) {
+				t.Helper()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+				resp, err := cc.RoundTrip(req)
+				if err != nil {
+					t.Fatalf("request %s: %v", when, err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if string(body) != "hello over HTTP/3.0" {
+					t.Fatalf("request %s: %q", when, body)
+				}
+			}
+			get("before moving")
+			before := engineStats(t, lim)
+			path, err := conn.AddPath(transport(t, tt.to))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := path.Probe(ctx); err != nil {
+				t.Fatalf("probing the new path: %v", err)
+			}
+			if err := path.Switch(); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 3 {
+				get(fmt.Sprintf("%d after moving", i+1))
+			}
+			after := engineStats(t, lim)
+			v4 := datagram.FamilyIndex(sketch.IPv4)
+			if after.Passed[tt.class][v4] == before.Passed[tt.class][v4] {
+				t.Errorf("no %v datagram passed after the move", tt.class)
+			}
+			if tt.how != quicclass.NotVerified && after.Verified[v4][tt.how] == before.Verified[v4][tt.how] {
+				t.Errorf("no datagram verified %v after the move", tt.how)
+			}
+		})
+	}
+}
+
+// transport returns a QUIC transport on a socket bound to src, closed when
+// the test ends.
+func transport(t *testing.T, src netip.Addr) *quic.Transport {
+	t.Helper()
+	udp, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	t.Cleanup(func() { tr.Close(); udp.Close() })
+	return tr
+}
+
+// engineStats reads a limiter's counters.
+func engineStats(t *testing.T, l *engine.Limiter) datagram.Stats {
+	t.Helper()
+	st, err := l.Engine().Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
