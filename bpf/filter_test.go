@@ -390,6 +390,52 @@ func TestDifferential(t *testing.T) {
 	}
 }
 
+// TestDifferentialSpoofed runs a spoofed flood over the total through the
+// program and the Go twin: a new random source address and port in
+// 10.128.0.0/9 on every packet, ten times the total's cap, and a quiet /24
+// sending among it. Every /24 of the flood looks alike and the quiet one
+// heavier, so the fair share admits it at a small fraction of the
+// proportional share; the proportional floor (sketch.admitFair) lifts it:
+// packets that pass the total without being counted forwarded there. Every
+// verdict, counter and cell must agree, and the quiet /24 must keep about
+// cap / offered of its packets (10%, so 15 of the 150 it sends after the
+// first second; without the floor, none).
+func TestDifferentialSpoofed(t *testing.T) {
+	c := testutil.Limits(1000)
+	top := c.Limiter.WithDefaults().Levels() - 1
+	c.Limiter.LevelLimits = map[int]uint32{top: 400}
+	w := newTwin(t, c)
+	rng := rand.New(rand.NewPCG(8, 8))
+	const floodPPS, quietPPS, seconds = 4000, 50, 4
+	now := start
+	sent, kept := 0, 0
+	for i := range floodPPS * seconds {
+		now += int64(time.Second) / floodPPS
+		a := netip.AddrFrom4([4]byte{10, byte(128 + rng.IntN(128)), byte(rng.IntN(256)), byte(rng.IntN(256))})
+		p := udp(a.String(), uint16(1024+rng.IntN(64000)))
+		w.step(p, p.datagram(true), now, rng.Uint32())
+		if i%(floodPPS/quietPPS) != 0 {
+			continue
+		}
+		q := udp("192.0.2.10", uint16(1024+rng.IntN(64000)))
+		o := w.step(q, q.datagram(true), now, rng.Uint32())
+		if now-start > int64(time.Second) {
+			sent++
+			if !o.Verdict.Drop {
+				kept++
+			}
+		}
+		if i%(floodPPS/2) == 0 {
+			w.compareState()
+		}
+	}
+	w.compareState()
+	if kept < 5 || kept > 40 {
+		t.Fatalf("the quiet /24 kept %d of %d packets after the first second, want about 10%% (5 to 40)", kept, sent)
+	}
+	t.Logf("the quiet /24 kept %d of %d packets after the first second", kept, sent)
+}
+
 // TestLatticeNodes sends, for each lattice node of each family, a flood
 // shaped to be caught at exactly that node, and checks that both the program
 // and the Go limiter drop it there. Every more specific stream of the flood

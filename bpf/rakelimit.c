@@ -55,6 +55,16 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define FAIR_SLACK 0
 #define FAIR_UNBOUNDED ((1ULL << 48) - 1)
 #define FAIR_ONE (1ULL << 16)
+// The coin of the proportional floor: FAIR_COIN_BITS bits of the packet's
+// random number from bit FAIR_COIN_SHIFT, under the dither (the top
+// FRAC_BITS) and above the bits that sample drops (track_mask).
+#define FAIR_COIN_BITS 16
+#define FAIR_COIN_SHIFT (32 - FRAC_BITS - FAIR_COIN_BITS)
+#define FAIR_COIN_MASK ((1U << FAIR_COIN_BITS) - 1)
+// Verdicts of admit_fair.
+#define FAIR_REFUSE 0
+#define FAIR_RANK 1
+#define FAIR_FLOOR 2
 
 // Lattice and sketch dimensions, as in internal/sketch.
 #define NUM_CLASSES 3
@@ -1026,57 +1036,26 @@ static __always_inline void rescale(struct cell *c, const struct config *cfg, __
 	c->budget[1].forwarded = decay32(c->budget[1].forwarded, d);
 }
 
-// admit_fair: sketch admitFair, for a packet whose rank times its network's
-// rate is want (BPF functions take at most five arguments). Returns 1 to
-// admit the packet; moves the share. A global function: verified once, and
-// only reached by packets of a flood over the total's limit.
-__noinline int admit_fair(__u64 *share, __u64 want, __u32 total, __u32 forwarded, __u64 thr)
-{
-	if (!share || total == 0)
-		return 1;
-	__u64 s = *share;
-	__u64 bar = s;
-	__u64 slack = thr >> FAIR_SLACK;
-	if (forwarded > thr && slack > 0)
-		bar = (bar * (((thr + slack - min64(forwarded, thr + slack)) << 16) / slack)) >> 16;
-	__u64 f = (thr << 16) / total;
-	__u64 step = (s >> FAIR_STEP) + 1;
-	if (want <= s << 16)
-		*share = s - ((step * (FAIR_ONE - f)) >> 16);
-	else
-		*share = min64(s + ((step * f) >> 16) + 1, FAIR_UNBOUNDED);
-	return want <= bar << 16;
-}
-
-// set_verdict (sketch setVerdict) records the node that limits the packet. The
-// level is computed from the node, not taken from the node loop's variable:
-// the counters are indexed by it, which makes the verifier track its exact
-// value, and a loop variable tracked exactly keeps the loop's states apart.
-static __always_inline void set_verdict(struct verdict *v, int drop, __u8 n, __u64 estimate)
-{
-	v->drop = drop;
-	v->limited = 1;
-	v->level = node_level(n);
-	v->node = n;
-	v->estimate = estimate;
-}
-
 // node_work (sketch nodeWork) is what decide and visit_node share about one
 // packet and one node. The node loop calls a global function (verified once,
 // whatever the loop's state) and keeps no state of its own: the verifier would
 // otherwise walk the loop once for every combination of values its variables
 // can take, past its limit.
 struct node_work {
-	// Set by decide for the packet.
+	// Set by decide for the packet: the time, the slot's threshold scale
+	// and packet weight, the epoch, the dither, the coin of the
+	// proportional floor and the class.
 	__u64 now;
 	__u64 g;
 	__u32 epoch;
 	__u32 slot;
 	__u32 w;
 	__u32 dither;
+	__u32 coin;
 	__u32 class;
 	// Set by decide for the node.
 	__u32 node;
+	__u32 pad1; // keeps ah 8-byte aligned without implicit padding
 	// Set by visit_node: the budget, the node's rows, the address hashes
 	// of prefix slot hashed - 1 (0: none yet) and the node's hashes.
 	__u32 budget;
@@ -1103,10 +1082,65 @@ static __always_inline __u32 limiter_class(__u32 c)
 	return c < NUM_CLASSES ? c : NUM_CLASSES - 1;
 }
 
-// Verdicts of judge_node.
+
+// admit_fair (sketch admitFair) decides a packet at the fair total and moves
+// the share: FAIR_RANK when the share admits its source, FAIR_FLOOR when the
+// proportional floor admits the packet, FAIR_REFUSE to drop it. nw carries the
+// total's offered and forwarded counts, the network's estimate and the
+// packet's coin (as arguments they would pass the five a BPF function takes).
+// A global function: verified once, and only reached by packets of a flood
+// over the total's limit.
+__noinline int admit_fair(__u64 *share, const struct node_work *nw, __u32 rank, __u64 thr)
+{
+	if (!share || !nw || nw->omin == 0 || nw->network == 0)
+		return FAIR_RANK;
+	__u64 network = nw->network, forwarded = nw->fmin;
+	__u64 want = (__u64)rank * network;
+	__u64 s = *share;
+	__u64 bar = s;
+	__u64 f = (thr << 16) / nw->omin;
+	__u64 floor = f;
+	__u64 slack = thr >> FAIR_SLACK;
+	if (forwarded > thr && slack > 0) {
+		__u64 k = ((thr + slack - min64(forwarded, thr + slack)) << 16) / slack;
+		bar = (bar * k) >> 16;
+		floor = (floor * k) >> 16;
+	}
+	__u64 step = (s >> FAIR_STEP) + 1;
+	if (want <= s << 16)
+		*share = s - ((step * (FAIR_ONE - f)) >> 16);
+	else
+		*share = min64(s + ((step * f) >> 16) + 1, FAIR_UNBOUNDED);
+	if (want <= bar << 16)
+		return FAIR_RANK;
+	// Refused, so bar < network << 16: the products stay under 2^64.
+	__u64 fl = floor * network;
+	if (fl > bar && (__u64)nw->coin * ((network << 16) - bar) < (fl - bar) << 16)
+		return FAIR_FLOOR;
+	return FAIR_REFUSE;
+}
+
+// set_verdict (sketch setVerdict) records the node that limits the packet. The
+// level is computed from the node, not taken from the node loop's variable:
+// the counters are indexed by it, which makes the verifier track its exact
+// value, and a loop variable tracked exactly keeps the loop's states apart.
+static __always_inline void set_verdict(struct verdict *v, int drop, __u8 n, __u64 estimate)
+{
+	v->drop = drop;
+	v->limited = 1;
+	v->level = node_level(n);
+	v->node = n;
+	v->estimate = estimate;
+}
+
+// Verdicts of judge_node. A packet the proportional floor admits at the fair
+// total passes, over the limit, but is not counted as forwarded there: the
+// forwarded count is what the share admits, which the share holds at the
+// limit (see sketch FairSlack).
 #define JUDGE_PASS 0
 #define JUDGE_OVER 1
 #define JUDGE_DROP 2
+#define JUDGE_FLOOR 3
 
 // count_node (sketch countNode) counts the packet at one node: in each row,
 // the cell its hash selects is brought to this epoch and its offered count of
@@ -1153,7 +1187,8 @@ static __always_inline int count_node(const struct config *cfg, struct node_work
 // limit: under it the packet passes (JUDGE_PASS); over it, it passes counted
 // as limited (JUDGE_OVER) until the node enforces its limit, which lets it
 // through only while the forwarded count is under the dithered threshold or,
-// at the fair total, when its source is admitted (JUDGE_DROP otherwise).
+// at the fair total, when its source is admitted (JUDGE_DROP otherwise) or
+// the proportional floor admits the packet (JUDGE_FLOOR).
 static __always_inline int judge_node(const struct config *cfg, const struct key *k, struct node_work *nw)
 {
 	__u32 i = nw->node & (MAX_NODES - 1);
@@ -1174,17 +1209,18 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	nw->estimate = mulq32(omin, cfg->ginv[slot]);
 	if (!enforcing)
 		return JUDGE_OVER;
-	int drop;
 	if (fs && nw->network) {
 		// Room under the total's limit: pass, and leave the share as
 		// it is (see sketch judgeNode). Only a packet over it is ranked.
 		__u64 t = scale(thr, nw->g);
-		drop = fmin >= t && !admit_fair(&fs->share[class][budget],
-						(__u64)rank(cfg, k, nw->now >> PERIOD_SHIFT) * nw->network,
-						omin, fmin, t);
-	} else
-		drop = fmin >= scale(thr - nw->dither, nw->g);
-	return drop ? JUDGE_DROP : JUDGE_OVER;
+		if (fmin < t)
+			return JUDGE_OVER;
+		int a = admit_fair(&fs->share[class][budget], nw, rank(cfg, k, nw->now >> PERIOD_SHIFT), t);
+		if (a == FAIR_RANK)
+			return JUDGE_OVER;
+		return a == FAIR_FLOOR ? JUDGE_FLOOR : JUDGE_DROP;
+	}
+	return fmin >= scale(thr - nw->dither, nw->g) ? JUDGE_DROP : JUDGE_OVER;
 }
 
 // forward_node (sketch forwardNode) counts a forwarded packet in the counters
@@ -1208,10 +1244,10 @@ static __always_inline void forward_node(struct counter *rows[DEPTH], __u32 w, i
 // nw), counts it in the budget v says (limited from the level after the first
 // node over its limit, which v records), judges it against the node's limit,
 // records in v the most specific node over its limit, and counts it forwarded
-// unless it is dropped. Returns 1 to drop, 0 to go on, -1 when a cell cannot
-// be reached. A global function: the verifier checks it once, and the node
-// loop that calls it keeps no state of its own that could multiply the loop's
-// states past the verifier's limit.
+// unless it is dropped or passes by the proportional floor. Returns 1 to drop,
+// 0 to go on, -1 when a cell cannot be reached. A global function: the
+// verifier checks it once, and the node loop that calls it keeps no state of
+// its own that could multiply the loop's states past the verifier's limit.
 __noinline int visit_node(const struct config *cfg, const struct key *k, struct node_work *nw, struct verdict *v)
 {
 	if (!cfg || !k || !nw || !v)
@@ -1239,9 +1275,10 @@ __noinline int visit_node(const struct config *cfg, const struct key *k, struct 
 		set_verdict(v, 1, n, nw->estimate);
 		return 1;
 	}
-	if (j == JUDGE_OVER && !v->limited)
+	if (j != JUDGE_PASS && !v->limited)
 		set_verdict(v, 0, n, nw->estimate);
-	forward_node(rows, nw->w, j == JUDGE_OVER);
+	if (j != JUDGE_FLOOR)
+		forward_node(rows, nw->w, j == JUDGE_OVER);
 	return 0;
 }
 
@@ -1258,6 +1295,7 @@ static __always_inline int decide(const struct config *cfg, int class, const str
 		.slot = slot,
 		.w = cfg->w[slot],
 		.dither = rnd >> (32 - FRAC_BITS),
+		.coin = (rnd >> FAIR_COIN_SHIFT) & FAIR_COIN_MASK,
 		.class = class,
 	};
 

@@ -197,6 +197,17 @@ func Scenarios() []*Scenario {
 			},
 		},
 		{
+			Name: "spoofed",
+			Description: "a spoofed flood, 100,000 pps from a new random address and port in 10.128.0.0/9 on every packet (every /24 looks alike), " +
+				"over the socket's total, capped at 20,000 pps; a client in a quiet /24 opens connections, 50 pps from random ports; limit 1000",
+			Config:  capped,
+			Seconds: 10,
+			Streams: []Stream{
+				{Flood, poisson(100_000, 10), randomIn("10.128.0.0/9", 0)},
+				{Legit, poisson(50, 10), randomIn("192.0.2.10/32", 0)},
+			},
+		},
+		{
 			Name:        "new-client-burst",
 			Description: "a client idle for 10 windows sends limit x window packets back to back, 10 times; limit 1000, window 1 s",
 			Config:      cfg(1000),

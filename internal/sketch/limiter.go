@@ -155,80 +155,21 @@ func refresh(p *Params, c *Cell, e uint32) {
 	c.Epoch = e
 }
 
-// The fair total. When the socket's total enforces its limit, a packet
-// passes only if its source (address and port, ranked anew every period) is
-// admitted: rank * network <= share * 2^16, where network is the rate of the
-// packet's network (/24, /48) as a count, rank is uniform in [0, 2^32), and
-// share is the fair share as a count times 2^16. A network sending r is so
-// admitted at min(r, fair share): max-min fairness. Core-stateless fair
-// queueing finds the fair share from the accepted rate; here it is found
-// from the packets themselves, by stochastic approximation: the share
-// should admit the fraction f = thr/total of what arrives (total, the
-// total's offered rate, thr its limit), so every admitted packet shrinks it
-// by 1/2^FairStep of itself times 1 - f, and every refused one grows it by
-// 1/2^FairStep times f; the two balance exactly when the admitted fraction
-// is f. Below the limit the share is FairUnbounded. A network under the fair
-// share loses nothing, and over it whole sources are refused rather than a
-// random share of everyone's packets, so that the handshakes let through
-// complete (RFC 9312, section 4.4).
-const FairStep = 8
-
-// FairUnbounded is the fair share that admits every packet.
-const FairUnbounded = 1<<48 - 1
-
-// admitFair decides a packet at the fair total, whose offered count is
-// total and limit thr (both scaled to the packet's slot, thr < total), and
-// moves the share. forwarded is the total's forwarded count, at least thr:
-// under it there is room, and Decide lets the packet pass without asking.
-func admitFair(share *uint64, rank, network, total, forwarded uint32, thr uint64) bool {
-	want := uint64(rank) * uint64(network)
-	bar := *share
-	if fwd, slack := uint64(forwarded), thr>>FairSlack; fwd > thr && slack > 0 {
-		bar = bar * ((thr + slack - min(fwd, thr+slack)) << 16 / slack) >> 16
-	}
-	// The share learns from whether it admits the packet, not from what
-	// the forwarded count makes of that.
-	f := thr << 16 / uint64(total)
-	step := *share>>FairStep + 1
-	if want <= *share<<16 {
-		*share -= step * (1<<16 - f) >> 16
-	} else {
-		*share = min(*share+step*f>>16+1, FairUnbounded)
-	}
-	return want <= bar<<16
-}
-
-// FairSlack bounds the fair total while its share settles: as a flood
-// starts, the offered rate is still ramping up and the share admits too
-// much. Once the forwarded count is over the limit, the share admits less in
-// proportion, down to nothing at thr + thr/2^FairSlack: twice the limit.
-// That scaling cuts every network alike, one under the fair share too, so
-// its range is wide: with a range of a quarter of the limit, a network near
-// the fair share lost packets in every pulse of a flood that stops and
-// starts (scenario quiet-network-pulse, and the end-to-end benchmark's
-// pulse).
-const FairSlack = 0
-
-// setVerdict records in v the node n that limits the packet (set_verdict in
-// the C program): the node that drops it or, for a packet that passes, the
-// most specific node over its limit.
-func setVerdict(v *Verdict, drop bool, n Node, estimate uint64) {
-	*v = Verdict{Drop: drop, Limited: true, Level: n.Level(), Node: n, Estimate: estimate}
-}
-
 // nodeWork is what Decide and visitNode share about one packet and one
 // node: struct node_work in the C program, field for field (the C keeps it
 // to give the verifier a node loop without state of its own; here it keeps
 // the two programs alike).
 type nodeWork struct {
 	// Set by Decide for the packet: the time, the slot's threshold scale
-	// and packet weight, the epoch, the dither and the class.
+	// and packet weight, the epoch, the dither, the coin of the
+	// proportional floor and the class.
 	now    uint64
 	g      uint64
 	epoch  uint32
 	slot   uint64
 	w      uint32
 	dither uint32
+	coin   uint32
 	class  int
 	// Set by Decide for the node: its index in Params.Nodes.
 	node int
@@ -249,12 +190,134 @@ type nodeWork struct {
 	estimate uint64
 }
 
-// Verdicts of judgeNode (JUDGE_PASS, JUDGE_OVER, JUDGE_DROP in the C
+// The fair total. When the socket's total enforces its limit, a packet
+// passes if its source (address and port, ranked anew every period) is
+// admitted: rank * network <= share * 2^16, where network is the rate of the
+// packet's network (/24, /48) as a count, rank is uniform in [0, 2^32), and
+// share is the fair share as a count times 2^16. A network sending r is so
+// admitted at min(r, fair share): max-min fairness. Core-stateless fair
+// queueing finds the fair share from the accepted rate; here it is found
+// from the packets themselves, by stochastic approximation: the share
+// should admit the fraction f = thr/total of what arrives (total, the
+// total's offered rate, thr its limit), so every admitted packet shrinks it
+// by 1/2^FairStep of itself times 1 - f, and every refused one grows it by
+// 1/2^FairStep times f; the two balance exactly when the admitted fraction
+// is f. Below the limit the share is FairUnbounded. A network under the fair
+// share loses nothing, and over it whole sources are refused rather than a
+// random share of everyone's packets, so that the handshakes let through
+// complete (RFC 9312, section 4.4).
+//
+// The share sees a network through its estimate, and under a spoofed flood
+// (a new random source on every packet) every network's estimate is the
+// count of a cell that many networks share: a quiet network's is its own
+// rate plus that, higher than a flooding network's, so the share admits it
+// less than a proportional drop would. A packet the rank refuses is
+// therefore still admitted, with the probability that brings its network up
+// to f (the proportional floor, see admitFair), so that no network keeps
+// less than f of its packets. A network the share admits at f or more never
+// needs the floor.
+const FairStep = 8
+
+// FairUnbounded is the fair share that admits every packet.
+const FairUnbounded = 1<<48 - 1
+
+// The coin of the proportional floor is FairCoinBits bits of the packet's
+// random number, from bit FairCoinShift: under its top FracBits bits (the
+// dither) and above the low bits that sample drops for tracking.
+const (
+	FairCoinBits  = 16
+	FairCoinShift = 32 - FracBits - FairCoinBits
+)
+
+// fairCoin is the coin of the proportional floor, uniform in
+// [0, 2^FairCoinBits), from the packet's random number rnd.
+func fairCoin(rnd uint32) uint32 {
+	return rnd >> FairCoinShift & (1<<FairCoinBits - 1)
+}
+
+// Verdicts of admitFair (FAIR_REFUSE, FAIR_RANK and FAIR_FLOOR in the C
 // program).
+const (
+	fairRefuse = iota // the packet is dropped
+	fairRank          // the share admits the packet's source
+	fairFloor         // the proportional floor admits the packet
+)
+
+// admitFair decides a packet at the fair total and moves the share
+// (admit_fair in the C program). The total's offered count nw.omin is over
+// its limit thr (scaled to the packet's slot), and so is its forwarded count
+// nw.fmin: under it there is room, and judgeNode lets the packet pass without
+// asking. rank is the rank of the packet's source, nw.network the estimate
+// of its network (not zero) and nw.coin the packet's coin.
+//
+// The rank admits the packet when rank * network <= bar * 2^16, where bar is
+// the share scaled down while the forwarded count is over the limit (see
+// FairSlack): its network keeps p = bar / (network * 2^16) of its packets.
+// The floor is f = thr/total, scaled alike. When p is under it, a packet the
+// rank refuses is admitted with probability (floor - p) / (1 - p), so that
+// its network keeps the floor in all: coin * (network*2^16 - bar) <
+// (floor*network - bar) * 2^16, with the floor as a fraction times 2^16
+// (bar < network*2^16, or the rank would have admitted the packet; every
+// product stays under 2^64). The share learns from the rank alone.
+func admitFair(share *uint64, nw *nodeWork, rank uint32, thr uint64) int {
+	network, total, forwarded := uint64(nw.network), uint64(nw.omin), uint64(nw.fmin)
+	want := uint64(rank) * network
+	bar := *share
+	f := thr << 16 / total
+	floor := f
+	if slack := thr >> FairSlack; forwarded > thr && slack > 0 {
+		k := (thr + slack - min(forwarded, thr+slack)) << 16 / slack
+		bar = bar * k >> 16
+		floor = floor * k >> 16
+	}
+	// The share learns from whether it admits the packet, not from what
+	// the forwarded count or the floor make of that.
+	step := *share>>FairStep + 1
+	if want <= *share<<16 {
+		*share -= step * (1<<16 - f) >> 16
+	} else {
+		*share = min(*share+step*f>>16+1, FairUnbounded)
+	}
+	if want <= bar<<16 {
+		return fairRank
+	}
+	if fl := floor * network; fl > bar && uint64(nw.coin)*(network<<16-bar) < (fl-bar)<<16 {
+		return fairFloor
+	}
+	return fairRefuse
+}
+
+// FairSlack bounds the fair total while its share settles: as a flood
+// starts, the offered rate is still ramping up and the share admits too
+// much. Once the forwarded count is over the limit, the share and the floor
+// admit less in proportion, down to nothing at thr + thr/2^FairSlack: twice
+// the limit. The forwarded count counts what the share admits, not what the
+// floor adds (see judgeFloor): the share holds it at the limit, and so the
+// floor is not scaled once the share has settled, however much it adds.
+// That scaling cuts every network alike, one under the fair share too, so
+// its range is wide: with a range of a quarter of the limit, a network near
+// the fair share lost packets in every pulse of a flood that stops and
+// starts (scenario quiet-network-pulse, and the end-to-end benchmark's
+// pulse).
+const FairSlack = 0
+
+// setVerdict records in v the node n that limits the packet (set_verdict in
+// the C program): the node that drops it or, for a packet that passes, the
+// most specific node over its limit.
+func setVerdict(v *Verdict, drop bool, n Node, estimate uint64) {
+	*v = Verdict{Drop: drop, Limited: true, Level: n.Level(), Node: n, Estimate: estimate}
+}
+
+// Verdicts of judgeNode (JUDGE_PASS, JUDGE_OVER, JUDGE_DROP and
+// JUDGE_FLOOR in the C program). A packet the proportional floor admits at
+// the fair total passes, over the limit, but is not counted as forwarded
+// there: the forwarded count is what the share admits, which the share
+// holds at the limit.
 const (
 	judgePass = iota
 	judgeOver
 	judgeDrop
+	judgeFloor
 )
 
 // countNode counts the packet at one node (count_node in the C program): in
@@ -279,7 +342,8 @@ func (l *Limiter) countNode(nw *nodeWork, rows *[Depth]*Counter) {
 // passes counted as limited (judgeOver) until the node enforces its limit,
 // which lets it through only while the forwarded count is under the
 // dithered threshold or, at the fair total, when its source is admitted
-// (judgeDrop otherwise).
+// (judgeDrop otherwise) or the proportional floor admits the packet
+// (judgeFloor).
 func (l *Limiter) judgeNode(k *Key, nw *nodeWork) int {
 	p := l.p
 	i, class, budget := nw.node, nw.class, nw.budget
@@ -300,7 +364,6 @@ func (l *Limiter) judgeNode(k *Key, nw *nodeWork) int {
 	if !enforcing {
 		return judgeOver
 	}
-	var drop bool
 	if fair && nw.network != 0 {
 		// While the total forwards less than its limit there is room:
 		// the packet passes, and the share, which is what fills the
@@ -310,12 +373,18 @@ func (l *Limiter) judgeNode(k *Key, nw *nodeWork) int {
 		// shrink the share to a fraction of them. Only a packet over the
 		// limit is ranked.
 		t := scale(thr, nw.g)
-		drop = uint64(fmin) >= t &&
-			!admitFair(&l.fair[class][budget], l.hk.rank(k, nw.now>>PeriodShift), nw.network, omin, fmin, t)
-	} else {
-		drop = uint64(fmin) >= scale(thr-nw.dither, nw.g)
+		if uint64(fmin) < t {
+			return judgeOver
+		}
+		switch admitFair(&l.fair[class][budget], nw, l.hk.rank(k, nw.now>>PeriodShift), t) {
+		case fairRank:
+			return judgeOver
+		case fairFloor:
+			return judgeFloor
+		}
+		return judgeDrop
 	}
-	if drop {
+	if uint64(fmin) >= scale(thr-nw.dither, nw.g) {
 		return judgeDrop
 	}
 	return judgeOver
@@ -334,8 +403,8 @@ func forwardNode(rows *[Depth]*Counter, w uint32) {
 // per prefix slot, kept in nw), counts it in the budget v says (limited from
 // the level after the first node over its limit, which v records), judges
 // it against the node's limit, records in v the most specific node over its
-// limit, and counts it forwarded unless it is dropped. It reports whether
-// the packet is dropped.
+// limit, and counts it forwarded unless it is dropped or passes by the
+// proportional floor. It reports whether the packet is dropped.
 func (l *Limiter) visitNode(k *Key, nw *nodeWork, v *Verdict) bool {
 	p := l.p
 	n := p.Nodes[nw.node]
@@ -360,17 +429,20 @@ func (l *Limiter) visitNode(k *Key, nw *nodeWork, v *Verdict) bool {
 		setVerdict(v, true, n, nw.estimate)
 		return true
 	}
-	if j == judgeOver && !v.Limited {
+	if j != judgePass && !v.Limited {
 		setVerdict(v, false, n, nw.estimate)
 	}
-	forwardNode(&rows, nw.w)
+	if j != judgeFloor {
+		forwardNode(&rows, nw.w)
+	}
 	return false
 }
 
 // Decide counts a packet of class class (0 or 1) with key k arriving at time
 // now (nanoseconds on a monotonic clock) and decides its fate; decide in the
 // C program. rnd is a uniformly random 32-bit number; its top FracBits bits
-// dither the forwarding threshold.
+// dither the forwarding threshold, and the FairCoinBits under them are the
+// coin of the fair total's proportional floor.
 //
 // Walking the lattice from the most specific level to the most general, each
 // node counts the packet in its budget (clean or limited) and compares the
@@ -391,6 +463,7 @@ func (l *Limiter) Decide(k *Key, class int, now int64, rnd uint32) Verdict {
 		slot:   slot,
 		w:      p.W[slot],
 		dither: rnd >> (32 - FracBits),
+		coin:   fairCoin(rnd),
 		class:  class,
 	}
 	v := Verdict{Level: -1}

@@ -843,3 +843,58 @@ func TestRankFirst(t *testing.T) {
 		})
 	}
 }
+
+// TestAdmitFairFloor: at the fair total, a network the share admits at p of
+// its packets keeps max(p, f) of them, f = thr/total: a packet the rank
+// refuses passes by the proportional floor with the probability that makes
+// up the difference, and a network the share admits at f or more never
+// needs the floor. While the forwarded count is over the limit, the share
+// and the floor shrink alike, to nothing at twice the limit (FairSlack).
+// Every outcome is counted over a grid of ranks and coins.
+func TestAdmitFairFloor(t *testing.T) {
+	const thr, total, network = 20_000 << FracBits, 200_000 << FracBits, 800 << FracBits // f = 0.1
+	tests := []struct {
+		name      string
+		p         float64 // the share, as the fraction of the network it admits
+		forwarded uint64
+		want      float64 // the fraction of the network's packets kept
+	}{
+		{"under the share", 1, thr, 1},
+		{"share admits half", 0.5, thr, 0.5},
+		{"share admits f", 0.1, thr, 0.1},
+		{"share admits a twentieth", 0.05, thr, 0.1},
+		{"share admits nothing", 0, thr, 0.1},
+		{"forwarded 1.5 x limit, share admits f", 0.1, thr * 3 / 2, 0.05},
+		{"forwarded 1.5 x limit, share admits a fortieth", 0.025, thr * 3 / 2, 0.05},
+		{"forwarded 1.75 x limit, share admits half", 0.5, thr * 7 / 4, 0.125},
+		{"forwarded twice the limit", 0.5, 2 * thr, 0},
+	}
+	const ranks, coins = 1024, 256
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			share := uint64(tt.p * float64(uint64(network)<<16))
+			kept, floors := 0, 0
+			for r := range ranks {
+				rank := uint32(uint64(r)<<32/ranks + 1<<21)
+				for c := range coins {
+					nw := nodeWork{omin: total, fmin: uint32(tt.forwarded), network: network, coin: uint32(c)<<8 + 0x80}
+					s := share
+					switch admitFair(&s, &nw, rank, thr) {
+					case fairRank:
+						kept++
+					case fairFloor:
+						kept++
+						floors++
+					}
+				}
+			}
+			got := float64(kept) / (ranks * coins)
+			if math.Abs(got-tt.want) > 0.005 {
+				t.Errorf("kept %.4f of the network's packets, want %.4f", got, tt.want)
+			}
+			if tt.p >= 0.1 && tt.forwarded <= thr && floors != 0 {
+				t.Errorf("the floor admitted %d packets of a network the share admits at f or more", floors)
+			}
+		})
+	}
+}
