@@ -6,7 +6,6 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -73,12 +72,9 @@ var (
 		"Failed reads of a filter's counters or streams while collecting metrics.", nil, nil)
 )
 
-// collector is the Prometheus collector of every running limiter.
-type collector struct {
-	pool *pool
-	// errors counts failed reads of a filter's counters.
-	errors atomic.Uint64
-}
+// collector is the Prometheus collector of every running limiter, one per
+// configuration's registry.
+type collector struct{ pool *pool }
 
 // registerMetrics registers the pool's collector with a configuration's
 // metrics registry; each configuration load has a fresh one.
@@ -86,7 +82,7 @@ func (p *pool) registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	if err := reg.Register(p.metrics); err != nil {
+	if err := reg.Register(&collector{pool: p}); err != nil {
 		var already prometheus.AlreadyRegisteredError
 		if !errors.As(err, &already) {
 			return fmt.Errorf("registering rakelimit metrics: %w", err)
@@ -108,10 +104,10 @@ func (*collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.pool.each(func(l *engine.Limiter) {
 		if err := collect(l, ch); err != nil {
-			c.errors.Add(1)
+			c.pool.collectionErrors.Add(1)
 		}
 	})
-	ch <- prometheus.MustNewConstMetric(collectionErrorsDesc, prometheus.CounterValue, float64(c.errors.Load()))
+	ch <- prometheus.MustNewConstMetric(collectionErrorsDesc, prometheus.CounterValue, float64(c.pool.collectionErrors.Load()))
 }
 
 var familyNames = [datagram.Families]string{"unknown", "ipv4", "ipv6"}

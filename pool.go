@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -29,14 +30,13 @@ type pool struct {
 	// owners maps each protected socket to its limiter.
 	owners map[*net.UDPConn]*engine.Limiter
 
-	// metrics is the collector that reads every limiter.
-	metrics *collector
+	// collectionErrors counts failed reads of a limiter's counters by the
+	// metrics collectors, over every configuration's.
+	collectionErrors atomic.Uint64
 }
 
 func newPool() *pool {
-	p := &pool{limiters: caddy.NewUsagePool(), owners: map[*net.UDPConn]*engine.Limiter{}}
-	p.metrics = &collector{pool: p}
-	return p
+	return &pool{limiters: caddy.NewUsagePool(), owners: map[*net.UDPConn]*engine.Limiter{}}
 }
 
 // pooled is a limiter as the usage pool holds it.
