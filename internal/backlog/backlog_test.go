@@ -8,7 +8,7 @@ import (
 // high-water mark or overflows, rises while it is short, lifts past Max, and
 // holds in between.
 func TestStep(t *testing.T) {
-	law := Law{Min: 1000, Max: 100_000, High: 0.5, Low: 0.125, Decrease: 0.75, Increase: 1.125, Overflows: 8}
+	law := Law{Min: 1000, Max: 100_000, High: 0.25, Low: 0.0625, Decrease: 0.75, Increase: 1.125, Overflows: 8}
 	const sec = int64(1e9)
 	for _, tt := range []struct {
 		name        string
@@ -23,10 +23,10 @@ func TestStep(t *testing.T) {
 		{"overflow never raises", 10_000, Sample{At: sec, Capacity: 100, Overflows: 50, Opened: 40_000}, 10_000, false},
 		{"floor", 2_000, Sample{At: sec, Capacity: 100, Overflows: 50, Opened: 10}, 1_000, true},
 		{"a few drops are noise", 20_000, Sample{At: sec, Capacity: 100, Overflows: 7, Opened: 20_000}, 20_000, false},
-		{"short queue rises", 20_000, Sample{At: sec, Queued: 10, Capacity: 100, Opened: 20_000}, 22_501, true},
+		{"short queue rises", 20_000, Sample{At: sec, Queued: 5, Capacity: 100, Opened: 20_000}, 22_501, true},
 		{"short queue lifts past Max", 95_000, Sample{At: sec, Queued: 0, Capacity: 100}, Unlimited, true},
 		{"lifted stays lifted", Unlimited, Sample{At: sec, Queued: 0, Capacity: 100, Opened: 500_000}, Unlimited, false},
-		{"in between holds", 20_000, Sample{At: sec, Queued: 30, Capacity: 100, Opened: 20_000}, 20_000, false},
+		{"in between holds", 20_000, Sample{At: sec, Queued: 15, Capacity: 100, Opened: 20_000}, 20_000, false},
 		{"a full queue draining holds", 20_000, Sample{At: sec, Queued: 60, Capacity: 100, Opened: 20_000}, 20_000, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -65,7 +65,7 @@ func TestSettlesAtCapacity(t *testing.T) {
 			var s Sample
 			var caps []uint32
 			full := 0
-			for i := range 400 { // 20 s: 15 s of flood, 5 s of calm
+			for i := range 500 { // 25 s: 15 s of flood, 10 s of calm
 				offered := tt.offered
 				if i >= 300 {
 					offered = 100
@@ -91,7 +91,7 @@ func TestSettlesAtCapacity(t *testing.T) {
 				t.Errorf("the queue was full in %d of %d periods", full, len(caps))
 			}
 			if c.Cap() != Unlimited {
-				t.Errorf("5 s after the flood the total is %d, want lifted", c.Cap())
+				t.Errorf("10 s after the flood the total is %d, want lifted", c.Cap())
 			}
 		})
 	}

@@ -54,6 +54,9 @@ type Limiter struct {
 	// attachErrors counts sockets this limiter should protect and could
 	// not.
 	attachErrors atomic.Uint64
+	// started and ended budget the log lines of streams that start and
+	// stop being limited.
+	started, ended logBudget
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -279,11 +282,14 @@ func (l *Limiter) readEvents() {
 			}
 			continue // the engine changed: read the new one
 		}
-		put, listeners := l.Snapshot()
 		if err != nil {
-			put.Logger.Error("reading limited streams", zap.String("limiter", l.name), zap.Error(err))
+			l.Setting().Logger.Error("reading limited streams", zap.String("limiter", l.name), zap.Error(err))
 			continue
 		}
+		if !l.started.allow(time.Now(), streamKind(st)) {
+			continue
+		}
+		put, listeners := l.Snapshot()
 		msg := "limiting stream"
 		if st.Class == quicclass.Invalid {
 			msg = "dropping invalid datagrams"
@@ -316,8 +322,12 @@ func (l *Limiter) expireStreams() {
 			put.Logger.Error("expiring limited streams", zap.String("limiter", l.name), zap.Error(err))
 		}
 		for _, st := range expired {
-			put.Logger.Info(expiredMessage(st), l.expiredFields(put.Config, st, listeners)...)
+			if l.ended.allow(time.Now(), streamKind(st)) {
+				put.Logger.Info(expiredMessage(st), l.expiredFields(put.Config, st, listeners)...)
+			}
 		}
+		l.logSummary(put.Logger, &l.started, "more streams started being limited than are logged one by one", listeners)
+		l.logSummary(put.Logger, &l.ended, "more streams stopped being limited than are logged one by one", listeners)
 		if sweep%expireLearnedEvery == 0 {
 			if _, _, err := eng.ExpireLearned(IDLifetime); err != nil {
 				put.Logger.Error("forgetting unused connection IDs and peers", zap.String("limiter", l.name), zap.Error(err))

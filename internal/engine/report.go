@@ -83,6 +83,15 @@ func (l *Limiter) streamFields(c datagram.Config, st datagram.Stream, listeners 
 		zap.Uint32("limit_pps", LevelLimit(c, int(st.Class), st.Level)))
 }
 
+// streamKind names a stream's class, and for invalid datagrams the reason,
+// for the summary of the lines left out: "opening", "invalid_length".
+func streamKind(st datagram.Stream) string {
+	if st.Class == quicclass.Invalid {
+		return "invalid_" + st.Reason.String()
+	}
+	return st.Class.String()
+}
+
 // expiredMessage is the log message of a stream no longer limited.
 func expiredMessage(st datagram.Stream) string {
 	if st.Class == quicclass.Invalid {

@@ -189,11 +189,11 @@ func Scenarios() []*Scenario {
 			Description: "1024 sources in 256 /24s flood 400,000 pps from 2 s to 8 s; quic-go serves 50,000 pps from a queue of 8,192; " +
 				"the socket's total starts at 20,000 and follows the queue; a client in a quiet /24 opens connections, 50 pps; limit 1000",
 			Config:  capped,
-			Seconds: 12,
+			Seconds: 15,
 			Server:  &Server{Rate: 50_000, Queue: 8192},
 			Streams: []Stream{
 				{Flood, Poisson{Rate: 400_000, From: 2 * second, Until: 8 * second}, oneOf(wide)},
-				{Legit, poisson(50, 12), randomIn("192.0.2.10/32", 0)},
+				{Legit, poisson(50, 15), randomIn("192.0.2.10/32", 0)},
 			},
 		},
 		{

@@ -225,7 +225,7 @@ func TestScenarios(t *testing.T) {
 			perSecond(Flood, 4, 8, 0.6*50_000, 1.1*50_000),
 			maxLossFrom(Legit, 4, 0.01),
 			noQueueLoss(4, 8),
-			lifted(11),
+			lifted(14),
 		},
 		// A spoofed flood: every /24 looks alike, and the quiet /24 looks
 		// heavier than the flood's (its cells are shared with flooding
