@@ -58,6 +58,13 @@ func BenchmarkFilter(b *testing.B) {
 			netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, byte(i)}), 48))
 	}
 	withAllow := func(c datagram.Config) datagram.Config { c.Allow = allow; return c }
+	// Verifying: short headers to a server ID the filter learned (the
+	// established path of a real connection), and to an unknown one from
+	// a stranger (the unverified class, junk).
+	sid := datagram.ServerID{0x5e, 0x17, 0xa2, 0x09}
+	verified := withData(udp("198.51.100.7", 50000), quicclass.ShortPacket(sid, 1200))
+	stranger := withData(udp("198.51.100.7", 50000), quicclass.ShortPacket(datagram.ServerID{1, 2, 3, 4}, 100))
+	verify := func(c datagram.Config) datagram.Config { c.VerifyIDs = true; return c }
 	for _, bc := range []struct {
 		name  string
 		cfg   datagram.Config
@@ -79,11 +86,18 @@ func BenchmarkFilter(b *testing.B) {
 		{"ipv4-pass-allowlist", withAllow(pass), v4, loadOptions{}},
 		{"ipv4-drop-allowlist", withAllow(drop), v4, loadOptions{}},
 		{"ipv6-pass-allowlist", withAllow(pass), v6, loadOptions{}},
+		{"verified-pass", verify(quicPass), verified, loadOptions{}},
+		{"verified-drop", verify(quicDrop), verified, loadOptions{}},
+		{"unverified-drop", verify(quicPass), stranger, loadOptions{}},
+		{"unverified-random-sources", verify(quicPass), stranger, loadOptions{benchRandomSource: true}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			prog := floor
 			if bc.name != "floor" {
 				f := loadTest(b, bc.cfg, bc.opts)
+				if err := f.LearnServerID(sid); err != nil {
+					b.Fatal(err)
+				}
 				prog = f.objs.Rakelimit
 				// Warm up: a flood must be over its limit before timing.
 				if _, _, err := prog.Benchmark(bc.frame, 100000, nil); err != nil {

@@ -23,7 +23,10 @@ type sink struct {
 	echo     int64
 	mu       sync.Mutex
 	arrivals []time.Time
-	done     chan struct{}
+	// from and size are each datagram's source (IPv4 unmapped) and size.
+	from []netip.AddrPort
+	size []int
+	done chan struct{}
 }
 
 func newSink(t *testing.T, echo int64) *sink {
@@ -45,6 +48,8 @@ func newSink(t *testing.T, echo int64) *sink {
 			s.got.Add(1)
 			s.mu.Lock()
 			s.arrivals = append(s.arrivals, time.Now())
+			s.from = append(s.from, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
+			s.size = append(s.size, n)
 			s.mu.Unlock()
 			if s.echoed.Load() < s.echo {
 				if _, err := c.WriteToUDPAddrPort(buf[:min(n, 40)], from); err == nil {
@@ -65,6 +70,13 @@ func (s *sink) waitFor(n int64) int64 {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return s.got.Load()
+}
+
+// received returns the source and size of every datagram received so far.
+func (s *sink) received() ([]netip.AddrPort, []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]netip.AddrPort(nil), s.from...), append([]int(nil), s.size...)
 }
 
 func addrs(t *testing.T, ss ...string) []netip.Addr {

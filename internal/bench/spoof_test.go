@@ -6,10 +6,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -177,57 +175,6 @@ func TestSpoofedRefusals(t *testing.T) {
 	}
 }
 
-// spoofSink is a UDP socket on 127.0.0.1 that keeps the source and size of
-// what arrives.
-type spoofSink struct {
-	conn *net.UDPConn
-	mu   sync.Mutex
-	from []netip.AddrPort
-	size []int
-	done chan struct{}
-}
-
-func newSpoofSink(t *testing.T) *spoofSink {
-	t.Helper()
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetReadBuffer(8 << 20)
-	s := &spoofSink{conn: c, done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.from = append(s.from, from)
-			s.size = append(s.size, n)
-			s.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { c.Close(); <-s.done })
-	return s
-}
-
-// waitFor waits up to two seconds for n datagrams and returns what arrived.
-func (s *spoofSink) waitFor(n int) ([]netip.AddrPort, []int) {
-	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		s.mu.Lock()
-		got := len(s.from)
-		s.mu.Unlock()
-		if got >= n {
-			break
-		}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]netip.AddrPort(nil), s.from...), append([]int(nil), s.size...)
-}
-
 // TestSpoofedFloodOnLoopback sends 1,000 spoofed datagrams of each kind to a
 // UDP socket on 127.0.0.1: the kernel delivers every one (it would drop a
 // bad UDP checksum), from sources that vary and stay in 127.128.0.0/9.
@@ -241,9 +188,8 @@ func TestSpoofedFloodOnLoopback(t *testing.T) {
 		{PacketShortSmall, 60, 100},
 	} {
 		t.Run(string(tc.kind), func(t *testing.T) {
-			s := newSpoofSink(t)
-			port := uint16(s.conn.LocalAddr().(*net.UDPAddr).Port)
-			f, err := openFlood(&FloodSpec{Spoofed: spoofedNet, Kind: tc.kind}, port)
+			s := newSink(t, 0)
+			f, err := openFlood(&FloodSpec{Spoofed: spoofedNet, Kind: tc.kind}, s.port())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,7 +199,8 @@ func TestSpoofedFloodOnLoopback(t *testing.T) {
 			if res.Sent != n || !res.CountBound || res.SendErrors != 0 || res.Sockets != 1 || res.Spoofed != "127.128.0.0/9" || res.Addresses < n-5 {
 				t.Fatalf("flood %+v; want %d datagrams from as many sources", res, n)
 			}
-			from, sizes := s.waitFor(n)
+			s.waitFor(n)
+			from, sizes := s.received()
 			if len(from) != n {
 				t.Fatalf("received %d of %d", len(from), n)
 			}

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/net/ipv4"
 
@@ -128,4 +130,25 @@ func readBatches(c *Conn, tl *testutil.Tally) <-chan error {
 // (in bursts of 50), then stops.
 func pace(conn *net.UDPConn, dst netip.AddrPort, payload []byte, rate, n int) error {
 	return testutil.Pace(conn, dst, rate, n, func() []byte { return payload })
+}
+
+// hammer runs each of fns in a goroutine of its own, over and over (with
+// the call's number, a millisecond apart), until stop is closed; bg counts
+// the goroutines.
+func hammer(stop <-chan struct{}, bg *sync.WaitGroup, fns []func(i int)) {
+	for _, fn := range fns {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				fn(i)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
 }

@@ -144,21 +144,7 @@ func TestLearnConcurrent(t *testing.T) {
 			}
 		},
 	}
-	for _, fn := range background {
-		bg.Add(1)
-		go func() {
-			defer bg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				fn(i)
-				time.Sleep(time.Millisecond)
-			}
-		}()
-	}
+	hammer(stop, &bg, background)
 	wg.Wait()
 	close(stop)
 	bg.Wait()
