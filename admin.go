@@ -58,6 +58,10 @@ type viewLimiter struct {
 	LimitedStreams []viewStream `json:"limited_streams"`
 	// LimitedStreamsTotal counts them all.
 	LimitedStreamsTotal int `json:"limited_streams_total"`
+	// UntrackedDrops estimates the drops of streams not tracked because
+	// new streams came faster than 200 a second (a flood from a new source
+	// on every packet): they are counted, not listed.
+	UntrackedDrops uint64 `json:"untracked_drops"`
 	// OpeningTotal is the cap in force on the socket's connection-opening
 	// packets.
 	OpeningTotal viewOpeningTotal `json:"opening_total"`
@@ -252,6 +256,9 @@ func viewOf(l *engine.Limiter) (viewLimiter, error) {
 		return al, err
 	}
 	al.LimitedStreamsTotal = len(streams)
+	if al.UntrackedDrops, err = eng.Untracked(); err != nil {
+		return al, err
+	}
 	sort.Slice(streams, func(i, j int) bool { return streams[i].Estimate > streams[j].Estimate })
 	for _, s := range streams[:min(len(streams), topStreams)] {
 		name, rate := l.Describe(s)

@@ -44,6 +44,9 @@ var (
 	streamsDesc = prometheus.NewDesc("caddy_rakelimit_limited_streams",
 		"Streams the limiter dropped packets of recently, and sources of invalid datagrams (in a dry run: would have).",
 		[]string{"limiter"}, nil)
+	untrackedDesc = prometheus.NewDesc("caddy_rakelimit_untracked_drops_total",
+		"Drops (estimated from the sampled ones) of streams not tracked, so neither logged nor listed, because new streams came faster than 200 a second: a flood with a new source on every packet.",
+		[]string{"limiter"}, nil)
 	attachErrorsDesc = prometheus.NewDesc("caddy_rakelimit_attach_errors_total",
 		"Listeners the limiter should protect and could not (see the error log).", []string{"limiter"}, nil)
 	openingTotalDesc = prometheus.NewDesc("caddy_rakelimit_opening_total_per_second",
@@ -94,7 +97,7 @@ func (p *pool) registerMetrics(reg *prometheus.Registry) error {
 // Describe implements prometheus.Collector.
 func (*collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, modeDesc, windowDesc, dryRunDesc,
-		streamsDesc, attachErrorsDesc, openingTotalDesc, queueFillDesc, verifiedDesc, learnedDesc, verifyingDesc,
+		streamsDesc, untrackedDesc, attachErrorsDesc, openingTotalDesc, queueFillDesc, verifiedDesc, learnedDesc, verifyingDesc,
 		collectionErrorsDesc} {
 		ch <- d
 	}
@@ -201,5 +204,10 @@ func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
 		return err
 	}
 	ch <- prometheus.MustNewConstMetric(streamsDesc, prometheus.GaugeValue, float64(len(streams)), name)
+	untracked, err := eng.Untracked()
+	if err != nil {
+		return err
+	}
+	ch <- prometheus.MustNewConstMetric(untrackedDesc, prometheus.CounterValue, float64(untracked), name)
 	return nil
 }

@@ -479,6 +479,8 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 	k.AllowAny = boolByte(len(next) > 0)
 	k.AllowFilter, k.AllowAlways = allowFilter(c.Allow)
 	k.TrackMask = 1<<f.trackShift - 1
+	track := datagram.TrackPacing()
+	k.TrackInterval, k.TrackTau = track.Interval, track.Tau
 	return &k
 }
 

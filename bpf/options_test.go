@@ -305,3 +305,75 @@ func TestAllowFilterNoFalseNegatives(t *testing.T) {
 		}
 	}
 }
+
+// TestTrackingPaced: new tracked streams are paced. A flood of invalid
+// datagrams from a new source each, every drop sampled, tracks a burst of
+// datagram.MaxTrackedStreams at once and then datagram.TrackedStreamsPerSecond
+// a second; the sampled drops of the others are counted as untracked, and a
+// tracked stream's later drops are always recorded.
+func TestTrackingPaced(t *testing.T) {
+	shift := uint8(0)
+	f := loadTest(t, testutil.QUICLimits(1000, 1000), loadOptions{testMode: true, trackShift: &shift})
+	source := 0
+	flood := func(n int, now int64) {
+		for range n {
+			source++
+			p := udp(netip.AddrFrom4([4]byte{198, 18, byte(source >> 8), byte(source)}).String(), 5000)
+			p.data = []byte{0x00, 1, 2, 3} // fixed bit 0: invalid
+			if v := f.run(t, p.frame(), now, 0); v.Drop != 1 || quicclass.Class(v.Class) != quicclass.Invalid {
+				t.Fatalf("source %d: verdict %+v, want an invalid drop", source, v)
+			}
+		}
+	}
+	untracked := func() uint64 {
+		t.Helper()
+		n, err := f.Untracked()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	tracked := func() int {
+		t.Helper()
+		s, err := f.Streams()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(s)
+	}
+	const over = 300
+	flood(datagram.MaxTrackedStreams+over, start)
+	if got := untracked(); got != over {
+		t.Fatalf("%d new sources at once: %d untracked, want %d", datagram.MaxTrackedStreams+over, got, over)
+	}
+	if got := tracked(); got > datagram.MaxTrackedStreams || got < datagram.MaxTrackedStreams/2 {
+		t.Fatalf("tracking %d streams, want up to %d", got, datagram.MaxTrackedStreams)
+	}
+	// A tracked stream's drops are recorded, although the pacer is full.
+	streams, err := f.Streams()
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := streams[0]
+	for range 5 {
+		p := udp(one.Key.Addr().String(), 5000)
+		p.data = []byte{0x00}
+		f.run(t, p.frame(), start, 0)
+	}
+	if got := untracked(); got != over {
+		t.Fatalf("drops of a tracked stream counted as untracked: %d, want %d", got, over)
+	}
+	if streams, err = f.Streams(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range streams {
+		if s.Key == one.Key && s.Drops != one.Drops+5 {
+			t.Fatalf("the tracked stream of %v has %d drops after 5 more, want %d", one.Key.Addr(), s.Drops, one.Drops+5)
+		}
+	}
+	// A second later the pacer has room for one second's worth.
+	flood(datagram.TrackedStreamsPerSecond+over, start+int64(time.Second))
+	if got := untracked(); got != 2*over {
+		t.Fatalf("a second later: %d untracked, want %d", got, 2*over)
+	}
+}

@@ -155,6 +155,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 // Stream tracking: only a sample of drops (config.track_mask) looks up the
 // tracking map, which keeps the drop path's cost flat under a flood.
 #define MAX_TRACKED_STREAMS 1024
+// The pacers' slots in the pacer map.
+#define PACER_NEGOTIATION 0
+#define PACER_TRACKING 1
+#define NUM_PACERS 2
 #define EVENTS_BYTES (64 * 1024)
 // The stream key's node of an invalid datagram's source.
 #define INVALID_NODE 0xff
@@ -245,6 +249,11 @@ struct config {
 	// burst tolerance of vn_tau ns; vn_interval 0 drops them all.
 	__u64 vn_interval;
 	__u64 vn_tau;
+	// The tracking pacer: streams start being tracked (a map entry and an
+	// event) at most one per track_interval ns, with a burst tolerance of
+	// track_tau ns (datagram.TrackPacing).
+	__u64 track_interval;
+	__u64 track_tau;
 	__u8 nodes[MAX_NODES];
 	__u8 num_nodes;
 	__u8 num_prefixes;
@@ -424,13 +433,23 @@ struct {
 	__uint(max_entries, 1);
 } fair_shares SEC(".maps");
 
-// The version negotiation pacer's theoretical arrival time (ns).
+// The pacers' theoretical arrival times (ns): PACER_NEGOTIATION, the
+// version negotiation cap; PACER_TRACKING, new tracked streams.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, __u64);
-	__uint(max_entries, 1);
+	__uint(max_entries, NUM_PACERS);
 } pacer SEC(".maps");
+
+// Sampled drops of streams that were not tracked because the tracking
+// pacer had no room (per CPU).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} untracked SEC(".maps");
 
 // Streams with recent drops. The key dedups: only a stream's first sampled
 // drop creates an entry and an event, however fast it floods. Userspace
@@ -1316,21 +1335,27 @@ static __always_inline int decide(const struct config *cfg, int class, const str
 	return 0;
 }
 
-// pace: the version negotiation cap (datagram.Pacing.Admit). Returns 1 when
-// the datagram conforms. Two CPUs racing for one slot: the loser's
-// compare-and-swap fails and its datagram is refused.
-static __always_inline int pace(const struct config *cfg, __u64 now)
+// gcra admits an event at now to the pacer in slot which: at most one per
+// interval ns with a burst tolerance of tau ns (datagram.Pacing.Admit).
+// Returns 1 when it conforms. Two CPUs racing for one slot: the loser's
+// compare-and-swap fails and its event is refused.
+static __always_inline int gcra(__u32 which, __u64 interval, __u64 tau, __u64 now)
 {
-	__u32 zero = 0;
-	__u64 *tat = bpf_map_lookup_elem(&pacer, &zero);
+	__u64 *tat = bpf_map_lookup_elem(&pacer, &which);
 
-	if (!tat || cfg->vn_interval == 0)
+	if (!tat || interval == 0)
 		return 0;
 	__u64 t = *tat;
-	if (t > now + cfg->vn_tau)
+	if (t > now + tau)
 		return 0;
-	__u64 next = (t > now ? t : now) + cfg->vn_interval;
+	__u64 next = (t > now ? t : now) + interval;
 	return __sync_val_compare_and_swap(tat, t, next) == t;
+}
+
+// pace: the version negotiation cap.
+static __always_inline int pace(const struct config *cfg, __u64 now)
+{
+	return gcra(PACER_NEGOTIATION, cfg->vn_interval, cfg->vn_tau, now);
 }
 
 // allow_candidate consults the quick-reject filter: 0 means the address is
@@ -1368,14 +1393,24 @@ static __always_inline int allowlisted(const struct key *k)
 }
 
 // record remembers a drop of the stream sk and tells userspace when the
-// stream is new.
-static __always_inline void record(struct stream_key *sk, const struct stream_state *init, __u64 now)
+// stream is new. New streams are paced (the tracking pacer): a flood from a
+// new source on every packet would otherwise make one map insertion and
+// one event per sampled drop, which costs userspace more than the flood.
+static __always_inline void record(const struct config *cfg, struct stream_key *sk,
+				   const struct stream_state *init, __u64 now)
 {
 	struct stream_state *st = bpf_map_lookup_elem(&streams, sk);
 	if (st) {
 		st->last_ns = now;
 		st->sampled_drops++;
 		st->estimate = init->estimate;
+		return;
+	}
+	if (!gcra(PACER_TRACKING, cfg->track_interval, cfg->track_tau, now)) {
+		__u32 zero = 0;
+		__u64 *n = bpf_map_lookup_elem(&untracked, &zero);
+		if (n)
+			(*n)++;
 		return;
 	}
 	struct stream_event ev = {.key = *sk, .state = *init};
@@ -1400,7 +1435,7 @@ static __always_inline void track(const struct config *cfg, int class, const str
 		sk.sport = k->sport;
 	struct stream_state init = {.first_ns = now, .last_ns = now, .sampled_drops = 1, .estimate = v->estimate,
 				    .level = v->level, .dry_run = cfg->dry_run};
-	record(&sk, &init, now);
+	record(cfg, &sk, &init, now);
 }
 
 // track_invalid records an invalid datagram from the packet's source.
@@ -1413,7 +1448,7 @@ static __always_inline void track_invalid(const struct config *cfg, const struct
 		sk.words[i] = k->words[i];
 	struct stream_state init = {.first_ns = now, .last_ns = now, .sampled_drops = 1, .reason = reason,
 				    .dry_run = cfg->dry_run};
-	record(&sk, &init, now);
+	record(cfg, &sk, &init, now);
 }
 
 // clock is the time of the packet: the kernel's monotonic clock, or in test

@@ -26,40 +26,42 @@ type rakelimitAllow6Key struct {
 }
 
 type rakelimitConfig struct {
-	_            structs.HostLayout
-	Thresh       [3][16]uint32
-	Over         [3][16]uint32
-	Lines        [3][16]uint32
-	Base         [3][16]uint32
-	G            [256]uint64
-	W            [256]uint32
-	Ginv         [256]uint64
-	D0           [512]uint64
-	D1           [512]uint64
-	D2           [512]uint64
-	HashA        [2][6]uint64
-	HashB        [2]uint64
-	RankA        [6]uint64
-	RankB        uint64
-	FamilyWord   [2][4]uint64
-	Mask         [2][4][4]uint32
-	AllowFilter  [2][16]uint64
-	BlockedPorts [1024]uint64
-	VnInterval   uint64
-	VnTau        uint64
-	Nodes        [16]uint8
-	NumNodes     uint8
-	NumPrefixes  uint8
-	PerDport     uint8
-	DryRun       uint8
-	AllowAny     uint8
-	AllowAlways  [2]uint8
-	Classify     uint8
-	FairNode     uint8
-	FairSource   uint8
-	CoarseClock  uint8
-	VerifyIds    uint8
-	TrackMask    uint32
+	_             structs.HostLayout
+	Thresh        [3][16]uint32
+	Over          [3][16]uint32
+	Lines         [3][16]uint32
+	Base          [3][16]uint32
+	G             [256]uint64
+	W             [256]uint32
+	Ginv          [256]uint64
+	D0            [512]uint64
+	D1            [512]uint64
+	D2            [512]uint64
+	HashA         [2][6]uint64
+	HashB         [2]uint64
+	RankA         [6]uint64
+	RankB         uint64
+	FamilyWord    [2][4]uint64
+	Mask          [2][4][4]uint32
+	AllowFilter   [2][16]uint64
+	BlockedPorts  [1024]uint64
+	VnInterval    uint64
+	VnTau         uint64
+	TrackInterval uint64
+	TrackTau      uint64
+	Nodes         [16]uint8
+	NumNodes      uint8
+	NumPrefixes   uint8
+	PerDport      uint8
+	DryRun        uint8
+	AllowAny      uint8
+	AllowAlways   [2]uint8
+	Classify      uint8
+	FairNode      uint8
+	FairSource    uint8
+	CoarseClock   uint8
+	VerifyIds     uint8
+	TrackMask     uint32
 }
 
 type rakelimitFair struct {
@@ -160,6 +162,7 @@ const (
 	rakelimitMapServerIds         = "server_ids"
 	rakelimitMapStreams           = "streams"
 	rakelimitMapTestVerdict       = "test_verdict"
+	rakelimitMapUntracked         = "untracked"
 	rakelimitProgRakelimit        = "rakelimit"
 	rakelimitVarBenchRandomSource = "bench_random_source"
 	rakelimitVarTestMode          = "test_mode"
@@ -228,6 +231,7 @@ type rakelimitMapSpecs struct {
 	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
 	Streams      *ebpf.MapSpec `ebpf:"streams"`
 	TestVerdict  *ebpf.MapSpec `ebpf:"test_verdict"`
+	Untracked    *ebpf.MapSpec `ebpf:"untracked"`
 }
 
 // rakelimitVariableSpecs contains global variables before they are loaded into the kernel.
@@ -272,6 +276,7 @@ type rakelimitMaps struct {
 	ServerIds    *ebpf.Map `ebpf:"server_ids"`
 	Streams      *ebpf.Map `ebpf:"streams"`
 	TestVerdict  *ebpf.Map `ebpf:"test_verdict"`
+	Untracked    *ebpf.Map `ebpf:"untracked"`
 }
 
 func (m *rakelimitMaps) Close() error {
@@ -290,6 +295,7 @@ func (m *rakelimitMaps) Close() error {
 		m.ServerIds,
 		m.Streams,
 		m.TestVerdict,
+		m.Untracked,
 	)
 }
 

@@ -159,6 +159,21 @@ func (f *Filter) Streams() ([]datagram.Stream, error) {
 	return out, nil
 }
 
+// Untracked estimates the drops of streams the kernel did not track
+// because new streams came faster than datagram.TrackPacing allows: the
+// sampled ones, scaled by the sampling.
+func (f *Filter) Untracked() (uint64, error) {
+	var per []uint64
+	if err := f.objs.Untracked.Lookup(uint32(0), &per); err != nil {
+		return 0, fmt.Errorf("reading the untracked drops: %w", err)
+	}
+	var n uint64
+	for _, v := range per {
+		n += v
+	}
+	return n << f.trackShift, nil
+}
+
 // ExpireStreams forgets the streams without a sampled drop for idle and
 // returns them: they are no longer limited.
 func (f *Filter) ExpireStreams(idle time.Duration) ([]datagram.Stream, error) {

@@ -3,6 +3,7 @@ package datagram
 import (
 	"fmt"
 	"net/netip"
+	"time"
 )
 
 // The kernel filter's dimensions (bpf/rakelimit.c), which the userspace
@@ -19,10 +20,24 @@ const (
 	MaxTrackedStreams = 1024
 	// DefaultTrackShift samples one drop in 2^4 for stream tracking.
 	DefaultTrackShift = 4
+	// TrackedStreamsPerSecond paces the streams the filter starts to track
+	// (an entry and an event each), after a burst of MaxTrackedStreams: a
+	// flood with a new source on every packet makes a new stream of nearly
+	// every sampled drop, and reading their events would cost the server
+	// more than the flood. Sampled drops of streams refused by the pacer
+	// are counted (Untracked), not tracked.
+	TrackedStreamsPerSecond = 200
 	// InvalidNode is the node of a tracked stream of invalid datagrams
 	// (INVALID_NODE): keyed by source address, not by a lattice node.
 	InvalidNode = 0xff
 )
+
+// TrackPacing is the pacing of new tracked streams (the kernel's tracking
+// pacer): TrackedStreamsPerSecond, with a burst of MaxTrackedStreams.
+func TrackPacing() Pacing {
+	iv := uint64(time.Second) / TrackedStreamsPerSecond
+	return Pacing{Interval: iv, Tau: iv * (MaxTrackedStreams - 1)}
+}
 
 // checkAllowCapacity refuses more distinct prefixes of a family than the
 // kernel's allowlist holds.

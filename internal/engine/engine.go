@@ -48,6 +48,9 @@ type Engine interface {
 	Stats() (datagram.Stats, error)
 	// Streams lists the streams with recent drops.
 	Streams() ([]datagram.Stream, error)
+	// Untracked estimates the drops of streams left untracked because new
+	// streams came faster than datagram.TrackPacing allows.
+	Untracked() (uint64, error)
 	// ExpireStreams forgets the streams without a drop for idle and
 	// returns them.
 	ExpireStreams(idle time.Duration) ([]datagram.Stream, error)

@@ -55,6 +55,7 @@ func (e *fakeEngine) Configure(c datagram.Config) error {
 func (e *fakeEngine) Params() *sketch.Params                                 { return e.params }
 func (e *fakeEngine) Stats() (datagram.Stats, error)                         { return datagram.Stats{}, nil }
 func (e *fakeEngine) Streams() ([]datagram.Stream, error)                    { return nil, nil }
+func (e *fakeEngine) Untracked() (uint64, error)                             { return 0, nil }
 func (e *fakeEngine) ExpireStreams(time.Duration) ([]datagram.Stream, error) { return nil, nil }
 func (e *fakeEngine) Sweep() (int, error)                                    { return 0, nil }
 func (e *fakeEngine) Events() (EventReader, error)                           { return e.events, nil }

@@ -24,15 +24,20 @@ const eventQueue = 512
 // packets of the way the kernel filter does. Its methods mirror bpf.Filter's,
 // so that one interface can drive either.
 type Limiter struct {
-	mu     sync.Mutex
-	f      *datagram.Filter
-	cfg    datagram.Config
-	rng    uint64
-	clock  clock
-	shift  uint8
-	mask   uint32
-	tab    streamTable
-	events chan datagram.Stream
+	mu    sync.Mutex
+	f     *datagram.Filter
+	cfg   datagram.Config
+	rng   uint64
+	clock clock
+	shift uint8
+	mask  uint32
+	tab   streamTable
+	// trackPacing paces new tracked streams from trackTAT; untracked
+	// counts the sampled drops it refused.
+	trackPacing datagram.Pacing
+	trackTAT    uint64
+	untracked   uint64
+	events      chan datagram.Stream
 	// reader is the open event reader, if any.
 	reader *EventReader
 	closed chan struct{}
@@ -84,14 +89,15 @@ func newLimiter(c datagram.Config, o options) (*Limiter, error) {
 		return nil, err
 	}
 	l := &Limiter{
-		f:      f,
-		cfg:    c,
-		rng:    o.seed,
-		clock:  clock{base: time.Now(), test: o.now},
-		shift:  datagram.DefaultTrackShift,
-		tab:    newStreamTable(datagram.MaxTrackedStreams),
-		events: make(chan datagram.Stream, eventQueue),
-		closed: make(chan struct{}),
+		f:           f,
+		cfg:         c,
+		rng:         o.seed,
+		clock:       clock{base: time.Now(), test: o.now},
+		shift:       datagram.DefaultTrackShift,
+		tab:         newStreamTable(datagram.MaxTrackedStreams),
+		trackPacing: datagram.TrackPacing(),
+		events:      make(chan datagram.Stream, eventQueue),
+		closed:      make(chan struct{}),
 	}
 	if o.trackShift != nil {
 		l.shift = *o.trackShift

@@ -339,7 +339,8 @@ func TestStreamTableFull(t *testing.T) {
 	for i := range datagram.MaxTrackedStreams {
 		send(i)
 	}
-	clk.Advance(time.Millisecond)
+	// A second: the tracking pacer has room for the new streams again.
+	clk.Advance(time.Second)
 	for i := range datagram.MaxTrackedStreams / 2 {
 		send(i) // still dropped
 	}
@@ -366,6 +367,57 @@ func TestStreamTableFull(t *testing.T) {
 	}
 	if n := len(l.tab.index); n != datagram.MaxTrackedStreams {
 		t.Fatalf("index holds %d streams, want %d", n, datagram.MaxTrackedStreams)
+	}
+}
+
+// TestTrackingPaced: new tracked streams are paced as the kernel paces them
+// (bpf's TestTrackingPaced): a burst of datagram.MaxTrackedStreams, then
+// datagram.TrackedStreamsPerSecond a second; the sampled drops of the others
+// are counted as untracked, and a tracked stream's drops are always recorded.
+func TestTrackingPaced(t *testing.T) {
+	clk := &testutil.Clock{}
+	l := newTestLimiter(t, testutil.QUICLimits(1000, 1000), clk, 0)
+	source := 0
+	flood := func(n int) {
+		for range n {
+			source++
+			d := dgram(fmt.Sprintf("198.18.%d.%d:5000", source>>8&0xff, source&0xff), junk())
+			if out := l.Decide(&d); !out.Drop || out.Class != quicclass.Invalid {
+				t.Fatalf("source %d: %+v, want an invalid drop", source, out)
+			}
+		}
+	}
+	untracked := func() uint64 {
+		n, _ := l.Untracked()
+		return n
+	}
+	const over = 300
+	flood(datagram.MaxTrackedStreams + over)
+	if got := untracked(); got != over {
+		t.Fatalf("%d new sources at once: %d untracked, want %d", datagram.MaxTrackedStreams+over, got, over)
+	}
+	streams, _ := l.Streams()
+	if len(streams) != datagram.MaxTrackedStreams {
+		t.Fatalf("tracking %d streams, want %d", len(streams), datagram.MaxTrackedStreams)
+	}
+	one := streams[0]
+	for range 5 {
+		d := dgram(netip.AddrPortFrom(one.Key.Addr(), 5000).String(), junk())
+		l.Decide(&d)
+	}
+	if got := untracked(); got != over {
+		t.Fatalf("drops of a tracked stream counted as untracked: %d, want %d", got, over)
+	}
+	streams, _ = l.Streams()
+	for _, s := range streams {
+		if s.Key == one.Key && s.Drops != one.Drops+5 {
+			t.Fatalf("the tracked stream of %v has %d drops after 5 more, want %d", one.Key.Addr(), s.Drops, one.Drops+5)
+		}
+	}
+	clk.Advance(time.Second)
+	flood(datagram.TrackedStreamsPerSecond + over)
+	if got := untracked(); got != 2*over {
+		t.Fatalf("a second later: %d untracked, want %d", got, 2*over)
 	}
 }
 

@@ -62,17 +62,23 @@ func newStreamTable(n int) streamTable {
 	return t
 }
 
-// record counts a sampled drop of stream k, and reports whether the stream
-// is new.
-func (t *streamTable) record(k *streamKey, init *streamState) bool {
-	if i, ok := t.index[*k]; ok {
-		s := &t.slots[i]
-		s.st.last = init.last
-		s.st.sampled++
-		s.st.estimate = init.estimate
-		s.ref = true
+// update counts a sampled drop of stream k if it is tracked, and reports
+// whether it is.
+func (t *streamTable) update(k *streamKey, init *streamState) bool {
+	i, ok := t.index[*k]
+	if !ok {
 		return false
 	}
+	s := &t.slots[i]
+	s.st.last = init.last
+	s.st.sampled++
+	s.st.estimate = init.estimate
+	s.ref = true
+	return true
+}
+
+// insert starts tracking stream k, which is not tracked.
+func (t *streamTable) insert(k *streamKey, init *streamState) {
 	var i int32
 	if n := len(t.free); n > 0 {
 		i, t.free = t.free[n-1], t.free[:n-1]
@@ -81,7 +87,6 @@ func (t *streamTable) record(k *streamKey, init *streamState) bool {
 	}
 	t.slots[i] = streamSlot{key: *k, st: *init, used: true}
 	t.index[*k] = i
-	return true
 }
 
 // evict frees the slot the clock hand settles on; the table is full.
@@ -136,13 +141,20 @@ func (l *Limiter) trackInvalid(k *sketch.Key, reason quicclass.Reason, now int64
 	l.record(&sk, &st)
 }
 
-// record records a sampled drop and reports a new stream to the event
-// reader; when the queue is full the report is lost, as when the kernel's
-// ring buffer is.
+// record records a sampled drop (record() in bpf/rakelimit.c) and reports a
+// new stream to the event reader; when the queue is full the report is
+// lost, as when the kernel's ring buffer is. New streams are paced
+// (datagram.TrackPacing); a sampled drop the pacer refuses is counted.
 func (l *Limiter) record(sk *streamKey, st *streamState) {
-	if !l.tab.record(sk, st) {
+	if l.tab.update(sk, st) {
 		return
 	}
+	var ok bool
+	if ok, l.trackTAT = l.trackPacing.Admit(l.trackTAT, uint64(st.last)); !ok {
+		l.untracked++
+		return
+	}
+	l.tab.insert(sk, st)
 	select {
 	case l.events <- l.stream(sk, st):
 	default:
@@ -179,6 +191,15 @@ func (l *Limiter) Streams() ([]datagram.Stream, error) {
 		}
 	}
 	return out, nil
+}
+
+// Untracked estimates the drops of streams not tracked because new streams
+// came faster than datagram.TrackPacing allows: the sampled ones, scaled
+// by the sampling. The error is always nil.
+func (l *Limiter) Untracked() (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.untracked << l.shift, nil
 }
 
 // ExpireStreams forgets the streams without a sampled drop for idle and
