@@ -24,7 +24,7 @@ func limiter(opening ClassCounters, established ClassCounters, invalid map[strin
 			Invalid: invalid, Negotiation: map[string]uint64{"passed": 0},
 		}},
 		LimitedStreams: streams, LimitedStreamsTotal: len(streams),
-		OpeningTotal:   OpeningTotal{Adaptive: true, CapPPS: 20000},
+		OpeningTotal: OpeningTotal{Adaptive: true, CapPPS: 20000},
 	}
 }
 
