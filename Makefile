@@ -22,9 +22,10 @@ endif
 
 # Debian packages the tests use: ip (network namespaces), setpriv (dropping
 # privileges), setcap (granting capabilities to a copy of the test binary),
-# gtlsclient (an independent HTTP/3 client), gcc (the race detector needs cgo).
-DEB_PACKAGES = iproute2 util-linux libcap2-bin ngtcp2-client gcc
-DEB_COMMANDS = ip setpriv setcap gtlsclient gcc
+# gtlsclient (an independent HTTP/3 client), gcc (the race detector needs cgo),
+# tmux (a real terminal for `caddy rakelimit top`).
+DEB_PACKAGES = iproute2 util-linux libcap2-bin ngtcp2-client gcc tmux
+DEB_COMMANDS = ip setpriv setcap gtlsclient gcc tmux
 
 .PHONY: deps generate run test bench bench-quick
 deps:

@@ -47,9 +47,11 @@ func main() {
 			return bench.Rerender(o, progress)
 		}
 	}
-	if _, err := run(ctx, opts, os.Stderr); err != nil {
+	rep, err := run(ctx, opts, os.Stderr)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "rakebench:", err)
 		stop()
 		os.Exit(1)
 	}
+	bench.PrintSummary(os.Stdout, rep, opts)
 }

@@ -329,6 +329,8 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		}
 	}
 	if len(floods) > 0 {
+		fmt.Fprintf(w, "\n## At a glance\n\n")
+		writeGlance(w, rep)
 		fmt.Fprintf(w, "\n## Legitimate clients during floods\n\n")
 		fmt.Fprintf(w, "New connection: a new QUIC connection (new socket) per request; established: one connection opened before the flood. ")
 		fmt.Fprintf(w, "Success counts every request started during the flood; latencies are of the successful ones. ")

@@ -152,11 +152,13 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 	defer b.backend.close()
 	total := o.Reps * len(o.Scenarios) * len(o.Variants)
 	i := 0
+	runsBegan := time.Now()
 	for r := 1; r <= o.Reps; r++ {
 		for _, sc := range o.Scenarios {
 			for _, v := range o.Variants {
 				i++
-				fmt.Fprintf(progress, "rakebench: [%d/%d] rep %d %s/%s\n", i, total, r, sc.Name, v.Name)
+				fmt.Fprintf(progress, "rakebench: [%d/%d] rep %d %s/%s (%s)\n", i, total, r, sc.Name, v.Name,
+					timeLeft(time.Since(runsBegan), i-1, total))
 				res, err := b.runOne(ctx, sc, v, r)
 				if err != nil {
 					if ctx.Err() != nil {
