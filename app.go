@@ -100,7 +100,7 @@ func (a *App) govern(l *engine.Limiter, c datagram.Config, mode string, logger *
 	var prev engine.Setting
 	a.commits = append(a.commits, commit{
 		apply: func() (err error) {
-			prev, err = l.Put(engine.Setting{Config: c, Logger: logger, By: a})
+			prev, err = l.Put(engine.Setting{Config: c, Mode: mode, Logger: logger, By: a})
 			return err
 		},
 		revert: func() { l.Restore(prev, a) },

@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"reflect"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -210,6 +212,12 @@ func (r *RakeLimit) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if srv != nil {
+		if len(srv.before) > 0 {
+			return fmt.Errorf("packet conn wrapper %q is listed before rakelimit on server %s: rakelimit must be "+
+				"the first packet conn wrapper, since it puts its own conn between quic-go and the socket (to filter "+
+				"in userspace, and to learn the server's connection IDs from what quic-go writes) and would take a "+
+				"wrapper beneath it out of quic-go's path; list rakelimit first", srv.before[0], srv.name)
+		}
 		first, err := app.claim(srv.name, srv.listen, r.name())
 		if err != nil {
 			return err
@@ -253,18 +261,25 @@ func (r *RakeLimit) Cleanup() error {
 	return limiters.release(r.name())
 }
 
-// WrapPacketConn puts the limiter in front of the socket under pc: it
-// attaches the BPF filter and returns the socket itself, a *net.UDPConn, or
-// in userspace mode returns a conn that decides each datagram before quic-go
-// reads it; either way quic-go keeps its fast path (batched reads, GSO, ECN,
-// path MTU discovery). Caddy calls it when it opens a listener; it cannot
-// fail the configuration, so a socket it cannot protect is logged as an
-// error and served unprotected.
+// WrapPacketConn puts the limiter in front of the socket under pc and
+// returns a conn that embeds the socket, a *net.UDPConn, so that quic-go
+// keeps its fast path (batched reads, GSO, ECN, path MTU discovery): it
+// passes every datagram while the BPF filter decides them in the kernel,
+// and decides each one in userspace mode. Caddy calls it when it opens a
+// listener; it cannot fail the configuration, so a socket it cannot protect
+// is logged as an error and served unprotected through that conn, and the
+// next reload attaches again (in mode auto the limiter moves to userspace
+// instead). Provision refuses a packet conn wrapper listed before
+// rakelimit, which this would take out of quic-go's path.
 func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
-	conn := udpConn(pc)
-	if conn == nil {
+	conn, above := udpConn(pc)
+	if conn == nil || above != "" {
 		r.lim.AttachError()
-		r.logger.Error("listener NOT protected: no UDP socket under the packet conn",
+		why := "no UDP socket under the packet conn"
+		if conn != nil {
+			why = "the packet conn wrapper " + above + " comes before rakelimit, and rakelimit must read the socket itself"
+		}
+		r.logger.Error("listener NOT protected: "+why,
 			zap.String("limiter", r.name()), zap.String("type", fmt.Sprintf("%T", pc)))
 		return pc
 	}
@@ -273,7 +288,10 @@ func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
 		r.lim.AttachError()
 		r.logger.Error("listener NOT protected", zap.String("limiter", r.name()),
 			zap.String("listener", conn.LocalAddr().String()), zap.Error(err))
-		return conn
+		if out == nil {
+			return pc
+		}
+		return out
 	}
 	if attached {
 		r.logger.Info("protecting listener", append([]zap.Field{zap.String("limiter", r.name()),
@@ -283,19 +301,55 @@ func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
 	return out
 }
 
-// udpConn finds the *net.UDPConn under Caddy's wrappers.
-func udpConn(pc net.PacketConn) *net.UDPConn {
+// caddyPackage is the package of Caddy's own packet conns, which wrap the
+// socket only to share it and close it, and which Caddy itself takes away
+// when a listener has no packet conn wrapper.
+const caddyPackage = "github.com/caddyserver/caddy/v2"
+
+// udpConn finds the *net.UDPConn under Caddy's own packet conns; above names
+// the type of the first other wrapper on the way, if any.
+func udpConn(pc net.PacketConn) (conn *net.UDPConn, above string) {
 	for pc != nil {
 		if c, ok := pc.(*net.UDPConn); ok {
-			return c
+			return c, above
+		}
+		if t := reflect.TypeOf(pc); above == "" && !strings.HasPrefix(pkgPath(t), caddyPackage) {
+			above = t.String()
 		}
 		u, ok := pc.(interface{ Unwrap() net.PacketConn })
 		if !ok {
-			return nil
+			return nil, above
 		}
 		pc = u.Unwrap()
 	}
-	return nil
+	return nil, above
+}
+
+// pkgPath is the package of a type or of what it points to.
+func pkgPath(t reflect.Type) string {
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.PkgPath()
+}
+
+// wrappersBefore returns the packet conn wrappers the HTTP server lists
+// before the first rakelimit wrapper, by module name.
+func wrappersBefore(raw []json.RawMessage) ([]string, error) {
+	var names []string
+	for _, r := range raw {
+		var w struct {
+			Wrapper string `json:"wrapper"`
+		}
+		if err := json.Unmarshal(r, &w); err != nil {
+			return nil, fmt.Errorf("reading packet_conn_wrappers: %w", err)
+		}
+		if w.Wrapper == "rakelimit" {
+			return names, nil
+		}
+		names = append(names, w.Wrapper)
+	}
+	return names, nil
 }
 
 // Interface guards

@@ -102,7 +102,9 @@ func (p *pool) named(name string) *engine.Limiter {
 
 // attach puts l in front of conn unless it already is, and returns what
 // quic-go must read from. A socket has one limiter: one that another limiter
-// protects is left alone.
+// protects is left alone. A socket l could not protect is l's all the same,
+// served through out with the error: a reload may keep it (l attaches again
+// then), and removing l frees it.
 func (p *pool) attach(l *engine.Limiter, conn *net.UDPConn) (out net.PacketConn, attached bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -110,11 +112,10 @@ func (p *pool) attach(l *engine.Limiter, conn *net.UDPConn) (out net.PacketConn,
 		return nil, false, fmt.Errorf("the socket is already limited by rakelimit %q", owner.Name())
 	}
 	out, attached, err = l.Attach(conn)
-	if err != nil {
-		return nil, false, err
+	if out != nil {
+		p.owners[conn] = l
 	}
-	p.owners[conn] = l
-	return out, attached, nil
+	return out, attached, err
 }
 
 // ownerOf returns the limiter of the open socket that matches, and whether

@@ -22,6 +22,8 @@ type httpServer struct {
 	h3 []caddy.NetworkAddress
 	// noH3 says why listen addresses have no HTTP/3 socket.
 	noH3 string
+	// before are the packet conn wrappers listed before rakelimit.
+	before []string
 }
 
 // http3Networks maps a listener's network to its HTTP/3 socket's, as the
@@ -44,7 +46,11 @@ func serverOf(ctx caddy.Context) (*httpServer, error) {
 			httpPort = app.HTTPPort
 		}
 	}
-	hs := &httpServer{name: srv.Name(), listen: srv.Listen}
+	before, err := wrappersBefore(srv.PacketConnWrappersRaw)
+	if err != nil {
+		return nil, fmt.Errorf("server %s: %w", srv.Name(), err)
+	}
+	hs := &httpServer{name: srv.Name(), listen: srv.Listen, before: before}
 	var why []string
 	for i, ln := range srv.Listen {
 		addr, err := caddy.ParseNetworkAddress(ln)

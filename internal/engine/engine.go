@@ -15,6 +15,7 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
 // Modes a limiter runs in.
@@ -59,17 +60,19 @@ type Engine interface {
 	Sweep() (int, error)
 	// Events opens the reader of newly limited streams.
 	Events() (EventReader, error)
-	// Protect puts the filter in front of the socket and returns what
-	// quic-go must read from and write to: a conn that teaches learner
-	// what the server sends (its connection IDs and peers).
-	Protect(conn *net.UDPConn, learner *egress.Learner) (net.PacketConn, error)
+	// Protect puts the filter in front of the socket, whose reads go
+	// through read (the conn the limiter gave quic-go, which passes every
+	// datagram until an engine decides them): the kernel filter attaches
+	// to the socket, the userspace limiter decides read's datagrams.
+	Protect(conn *net.UDPConn, read *userspace.Conn) error
 	// Sink learns the server's connection IDs and peers (from the
 	// learner Protect's conns teach); ExpireLearned forgets those unused
 	// for lifetime.
 	egress.Sink
 	ExpireLearned(lifetime time.Duration) (ids, peers int, err error)
 	// Unprotect takes the filter away from a socket that stays open (the
-	// limiter was removed). It reports false when the socket is closed.
+	// limiter was removed, or moved to userspace). It reports false when
+	// the socket is closed.
 	Unprotect(conn *net.UDPConn) (bool, error)
 	// Close releases the engine.
 	Close() error

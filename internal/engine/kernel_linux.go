@@ -9,7 +9,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/bpf"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/egress"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
 // kernelEngine is the BPF socket filter.
@@ -34,19 +34,10 @@ func (kernelEngine) Mode() string { return ModeBPF }
 
 func (k kernelEngine) Events() (EventReader, error) { return k.Filter.Events() }
 
-// Protect attaches the filter to the socket and returns a conn that embeds
-// the socket, a *net.UDPConn, so that quic-go keeps its fast path (batched
-// reads, GSO, ECN, path MTU discovery), and teaches learner what quic-go
-// writes.
-func (k kernelEngine) Protect(conn *net.UDPConn, learner *egress.Learner) (net.PacketConn, error) {
-	if err := k.Attach(conn); err != nil {
-		return nil, err
-	}
-	c, err := egress.NewConn(conn, learner)
-	if err != nil {
-		return nil, fmt.Errorf("wrapping the socket: %w", err)
-	}
-	return c, nil
+// Protect attaches the filter to the socket; read, the conn quic-go reads
+// through, passes every datagram, since the kernel has decided them.
+func (k kernelEngine) Protect(conn *net.UDPConn, _ *userspace.Conn) error {
+	return k.Attach(conn)
 }
 
 // Unprotect detaches whatever socket filter the socket has.

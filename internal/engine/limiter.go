@@ -18,6 +18,7 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
 // Limiter is a running limiter: its engine, the sockets it protects, the
@@ -25,8 +26,6 @@ import (
 // concurrent use.
 type Limiter struct {
 	name string
-	// requested is the mode asked for (ModeAuto, ModeBPF or ModeUserspace).
-	requested string
 	// userspace opens the engine a failed attach falls back to.
 	userspace func(datagram.Config) (Engine, error)
 
@@ -34,10 +33,18 @@ type Limiter struct {
 	// eng is the engine in force: in ModeAuto it may change from the BPF
 	// filter to the userspace limiter when attaching fails.
 	eng Engine
-	// put is the setting in force.
+	// put is the setting in force, with the mode asked for.
 	put Setting
+	// reads are the conns quic-go reads every socket handed to the
+	// limiter through, protected or not: they pass every datagram until
+	// the userspace limiter decides them, so that the limiter can move to
+	// userspace on sockets already served.
+	reads map[*net.UDPConn]*userspace.Conn
 	// conns are the sockets the engine protects.
 	conns []*net.UDPConn
+	// failed are the sockets the engine could not protect: served
+	// unprotected, attached again at the next Put.
+	failed []*net.UDPConn
 	// events reads the engine's reports of newly limited streams.
 	events EventReader
 	// ctl moves the opening total when the configuration makes it
@@ -63,10 +70,15 @@ type Limiter struct {
 }
 
 // Setting is what a configuration puts in force on a limiter: the decision
-// configuration, the logger to report through, and By, who put it there
-// (opaque to the limiter: Restore compares it).
+// configuration, the mode asked for (ModeAuto, ModeBPF or ModeUserspace;
+// empty keeps the one in force), the logger to report through, and By, who
+// put it there (opaque to the limiter: Restore compares it). The mode asked
+// for decides whether a socket the BPF filter cannot attach to moves the
+// limiter to userspace (ModeAuto) or is served unprotected (ModeBPF); it
+// does not change the engine in force.
 type Setting struct {
 	Config datagram.Config
+	Mode   string
 	Logger *zap.Logger
 	By     any
 }
@@ -90,18 +102,19 @@ func New(name string, c datagram.Config, mode string, logger *zap.Logger) (*Limi
 		logger.Warn("rakelimit filters in userspace, in front of quic-go, because the BPF filter cannot be used here; "+
 			KernelGrant, zap.String("limiter", name), zap.String("reason", fallback.Error()))
 	}
-	return start(name, mode, eng, Setting{Config: c, Logger: logger}, OpenUserspace)
+	return start(name, eng, Setting{Config: c, Mode: mode, Logger: logger}, OpenUserspace)
 }
 
-// start runs the limiter on eng; userspace opens the engine of a fallback.
-func start(name, mode string, eng Engine, put Setting, userspace func(datagram.Config) (Engine, error)) (*Limiter, error) {
+// start runs the limiter on eng, asked for by put; fallback opens the engine
+// of a fallback to userspace.
+func start(name string, eng Engine, put Setting, fallback func(datagram.Config) (Engine, error)) (*Limiter, error) {
 	events, err := eng.Events()
 	if err != nil {
 		eng.Close()
 		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
 	}
-	l := &Limiter{name: name, requested: mode, userspace: userspace, eng: eng, put: put, events: events,
-		stop: make(chan struct{})}
+	l := &Limiter{name: name, userspace: fallback, eng: eng, put: put, events: events,
+		reads: map[*net.UDPConn]*userspace.Conn{}, stop: make(chan struct{})}
 	l.learner, err = egress.NewLearner(eng, egress.Options{Lifetime: IDLifetime, OnOddID: l.oddID})
 	if err != nil {
 		events.Close()
@@ -119,8 +132,8 @@ func start(name, mode string, eng Engine, put Setting, userspace func(datagram.C
 // Name is the limiter's name.
 func (l *Limiter) Name() string { return l.name }
 
-// Requested is the mode the limiter was asked for.
-func (l *Limiter) Requested() string { return l.requested }
+// Requested is the mode the limiter is asked for by the setting in force.
+func (l *Limiter) Requested() string { return l.Setting().Mode }
 
 // Engine returns the engine in force.
 func (l *Limiter) Engine() Engine {
@@ -150,8 +163,29 @@ func (l *Limiter) Setting() Setting {
 func (l *Limiter) Snapshot() (Setting, []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.conns = slices.DeleteFunc(l.conns, IsClosed)
+	l.forgetClosed()
 	return l.put, l.addrs()
+}
+
+// forgetClosed forgets the sockets closed since they were handed to the
+// limiter; l.mu must be held.
+func (l *Limiter) forgetClosed() {
+	for c := range l.reads {
+		if IsClosed(c) {
+			delete(l.reads, c)
+		}
+	}
+	l.conns = slices.DeleteFunc(l.conns, IsClosed)
+	l.failed = slices.DeleteFunc(l.failed, IsClosed)
+}
+
+// Unprotected returns the open sockets the limiter was handed and could
+// not protect.
+func (l *Limiter) Unprotected() []*net.UDPConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.forgetClosed()
+	return slices.Clone(l.failed)
 }
 
 // Sockets returns the sockets the limiter protects.
@@ -172,6 +206,9 @@ func (l *Limiter) addrs() []string {
 
 // Put puts s in force, all or nothing, with one switch of the engine's
 // configuration, logs new settings, and returns the setting it replaced.
+// Then it attaches the engine again to the sockets it could not protect
+// before, and in ModeAuto falls back to userspace if the BPF filter still
+// cannot attach.
 func (l *Limiter) Put(s Setting) (Setting, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -181,12 +218,31 @@ func (l *Limiter) Put(s Setting) (Setting, error) {
 		return Setting{}, fmt.Errorf("rakelimit %q: %w", l.name, err)
 	}
 	prev := l.put
+	if s.Mode == "" {
+		s.Mode = prev.Mode
+	}
 	l.put = s
 	if !Equal(prev.Config, s.Config) {
 		s.Logger.Info("new settings in force", append([]zap.Field{zap.String("limiter", l.name),
 			zap.Strings("listeners", l.addrs())}, SettingsFields(s.Config)...)...)
 	}
+	l.retry()
 	return prev, nil
+}
+
+// retry attaches the engine to the open sockets it could not protect, and
+// says what became of each; l.mu must be held.
+func (l *Limiter) retry() {
+	l.forgetClosed()
+	for _, c := range slices.Clone(l.failed) {
+		ln := zap.String("listener", c.LocalAddr().String())
+		if err := l.protect(c); err != nil {
+			l.attachErrors.Add(1)
+			l.put.Logger.Error("listener still NOT protected", zap.String("limiter", l.name), ln, zap.Error(err))
+			continue
+		}
+		l.put.Logger.Info("protecting listener", zap.String("limiter", l.name), ln, zap.String("mode", l.eng.Mode()))
+	}
 }
 
 // Restore puts prev back, unless a setting other than by's has replaced
@@ -214,32 +270,62 @@ func Equal(a, b datagram.Config) bool {
 }
 
 // Attach puts the limiter in front of conn and returns what quic-go must
-// read from; attached is false when it already was. In ModeAuto, a BPF
-// filter that cannot attach to the limiter's first socket gives way to the
-// userspace limiter, with a warning.
+// read from: a conn that embeds the socket, a *net.UDPConn, so that quic-go
+// keeps its fast path (batched reads, GSO, ECN, path MTU discovery), and
+// that teaches the learner what quic-go writes; attached is false when the
+// limiter already protected conn. The conn passes every datagram while the
+// BPF filter decides them in the kernel, and goes through the userspace
+// limiter once it is in force, so that the whole limiter can move there.
+//
+// In ModeAuto, a BPF filter that cannot attach to a socket, the first or a
+// later one, gives way to the userspace limiter on every socket of the
+// limiter, with a warning. Otherwise a socket the engine cannot protect is
+// returned with the error: quic-go may serve it unprotected through the
+// conn, and the next Put attaches again.
 func (l *Limiter) Attach(conn *net.UDPConn) (out net.PacketConn, attached bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if slices.Contains(l.conns, conn) {
-		out, err = l.eng.Protect(conn, l.learner) // the same conn again
-		return out, false, err
-	}
-	out, err = l.eng.Protect(conn, l.learner)
-	if err != nil && l.requested == ModeAuto && l.eng.Mode() == ModeBPF && len(l.conns) == 0 {
-		if serr := l.fallBack(err); serr != nil {
-			return nil, false, fmt.Errorf("%w; and the userspace limiter: %w", err, serr)
+	read, known := l.reads[conn]
+	switch {
+	case known && slices.Contains(l.conns, conn):
+		return read, false, nil // the same conn again
+	case !known:
+		if read, err = userspace.NewConn(conn, nil); err != nil {
+			return nil, false, fmt.Errorf("wrapping the socket: %w", err)
 		}
-		out, err = l.eng.Protect(conn, l.learner)
+		read.SetLearner(l.learner)
+		l.reads[conn] = read
+		l.failed = append(l.failed, conn) // until protect succeeds
+	}
+	if err := l.protect(conn); err != nil {
+		return read, false, err
+	}
+	return read, true, nil
+}
+
+// protect puts the engine in front of conn, one of l.failed, falling back
+// to userspace in ModeAuto, and moves it to l.conns; l.mu must be held.
+func (l *Limiter) protect(conn *net.UDPConn) error {
+	err := l.eng.Protect(conn, l.reads[conn])
+	if err != nil && l.put.Mode == ModeAuto && l.eng.Mode() == ModeBPF {
+		if serr := l.fallBack(err); serr != nil {
+			return fmt.Errorf("%w; and the userspace limiter: %w", err, serr)
+		}
+		return nil // fallBack protected every socket
 	}
 	if err != nil {
-		return nil, false, err
+		return err
 	}
+	l.failed = slices.DeleteFunc(l.failed, func(c *net.UDPConn) bool { return c == conn })
 	l.conns = append(l.conns, conn)
-	return out, true, nil
+	return nil
 }
 
 // fallBack replaces a BPF filter that could not attach with the userspace
-// limiter, on the configuration in force, and says so; l.mu must be held.
+// limiter, on the configuration in force, on every socket handed to the
+// limiter (those the filter protects, which it then leaves, and those it
+// could not protect), and says so; l.mu must be held. The settings and the
+// connection IDs and peers learned carry over; the counts start afresh.
 func (l *Limiter) fallBack(why error) error {
 	c := l.put.Config
 	if l.ctl != nil {
@@ -249,18 +335,35 @@ func (l *Limiter) fallBack(why error) error {
 	if err != nil {
 		return err
 	}
+	for conn, read := range l.reads {
+		if err := u.Protect(conn, read); err != nil {
+			u.Close()
+			return err
+		}
+	}
 	events, err := u.Events()
 	if err != nil {
 		u.Close()
 		return err
 	}
 	old, oldEvents := l.eng, l.events
+	moved := l.addrs()
+	for _, conn := range l.conns {
+		// The userspace limiter decides the socket's reads already:
+		// the filter leaves it.
+		if _, err := old.Unprotect(conn); err != nil {
+			l.put.Logger.Debug("taking the filter away", zap.String("limiter", l.name), zap.Error(err))
+		}
+	}
 	l.eng, l.events = u, events
 	l.learner.SetSink(u)
 	oldEvents.Close() // readEvents moves on to the new reader
 	old.Close()
+	l.conns = append(l.conns, l.failed...)
+	l.failed = nil
 	l.put.Logger.Warn("rakelimit filters in userspace, in front of quic-go, because the BPF filter cannot attach to the socket; "+
-		KernelGrant, zap.String("limiter", l.name), zap.String("reason", why.Error()))
+		KernelGrant, zap.String("limiter", l.name), zap.String("reason", why.Error()),
+		zap.Strings("moved_listeners", moved))
 	return nil
 }
 

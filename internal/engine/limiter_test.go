@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,9 +15,9 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
 // fakeEngine is an engine whose attaching can fail and whose events a test
@@ -59,16 +60,34 @@ func (e *fakeEngine) Untracked() (uint64, error)                             { r
 func (e *fakeEngine) ExpireStreams(time.Duration) ([]datagram.Stream, error) { return nil, nil }
 func (e *fakeEngine) Sweep() (int, error)                                    { return 0, nil }
 func (e *fakeEngine) Events() (EventReader, error)                           { return e.events, nil }
-func (e *fakeEngine) Protect(conn *net.UDPConn, _ *egress.Learner) (net.PacketConn, error) {
-	if e.protectErr != nil {
-		return nil, e.protectErr
-	}
+func (e *fakeEngine) Protect(conn *net.UDPConn, read *userspace.Conn) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.protectErr != nil {
+		return e.protectErr
+	}
+	if read == nil || read.UDPConn != conn {
+		return errors.New("the read conn is not the socket's")
+	}
 	e.protected = append(e.protected, conn)
-	return conn, nil
+	return nil
 }
-func (e *fakeEngine) Unprotect(conn *net.UDPConn) (bool, error)     { return !IsClosed(conn), nil }
+func (e *fakeEngine) Unprotect(conn *net.UDPConn) (bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.protected = slices.DeleteFunc(e.protected, func(c *net.UDPConn) bool { return c == conn })
+	return !IsClosed(conn), nil
+}
+func (e *fakeEngine) setProtectErr(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.protectErr = err
+}
+func (e *fakeEngine) protecting() []*net.UDPConn {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.protected)
+}
 func (e *fakeEngine) LearnServerID(datagram.ServerID) error         { return nil }
 func (e *fakeEngine) LearnPeer(netip.Addr) error                    { return nil }
 func (e *fakeEngine) ExpireLearned(time.Duration) (int, int, error) { return 0, 0, nil }
@@ -129,8 +148,8 @@ func startFake(t *testing.T, mode string, attachErr error) (*Limiter, *fakeEngin
 	t.Helper()
 	core, logs := observer.New(zapcore.InfoLevel)
 	k, u := newFake(t, ModeBPF, attachErr), newFake(t, ModeUserspace, nil)
-	l, err := start("test", mode, k, Setting{Config: testConfig(100), Logger: zap.New(core)},
-		func(datagram.Config) (Engine, error) { return u, nil })
+	l, err := start("test", k, Setting{Config: testConfig(100), Mode: mode, Logger: zap.New(core)},
+		func(c datagram.Config) (Engine, error) { return u, u.Configure(c) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,9 +187,9 @@ func TestFallBack(t *testing.T) {
 			}
 			warned := logs.FilterMessageSnippet("cannot attach").Len()
 			if tt.wantMode == ModeUserspace {
-				if !attached || out != net.PacketConn(conn) || len(u.protected) != 1 || !k.isClosed() {
+				if read, ok := out.(*userspace.Conn); !attached || !ok || read.UDPConn != conn || len(u.protecting()) != 1 || !k.isClosed() {
 					t.Fatalf("after the fallback: attached %v, userspace protects %d sockets, BPF closed %v",
-						attached, len(u.protected), k.isClosed())
+						attached, len(u.protecting()), k.isClosed())
 				}
 				if warned != 1 {
 					t.Fatalf("%d warnings of the fallback, want 1", warned)
@@ -184,19 +203,80 @@ func TestFallBack(t *testing.T) {
 	}
 }
 
-// TestNoFallBackOnceProtecting: the BPF filter, protecting a socket, does
-// not give way when a later socket cannot take it.
-func TestNoFallBackOnceProtecting(t *testing.T) {
-	l, k, _, _ := startFake(t, ModeAuto, nil)
-	if _, _, err := l.Attach(listen(t)); err != nil {
-		t.Fatal(err)
-	}
-	k.protectErr = errors.New("denied")
-	if _, _, err := l.Attach(listen(t)); err == nil || l.Mode() != ModeBPF {
-		t.Fatalf("second socket: error %v, mode %s; want the error, in bpf mode", err, l.Mode())
-	}
-	if got := len(l.Sockets()); got != 1 {
-		t.Fatalf("%d sockets protected, want 1", got)
+// TestLaterSocketFallsBack: in mode auto, a BPF filter that protects a
+// socket and cannot attach to a later one moves the whole limiter to
+// userspace: every socket, the earlier one too, reads through the userspace
+// limiter, and the filter leaves the earlier socket; in mode bpf the later
+// socket is served unprotected, through a conn that passes everything, and
+// the filter attaches to it at the next Put, once it can; a Put that asks
+// for mode auto gives a limiter started in mode bpf the fallback.
+func TestLaterSocketFallsBack(t *testing.T) {
+	denied := errors.New("attaching: operation not permitted")
+	for _, tt := range []struct {
+		name string
+		mode string
+		// putMode is the mode a Put asks for after the failure;
+		// healed lets the filter attach again before it.
+		putMode string
+		healed  bool
+		// wantMode is the engine in force at the end, and
+		// wantUnprotected the sockets still unprotected.
+		wantMode        string
+		wantUnprotected int
+	}{
+		{name: "auto moves every socket", mode: ModeAuto, putMode: ModeAuto, wantMode: ModeUserspace},
+		{name: "bpf serves the socket unprotected", mode: ModeBPF, putMode: ModeBPF, wantMode: ModeBPF, wantUnprotected: 1},
+		{name: "bpf attaches at the next Put", mode: ModeBPF, putMode: ModeBPF, healed: true, wantMode: ModeBPF},
+		{name: "a Put to auto falls back", mode: ModeBPF, putMode: ModeAuto, wantMode: ModeUserspace},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l, k, u, _ := startFake(t, tt.mode, nil)
+			first, later := listen(t), listen(t)
+			if _, attached, err := l.Attach(first); err != nil || !attached {
+				t.Fatalf("first socket: attached %v, %v", attached, err)
+			}
+			k.setProtectErr(denied)
+			out, attached, err := l.Attach(later)
+			read, ok := out.(*userspace.Conn)
+			if !ok || read.UDPConn != later || read.Learner() == nil {
+				t.Fatalf("later socket: conn %T, want a conn on the socket that teaches the learner", out)
+			}
+			if tt.mode == ModeAuto {
+				if err != nil || !attached {
+					t.Fatalf("later socket in mode auto: attached %v, %v", attached, err)
+				}
+			} else if !errors.Is(err, denied) || attached || len(l.Unprotected()) != 1 {
+				t.Fatalf("later socket in mode bpf: attached %v, %v, %d unprotected; want the error",
+					attached, err, len(l.Unprotected()))
+			}
+			if tt.healed {
+				k.setProtectErr(nil)
+			}
+			if _, err := l.Put(Setting{Config: testConfig(200), Mode: tt.putMode, Logger: l.Setting().Logger}); err != nil {
+				t.Fatal(err)
+			}
+			if l.Mode() != tt.wantMode || len(l.Unprotected()) != tt.wantUnprotected || l.Requested() != tt.putMode {
+				t.Fatalf("mode %s, %d unprotected, asked for %s; want %s, %d, %s",
+					l.Mode(), len(l.Unprotected()), l.Requested(), tt.wantMode, tt.wantUnprotected, tt.putMode)
+			}
+			want := 2 - tt.wantUnprotected
+			if got := len(l.Sockets()); got != want {
+				t.Fatalf("%d sockets protected, want %d", got, want)
+			}
+			if tt.wantMode == ModeUserspace {
+				if len(u.protecting()) != 2 || len(k.protecting()) != 0 || !k.isClosed() {
+					t.Fatalf("after the move: userspace protects %d sockets, the filter %d, closed %v; want 2, 0, true",
+						len(u.protecting()), len(k.protecting()), k.isClosed())
+				}
+				if got := u.config.Limiter.Limit; got != 200 {
+					t.Fatalf("userspace limit %d, want the setting in force", got)
+				}
+				return
+			}
+			if len(k.protecting()) != want {
+				t.Fatalf("the filter protects %d sockets, want %d", len(k.protecting()), want)
+			}
+		})
 	}
 }
 
@@ -264,7 +344,7 @@ func TestPutRestore(t *testing.T) {
 func TestCloseLeavesOpenSockets(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	k := newFake(t, ModeBPF, nil)
-	l, err := start("test", ModeBPF, k, Setting{Config: testConfig(100), Logger: zap.New(core)}, nil)
+	l, err := start("test", k, Setting{Config: testConfig(100), Mode: ModeBPF, Logger: zap.New(core)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

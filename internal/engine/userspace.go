@@ -2,12 +2,10 @@ package engine
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"sync"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
@@ -32,22 +30,18 @@ func (e *userEngine) Mode() string { return ModeUserspace }
 
 func (e *userEngine) Events() (EventReader, error) { return e.Limiter.Events() }
 
-// Protect wraps the socket in a conn that decides every datagram before
-// quic-go reads it and teaches learner what quic-go writes; the conn keeps
-// quic-go's batched reads, GSO and ECN (see package userspace).
-func (e *userEngine) Protect(conn *net.UDPConn, learner *egress.Learner) (net.PacketConn, error) {
+// Protect makes the userspace limiter decide every datagram quic-go reads
+// through read, the socket's conn, which keeps quic-go's batched reads, GSO
+// and ECN (see package userspace).
+func (e *userEngine) Protect(conn *net.UDPConn, read *userspace.Conn) error {
+	if read == nil {
+		return errors.New("no conn to filter the socket's reads")
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if c, ok := e.conns[conn]; ok {
-		return c, nil
-	}
-	c, err := userspace.NewConn(conn, e.Limiter)
-	if err != nil {
-		return nil, fmt.Errorf("wrapping the socket: %w", err)
-	}
-	c.SetLearner(learner)
-	e.conns[conn] = c
-	return c, nil
+	e.conns[conn] = read
+	read.SetLimiter(e.Limiter)
+	return nil
 }
 
 // Unprotect lets every datagram through the socket's conn: quic-go keeps
