@@ -107,35 +107,35 @@ func production(opening, established uint32) datagram.Config {
 // cases returns every case, in the table's order.
 func cases() []caseSpec {
 	initial := quicclass.LongPacket(quicclass.Version1, 0, make([]byte, 8), make([]byte, 8), nil, initialSize)
+	short := quicclass.ShortPacket(serverID, initialSize)
+	stranger := quicclass.ShortPacket(datagram.ServerID{1, 2, 3, 4}, junkSize)
+	negotiation := quicclass.LongHeader(unknownVersion, 0, 8, 8, initialSize)
+	under, over, random := production(underLimit, underLimit), production(overLimit, overLimit), production(randomLimit, randomLimit)
 	return []caseSpec{
-		{key: "ipv4-under", name: "one source, under the limit", payload: initial,
-			ours: production(underLimit, underLimit), cloudflareLimit: cloudflareUnder, wantOurs: pass, wantCloudflare: pass},
-		{key: "ipv4-over", name: "one source, flooding over it", payload: initial,
-			ours: production(overLimit, overLimit), cloudflareLimit: overLimit, wantOurs: drop, wantCloudflare: drop},
-		{key: "ipv4-random", name: "a new random source on every packet (each run once, minus the floor)", payload: initial,
-			ours: production(randomLimit, randomLimit), once: true, cloudflareLimit: randomLimit},
-		{key: "ipv4-random-switch", name: "a new random source on every packet (this filter's bench switch, repeated)", payload: initial,
-			ours: production(randomLimit, randomLimit), randomSource: true},
-		{key: "ipv6-under", name: "IPv6, one source, under the limit", ipv6: true, payload: initial,
-			ours: production(underLimit, underLimit), cloudflareLimit: cloudflareUnder, wantOurs: pass, wantCloudflare: pass},
-		{key: "ipv6-over", name: "IPv6, one source, flooding over it", ipv6: true, payload: initial,
-			ours: production(overLimit, overLimit), cloudflareLimit: overLimit, wantOurs: drop, wantCloudflare: drop},
-		{key: "ipv6-random", name: "IPv6, a new random source on every packet (each run once, minus the floor)", ipv6: true, payload: initial,
-			ours: production(randomLimit, randomLimit), once: true, cloudflareLimit: randomLimit},
-		{key: "established-under", name: "established: short header to a learned ID, under the limit",
-			payload: quicclass.ShortPacket(serverID, initialSize), learn: true,
-			ours: production(underLimit, underLimit), cloudflareLimit: cloudflareUnder, wantOurs: pass, wantCloudflare: pass},
-		{key: "established-over", name: "established: short header to a learned ID, over the limit",
-			payload: quicclass.ShortPacket(serverID, initialSize), learn: true,
-			ours: production(underLimit, overLimit), cloudflareLimit: overLimit, wantOurs: drop, wantCloudflare: drop},
+		{key: "ipv4-under", name: "one source, under the limit",
+			payload: initial, ours: under, cloudflareLimit: cloudflareUnder, wantOurs: pass, wantCloudflare: pass},
+		{key: "ipv4-over", name: "one source, flooding over it",
+			payload: initial, ours: over, cloudflareLimit: overLimit, wantOurs: drop, wantCloudflare: drop},
+		{key: "ipv4-random", name: "a new random source on every packet (each run once, minus the floor)",
+			payload: initial, ours: random, cloudflareLimit: randomLimit, once: true},
+		{key: "ipv4-random-switch", name: "a new random source on every packet (this filter's bench switch, repeated)",
+			payload: initial, ours: random, randomSource: true},
+		{key: "ipv6-under", name: "IPv6, one source, under the limit", ipv6: true,
+			payload: initial, ours: under, cloudflareLimit: cloudflareUnder, wantOurs: pass, wantCloudflare: pass},
+		{key: "ipv6-over", name: "IPv6, one source, flooding over it", ipv6: true,
+			payload: initial, ours: over, cloudflareLimit: overLimit, wantOurs: drop, wantCloudflare: drop},
+		{key: "ipv6-random", name: "IPv6, a new random source on every packet (each run once, minus the floor)", ipv6: true,
+			payload: initial, ours: random, cloudflareLimit: randomLimit, once: true},
+		{key: "established-under", name: "established: short header to a learned ID, under the limit", learn: true,
+			payload: short, ours: under, cloudflareLimit: cloudflareUnder, wantOurs: pass, wantCloudflare: pass},
+		{key: "established-over", name: "established: short header to a learned ID, over the limit", learn: true,
+			payload: short, ours: production(underLimit, overLimit), cloudflareLimit: overLimit, wantOurs: drop, wantCloudflare: drop},
 		{key: "unverified", name: "unverified: short header to an unknown ID (Cloudflare's under its limit)",
-			payload: quicclass.ShortPacket(datagram.ServerID{1, 2, 3, 4}, junkSize),
-			ours: production(underLimit, underLimit), cloudflareLimit: cloudflareUnder, wantOurs: drop, wantCloudflare: pass},
-		{key: "invalid", name: "invalid: 100 bytes of zeros (Cloudflare's under its limit)", payload: make([]byte, junkSize),
-			ours: production(underLimit, underLimit), cloudflareLimit: cloudflareUnder, wantOurs: drop, wantCloudflare: pass},
+			payload: stranger, ours: under, cloudflareLimit: cloudflareUnder, wantOurs: drop, wantCloudflare: pass},
+		{key: "invalid", name: "invalid: 100 bytes of zeros (Cloudflare's under its limit)",
+			payload: make([]byte, junkSize), ours: under, cloudflareLimit: cloudflareUnder, wantOurs: drop, wantCloudflare: pass},
 		{key: "negotiation", name: "unknown QUIC version, paced (Cloudflare's under its limit)",
-			payload: quicclass.LongHeader(unknownVersion, 0, 8, 8, initialSize),
-			ours: production(underLimit, underLimit), cloudflareLimit: cloudflareUnder, wantOurs: drop, wantCloudflare: pass},
+			payload: negotiation, ours: under, cloudflareLimit: cloudflareUnder, wantOurs: drop, wantCloudflare: pass},
 	}
 }
 
