@@ -54,7 +54,7 @@ func DefaultOptions() Options {
 	return Options{
 		Rounds:            15,
 		Repeat:            200_000,
-		Once:              2_000,
+		Once:              5_000,
 		Warmup:            100_000,
 		Clock:             ClockKernel,
 		CacheDir:          defaultCacheDir(),
