@@ -104,6 +104,13 @@ func production(opening, established uint32) datagram.Config {
 	}
 }
 
+// plain is this filter with every datagram counted alike, as Cloudflare's
+// counts them: no classes, so no verification, with limit datagrams per
+// second at every node.
+func plain(limit uint32) datagram.Config {
+	return datagram.Config{Limiter: sketch.Config{Limit: limit, Window: time.Second}}
+}
+
 // cases returns every case, in the table's order.
 func cases() []caseSpec {
 	initial := quicclass.LongPacket(quicclass.Version1, 0, make([]byte, 8), make([]byte, 8), nil, initialSize)
@@ -120,6 +127,12 @@ func cases() []caseSpec {
 			payload: initial, ours: random, cloudflareLimit: randomLimit, once: true},
 		{key: "ipv4-random-switch", name: "a new random source on every packet (this filter's bench switch, repeated)",
 			payload: initial, ours: random, randomSource: true},
+		{key: "ipv4-under-plain", name: "one source, under the limit; this filter without classes",
+			payload: initial, ours: plain(underLimit), cloudflareLimit: cloudflareUnder, wantOurs: pass, wantCloudflare: pass},
+		{key: "ipv4-over-plain", name: "one source, flooding over it; this filter without classes",
+			payload: initial, ours: plain(overLimit), cloudflareLimit: overLimit, wantOurs: drop, wantCloudflare: drop},
+		{key: "ipv4-random-plain", name: "a new random source on every packet (each run once, minus the floor); this filter without classes",
+			payload: initial, ours: plain(randomLimit), cloudflareLimit: randomLimit, once: true},
 		{key: "ipv6-under", name: "IPv6, one source, under the limit", ipv6: true,
 			payload: initial, ours: under, cloudflareLimit: cloudflareUnder, wantOurs: pass, wantCloudflare: pass},
 		{key: "ipv6-over", name: "IPv6, one source, flooding over it", ipv6: true,

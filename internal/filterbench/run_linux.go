@@ -43,10 +43,12 @@ type running struct {
 	onceSent, onceDropped [numProgs]int
 }
 
-// minFloodSample is how many packets from new sources a limiter must have
-// seen before dropping none of them says that it does not decide a flood
-// (Cloudflare's drops about 3 in 4 of them, this filter all).
-const minFloodSample = 100
+// floodBatch is the smallest batch of packets from new sources (-once)
+// whose dropping none says that a limiter does not decide a flood: twice
+// what randomLimit lets through in a window of one second, in a batch that
+// runs in a few milliseconds. A smaller batch, rounds apart, may be under
+// the limit.
+const floodBatch = 2 * randomLimit
 
 // Run measures every case of o and returns the report; it writes the
 // Markdown report to o.Out when set, and progress to progress. It needs
@@ -104,7 +106,7 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 	rep := &Report{CPU: cpuModel(), Kernel: kernelRelease(), Cloudflare: source,
 		Rounds: o.Rounds, Repeat: o.Repeat, Once: o.Once, Clock: o.Clock}
 	for _, r := range runs {
-		if err := r.checkCounters(); err != nil {
+		if err := r.checkCounters(o); err != nil {
 			return nil, fmt.Errorf("case %s: %w", r.key, err)
 		}
 		rep.Rows = append(rep.Rows, r.row())
@@ -190,7 +192,7 @@ func (r *running) warmUp(o *Options) error {
 			// once, fewer (a system call each), enough to push the
 			// shared nodes over their limit.
 			rng := rand.New(rand.NewPCG(uint64(len(r.key)), math.MaxUint32))
-			if _, _, err := runOnce(prog, randomFrames(r.frame, r.ipv6, min(o.Warmup, 2*randomLimit), rng), o.Clock); err != nil {
+			if _, _, err := runOnce(prog, randomFrames(r.frame, r.ipv6, min(o.Warmup, floodBatch), rng), o.Clock); err != nil {
 				return fmt.Errorf("%s: %w", progNames[p], err)
 			}
 			continue
@@ -278,13 +280,14 @@ func (r *running) check(p int, ret uint32) error {
 }
 
 // checkCounters checks, for a case where a program must pass every packet,
-// that it dropped none; for a case of new sources, that each limiter
-// dropped some (each source is under its limit, the nodes every packet
-// shares over theirs: a limiter that drops none is not deciding a flood);
+// that it dropped none; for a case of new sources in batches of at least
+// floodBatch, that each limiter dropped some (each source is under its
+// limit, the nodes every packet shares over theirs: a limiter that drops
+// none is not deciding a flood);
 // and that this filter never failed to reach its state.
-func (r *running) checkCounters() error {
+func (r *running) checkCounters(o *Options) error {
 	for _, p := range []int{progOurs, progCloudflare} {
-		if r.once && r.progs[p] != nil && r.onceSent[p] >= minFloodSample && r.onceDropped[p] == 0 {
+		if r.once && r.progs[p] != nil && o.Once >= floodBatch && r.onceDropped[p] == 0 {
 			return fmt.Errorf("%s dropped none of %d packets from new sources: the case does not time a flood", progNames[p], r.onceSent[p])
 		}
 	}

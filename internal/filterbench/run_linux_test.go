@@ -42,7 +42,9 @@ func TestRun(t *testing.T) {
 	testutil.RequireRoot(t)
 	o := DefaultOptions()
 	o.CloudflareObject = cloudflareForTest(t)
-	o.Rounds, o.Repeat, o.Once, o.Warmup = 2, 2000, 50, 5000
+	// Batches of new sources big enough to check that both limiters
+	// decide a flood.
+	o.Rounds, o.Repeat, o.Once, o.Warmup = 2, 2000, floodBatch, 5000
 	o.Out = filepath.Join(t.TempDir(), "filter.md")
 	rep, err := Run(context.Background(), &o, io.Discard)
 	testutil.RequireBPF(t, err)
