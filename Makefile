@@ -27,7 +27,7 @@ endif
 DEB_PACKAGES = iproute2 util-linux libcap2-bin ngtcp2-client gcc tmux
 DEB_COMMANDS = ip setpriv setcap gtlsclient gcc tmux
 
-.PHONY: deps generate run test bench bench-quick
+.PHONY: deps generate run test bench bench-quick bench-filter
 deps:
 	@missing=; for c in $(DEB_COMMANDS); do \
 		PATH="$$PATH:/usr/sbin:/sbin" command -v $$c >/dev/null || missing="$$missing $$c"; \
@@ -71,3 +71,14 @@ bench-quick: deps
 	go build -o caddy ./cmd/caddy
 	go build -o rakebench ./cmd/rakebench
 	$(SUDO) ./rakebench -caddy ./caddy -scale 0.2 -transfer-scale 0.1 -reps 1 -out $$(mktemp -d /tmp/rakebench-quick.XXXXXX) $(BENCHFLAGS)
+
+# The filter per packet against Cloudflare's rakelimit, side by side in one
+# process through BPF_PROG_TEST_RUN: 15 interleaved rounds, medians, ratios
+# in the same run; writes docs/bench/filter.md. About a minute. Cloudflare's
+# object is fetched from the Go module proxy the first time, into the cache
+# directory of the user the program runs as (root), and never committed;
+# BENCHFLAGS adds flags, e.g. BENCHFLAGS="-cloudflare ../rakelimit" for a
+# copy of its repository.
+bench-filter:
+	go build -o rakebench-filter ./cmd/rakebench-filter
+	$(SUDO) ./rakebench-filter -out docs/bench/filter.md $(BENCHFLAGS)

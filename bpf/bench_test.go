@@ -7,27 +7,18 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
-// floorProgram is a trivial socket filter that returns the packet length:
-// the cost of BPF_PROG_TEST_RUN itself, against which the filter is measured.
+// floorProgram loads FloorProgram for a test or benchmark.
 func floorProgram(tb testing.TB) *ebpf.Program {
 	tb.Helper()
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type:    ebpf.SocketFilter,
-		License: "MIT",
-		Instructions: asm.Instructions{
-			asm.LoadMem(asm.R0, asm.R1, 0, asm.Word), // skb->len
-			asm.Return(),
-		},
-	})
+	prog, err := FloorProgram()
 	if err != nil {
-		testutil.SkipOrFail(tb, "loading the floor program: %v", err)
+		testutil.SkipOrFail(tb, "%v", err)
 	}
 	tb.Cleanup(func() { prog.Close() })
 	return prog
