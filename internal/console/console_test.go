@@ -98,6 +98,11 @@ func TestVerdict(t *testing.T) {
 			[]string{"established datagrams dropped"}, nil},
 		{"reflection", limiter(ClassCounters{Dropped: levels(0, 0, 10, 0)}, ClassCounters{}, nil, reflect), false,
 			[]string{"from every source from port 4433 at level 2"}, nil},
+		{"spoofed", func() Limiter {
+			l := limiter(ClassCounters{Dropped: levels(0, 0, 0, 90000)}, ClassCounters{}, nil)
+			l.UntrackedDrops = 80000
+			return l
+		}(), false, []string{"dropping 40.0k/s from sources too many to list (a new source on every packet: spoofed)"}, nil},
 		{"no rates yet", limiter(ClassCounters{}, ClassCounters{}, nil, flood), true,
 			[]string{"dropping a flood from 203.0.113.0/24 at level 2"}, []string{"room", "full"}},
 	}

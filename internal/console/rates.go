@@ -39,6 +39,9 @@ type Rates struct {
 	Invalid     map[string]float64
 	Allowlisted float64
 	Verified    float64
+	// Untracked are the drops of streams too many to track: a new source
+	// on every packet.
+	Untracked float64
 }
 
 // InvalidTotal is the invalid datagrams per second over every reason.
@@ -106,6 +109,7 @@ func RatesOf(prev, cur Snapshot, name string) *Rates {
 			r.Verified += delta(pc.Verified[how], n, secs)
 		}
 	}
+	r.Untracked = delta(p.UntrackedDrops, c.UntrackedDrops, secs)
 	for _, cr := range classes {
 		r.Classes = append(r.Classes, *cr)
 	}

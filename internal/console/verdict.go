@@ -49,6 +49,10 @@ func Verdict(l Limiter, r *Rates) string {
 		}
 		parts = append(parts, s)
 	}
+	if r != nil && r.Untracked > 0 {
+		parts = append(parts, fmt.Sprintf("%s %s/s from sources too many to list (a new source on every packet: spoofed)",
+			drop, rate(r.Untracked)))
+	}
 	if invalid != nil {
 		parts = append(parts, fmt.Sprintf("%s invalid datagrams (%s) from %s", drop, invalid.Reason, source(invalid.Stream)))
 	} else if r != nil && r.InvalidTotal() > 0 && top == nil {

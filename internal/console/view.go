@@ -21,6 +21,7 @@ type Limiter struct {
 	Counters            map[string]Counters `json:"counters"`
 	LimitedStreams      []Stream            `json:"limited_streams"`
 	LimitedStreamsTotal int                 `json:"limited_streams_total"`
+	UntrackedDrops      uint64              `json:"untracked_drops"`
 	OpeningTotal        OpeningTotal        `json:"opening_total"`
 	Verification        Verification        `json:"verification"`
 }

@@ -21,6 +21,11 @@ const (
 )
 
 // Options configure a run.
+// NoPeer is the CloudflareObject that times this filter and the floor
+// alone: Cloudflare's object cannot always be had (the Go module proxy
+// refuses its module).
+const NoPeer = "none"
+
 type Options struct {
 	// Rounds is how many interleaved rounds run; every figure is the
 	// median over them.
@@ -40,6 +45,8 @@ type Options struct {
 	// CloudflareObject is a path to Cloudflare's object, a Go file
 	// embedding it or a directory holding either (ReadObject); empty,
 	// FetchCloudflare fetches CloudflareVersion into CacheDir.
+	// NoPeer times this filter and the floor alone, without Cloudflare's
+	// column.
 	CloudflareObject string
 	// CacheDir keeps the fetched object.
 	CacheDir string
@@ -116,7 +123,7 @@ func ParseFlags(args []string, usage io.Writer) (*Options, error) {
 	fs.IntVar(&o.Warmup, "warmup", o.Warmup, "packets per program before the first round")
 	fs.StringVar(&o.Clock, "clock", o.Clock, "kernel (BPF_PROG_TEST_RUN's own time) or wall")
 	cases := fs.String("cases", "", "comma-separated case keys (default all): "+strings.Join(CaseKeys(), ","))
-	fs.StringVar(&o.CloudflareObject, "cloudflare", "", "Cloudflare's object: an .o, a bpf2go .go embedding it, or a directory (default: fetch)")
+	fs.StringVar(&o.CloudflareObject, "cloudflare", "", "Cloudflare's object: an .o, a bpf2go .go embedding it, or a directory (default: fetch); none: this filter and the floor alone")
 	fs.StringVar(&o.CacheDir, "cache", o.CacheDir, "directory keeping the fetched object")
 	fs.StringVar(&o.CloudflareVersion, "cloudflare-version", o.CloudflareVersion, "version of "+CloudflareModule+" to fetch")
 	fs.StringVar(&o.Out, "out", "", "write the report as Markdown to this file (e.g. docs/bench/filter.md)")

@@ -57,13 +57,17 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	obj, source, err := cloudflareObject(ctx, o, progress)
-	if err != nil {
-		return nil, err
-	}
-	spec, err := parseCloudflare(obj)
-	if err != nil {
-		return nil, err
+	var spec *ebpf.CollectionSpec
+	source := "none"
+	if o.CloudflareObject != NoPeer {
+		obj, from, err := cloudflareObject(ctx, o, progress)
+		if err != nil {
+			return nil, err
+		}
+		if spec, err = parseCloudflare(obj); err != nil {
+			return nil, err
+		}
+		source = from
 	}
 	floor, err := bpf.FloorProgram()
 	if err != nil {
@@ -158,7 +162,7 @@ func setUp(c caseSpec, spec *ebpf.CollectionSpec, floor *ebpf.Program) (_ *runni
 		}
 	}
 	r.progs[progOurs] = r.ours.Program()
-	if c.cloudflareLimit != 0 {
+	if c.cloudflareLimit != 0 && spec != nil {
 		if r.cf, err = loadCloudflare(spec, c.ipv6, c.cloudflareLimit); err != nil {
 			return nil, err
 		}
