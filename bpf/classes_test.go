@@ -203,6 +203,7 @@ func TestAllowlistFamilies(t *testing.T) {
 			c.Allow = []netip.Prefix{netip.MustParsePrefix(tt.allow)}
 			w := newTwin(t, c)
 			p := udp(tt.src, 50000)
+			p.data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 			if out := w.step(p, p.datagram(true), start, 0); out.Allowlisted != tt.want {
 				t.Fatalf("allowlisted %v, want %v", out.Allowlisted, tt.want)
 			}
