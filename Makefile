@@ -27,7 +27,7 @@ endif
 DEB_PACKAGES = iproute2 util-linux libcap2-bin ngtcp2-client gcc tmux
 DEB_COMMANDS = ip setpriv setcap gtlsclient gcc tmux
 
-.PHONY: deps generate run test bench bench-quick bench-filter
+.PHONY: deps generate run test fuzz bench bench-quick bench-filter
 deps:
 	@missing=; for c in $(DEB_COMMANDS); do \
 		PATH="$$PATH:/usr/sbin:/sbin" command -v $$c >/dev/null || missing="$$missing $$c"; \
@@ -54,6 +54,24 @@ TEST_EXEC = $(if $(SUDO),-exec '$(SUDO)' )
 test: deps
 	go test -race $(TEST_EXEC)$$(go list ./... | grep -v /internal/sim$$)
 	go test $(TEST_EXEC)./internal/sim
+
+# The fuzzing campaign: each target for FUZZTIME on one worker (the BPF
+# one loads the filter; run as root), then the inputs tried and the
+# divergences (failing inputs, written to the package's testdata/fuzz/).
+# Minimization is kept short: the decision target is stateful, so a long
+# minimization of each new input stalls it. Plain `go test` replays the
+# committed corpus.
+FUZZTIME ?= 60s
+FUZZ_TARGETS = ./internal/quicclass:FuzzClassifier ./bpf:FuzzDecision
+fuzz:
+	@total=0; failed=0; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; out=$$(mktemp); \
+		go test $(TEST_EXEC)-run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 100x -parallel 1 $$pkg >$$out 2>&1; \
+		rc=$$?; execs=$$(grep -o 'execs: [0-9]*' $$out | tail -1 | cut -d' ' -f2); \
+		div=0; if [ $$rc -ne 0 ]; then div=1; failed=1; tail -20 $$out; fi; \
+		echo "$$fn ($$pkg): $${execs:-0} inputs in $(FUZZTIME), $$div divergences"; \
+		total=$$((total + $${execs:-0})); rm -f $$out; \
+	done; echo "fuzzing: $$total inputs tried"; exit $$failed
 
 # The end-to-end benchmark: Caddy with and without rakelimit, every scenario,
 # 3 repetitions; writes docs/bench/ and the README's bench section. About 20

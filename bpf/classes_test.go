@@ -203,6 +203,7 @@ func TestAllowlistFamilies(t *testing.T) {
 			c.Allow = []netip.Prefix{netip.MustParsePrefix(tt.allow)}
 			w := newTwin(t, c)
 			p := udp(tt.src, 50000)
+			p.data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 			if out := w.step(p, p.datagram(true), start, 0); out.Allowlisted != tt.want {
 				t.Fatalf("allowlisted %v, want %v", out.Allowlisted, tt.want)
 			}
@@ -422,4 +423,59 @@ func gsoControl(size uint16) []byte {
 	h.SetLen(unix.CmsgLen(2))
 	binary.NativeEndian.PutUint16(b[unix.CmsgLen(0):], size)
 	return b
+}
+
+// TestSweepConcurrent: packets counted between the sweep's reading of the
+// cells and its resetting them keep their counts, both in live cells that
+// share a 64-byte line with a stale one and in the stale cells themselves.
+// The kernel's sketches must equal the Go twin's, which counts the same
+// packets and then sweeps.
+func TestSweepConcurrent(t *testing.T) {
+	w := newTwin(t, testutil.Limits(100))
+	for i := range 300 {
+		p := udp(fmt.Sprintf("198.51.%d.%d", i/200, i%200), uint16(5000+i))
+		w.step(p, p.datagram(true), start, 0)
+	}
+	later := start + int64(40*time.Hour)
+	epoch := uint32(uint64(later) >> sketch.EpochShift)
+	before := w.f.lines(t)
+	var after []sketch.Line
+	w.f.sweepHook = func() {
+		for i := range 300 {
+			p := udp(fmt.Sprintf("203.0.%d.%d", i/200, i%200), uint16(6000+i))
+			w.step(p, p.datagram(true), later, 0)
+		}
+		after = w.f.lines(t)
+	}
+	swept, err := w.f.sweep(epoch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The twin counts the packets, then sweeps.
+	if want := w.d.Limiter().Sweep(later); swept != want || swept == 0 {
+		t.Fatalf("the filter swept %d cells, the Go twin %d", swept, want)
+	}
+	// The case must be one that a sweep writing whole lines gets wrong.
+	sharing, restaled := 0, 0
+	for i := range before {
+		stale := false
+		for _, c := range before[i].Cells {
+			stale = stale || (c.Epoch != 0 && sketch.Stale(c.Epoch, epoch))
+		}
+		for j := range before[i].Cells {
+			if after[i].Cells[j] == before[i].Cells[j] {
+				continue
+			}
+			if sketch.Stale(before[i].Cells[j].Epoch, epoch) && before[i].Cells[j].Epoch != 0 {
+				restaled++
+			} else if stale {
+				sharing++
+			}
+		}
+	}
+	if sharing == 0 || restaled == 0 {
+		t.Fatalf("the packets during the sweep touched %d live cells beside stale ones and %d stale cells, want both", sharing, restaled)
+	}
+	w.compareState()
+	t.Logf("swept %d cells; during the sweep packets touched %d live cells beside stale ones and %d stale cells", swept, sharing, restaled)
 }

@@ -19,6 +19,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -60,6 +61,10 @@ type Filter struct {
 	objs       rakelimitObjects
 	hk         sketch.HashKey
 	trackShift uint8
+
+	// sweepHook, for tests, runs in a sweep between finding the stale
+	// cells and resetting them.
+	sweepHook func()
 
 	mu     sync.Mutex
 	cfg    datagram.Config
@@ -567,33 +572,62 @@ func (f *Filter) Sweep() (int, error) {
 }
 
 func (f *Filter) sweep(epoch uint32) (int, error) {
-	n := int(f.objs.Cells.MaxEntries())
-	keys, lines := make([]uint32, n), make([]sketch.Line, n)
-	var cursor ebpf.MapBatchCursor
-	got, err := f.objs.Cells.BatchLookup(&cursor, keys, lines, nil)
-	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return 0, fmt.Errorf("reading the sketches: %w", err)
+	lines := int(f.objs.Cells.MaxEntries())
+	page := unix.Getpagesize()
+	size := (lines*sketch.LineBytes + page - 1) / page * page
+	// The cells map is BPF_F_MMAPABLE: mapped here, its cells are reset
+	// one at a time with atomic operations, never through a copy of a
+	// line that packets may have counted in since it was read.
+	mem, err := unix.Mmap(f.objs.Cells.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return 0, fmt.Errorf("mapping the sketches: %w", err)
 	}
-	swept := 0
-	for i := range got {
-		changed := false
-		for j := range lines[i].Cells {
-			if sketch.Stale(lines[i].Cells[j].Epoch, epoch) {
-				lines[i].Cells[j] = sketch.Cell{Epoch: epoch}
-				changed = true
-				swept++
+	defer unix.Munmap(mem)
+	var stale []int
+	for off := 0; off < lines*sketch.LineBytes; off += sketch.LineBytes {
+		for c := off; c < off+sketch.CellsPerLine*sketch.CellBytes; c += sketch.CellBytes {
+			if sketch.Stale(atomic.LoadUint32(word(mem, c)), epoch) {
+				stale = append(stale, c)
 			}
 		}
-		// A packet may touch the line between the read and this write
-		// and lose its count: a stale cell is rarely touched, and then
-		// by one packet.
-		if changed {
-			if err := f.objs.Cells.Update(keys[i], &lines[i], ebpf.UpdateExist); err != nil {
-				return swept, fmt.Errorf("resetting stale cells: %w", err)
-			}
+	}
+	if f.sweepHook != nil {
+		f.sweepHook()
+	}
+	swept := 0
+	for _, c := range stale {
+		if resetCell(mem, c, epoch) {
+			swept++
 		}
 	}
 	return swept, nil
+}
+
+// word is the 32-bit word at offset off of the mapped sketches. The map's
+// memory is not Go's: the pointer is to the mapping, which outlives its use.
+func word(mem []byte, off int) *uint32 {
+	return (*uint32)(unsafe.Pointer(&mem[off]))
+}
+
+// resetCell resets the cell at offset c of the mapped sketches to epoch if
+// it is still stale, and reports whether it did. A packet that touches a
+// stale cell first moves its epoch (rescale's compare-and-swap), so each
+// counter is cleared only if it still holds the value read with the stale
+// epoch, and the epoch is moved last, only if no packet moved it: a packet
+// counted in the cell meanwhile keeps its count, and the cell is then the
+// packet's (and not counted as swept).
+func resetCell(mem []byte, c int, epoch uint32) bool {
+	e := atomic.LoadUint32(word(mem, c))
+	if !sketch.Stale(e, epoch) {
+		return false
+	}
+	// The counters follow the epoch: two budgets of offered and forwarded.
+	for off := c + 4; off < c+sketch.CellBytes; off += 4 {
+		if v := atomic.LoadUint32(word(mem, off)); v != 0 {
+			atomic.CompareAndSwapUint32(word(mem, off), v, 0)
+		}
+	}
+	return atomic.CompareAndSwapUint32(word(mem, c), e, epoch)
 }
 
 // Info describes the loaded program's size.

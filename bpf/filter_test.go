@@ -3,11 +3,13 @@
 package bpf
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -63,19 +65,36 @@ func decided(o datagram.Outcome) bool {
 // step sends p through both; d is what the filter should read of it.
 func (w *twin) step(p packet, d datagram.Datagram, now int64, rnd uint32) datagram.Outcome {
 	w.t.Helper()
-	w.packet++
-	got := w.f.run(w.t, p.frame(), now, rnd)
-	want := w.d.Decide(&d, now, rnd)
-	v := want.Verdict
-	if (got.Drop == 1) != decided(want) || quicclass.Class(got.Class) != want.Class ||
-		quicclass.Reason(got.Reason) != want.Reason || quicclass.Verification(got.Verified) != want.Verified ||
-		(got.Allowlisted == 1) != want.Allowlisted ||
-		(got.Paced == 1) != want.Paced || (got.Limited == 1) != v.Limited ||
-		(v.Limited && (int(got.Level) != v.Level || sketch.Node(got.Node) != v.Node || got.Estimate != v.Estimate)) {
-		w.t.Fatalf("packet %d (%v:%d, key %+v, %d bytes) at %d: BPF %+v, Go %+v", w.packet, p.src, p.sport, d.Key, d.Length,
-			now, got, want)
+	want, err := w.stepFrame(p.frame(), d, now, rnd)
+	if err != nil {
+		w.t.Fatalf("packet %d (%v:%d, key %+v, %d bytes) at %d: %v", w.packet, p.src, p.sport, d.Key, d.Length, now, err)
 	}
 	return want
+}
+
+// stepFrame sends an Ethernet frame through both; d is what the filter
+// should read of it. It returns the Go twin's outcome and an error when the
+// program's verdict differs.
+func (w *twin) stepFrame(frame []byte, d datagram.Datagram, now int64, rnd uint32) (datagram.Outcome, error) {
+	w.t.Helper()
+	w.packet++
+	got := w.f.run(w.t, frame, now, rnd)
+	want := w.d.Decide(&d, now, rnd)
+	if !sameVerdict(got, want) {
+		return want, fmt.Errorf("BPF %+v, Go %+v", got, want)
+	}
+	return want, nil
+}
+
+// sameVerdict compares the program's recorded verdict with the Go twin's
+// outcome.
+func sameVerdict(got rakelimitVerdict, want datagram.Outcome) bool {
+	v := want.Verdict
+	return (got.Drop == 1) == decided(want) && quicclass.Class(got.Class) == want.Class &&
+		quicclass.Reason(got.Reason) == want.Reason && quicclass.Verification(got.Verified) == want.Verified &&
+		(got.Allowlisted == 1) == want.Allowlisted &&
+		(got.Paced == 1) == want.Paced && (got.Limited == 1) == v.Limited &&
+		(!v.Limited || (int(got.Level) == v.Level && sketch.Node(got.Node) == v.Node && got.Estimate == v.Estimate))
 }
 
 // learnID learns a server ID in both at time at.
@@ -253,6 +272,13 @@ func TestParse(t *testing.T) {
 				d = datagram.Datagram{Key: *tt.key}
 			}
 			now += int64(time.Millisecond)
+			if tt.p.etherType == 0 {
+				// The Go twin of the parser reads the same.
+				got := datagram.Parse(tt.p.frame()[ethHdrLen:], tt.p.src.Is6())
+				if !sameDatagram(got, d) {
+					t.Fatalf("datagram.Parse read %+v, want %+v", got, d)
+				}
+			}
 			for _, w := range []*twin{all, classes} {
 				w.t = t
 				w.step(tt.p, d, now, uint32(i))
@@ -260,6 +286,11 @@ func TestParse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sameDatagram compares what two parsers read of a datagram.
+func sameDatagram(a, b datagram.Datagram) bool {
+	return a.Key == b.Key && a.Length == b.Length && bytes.Equal(a.Probe, b.Probe)
 }
 
 // quicPayloads builds one datagram of each kind the classifier tells apart,
@@ -308,6 +339,13 @@ func TestDifferential(t *testing.T) {
 			for l := 2; l < top; l++ {
 				c.Limiter.LevelLimits[l] = sketch.Unlimited
 			}
+			// Allowlisted prefixes among the sources, blocked ports
+			// among theirs: the allowlist exempts from the limiter, not
+			// from validity.
+			allow := []netip.Prefix{netip.MustParsePrefix("198.51.1.0/27"), netip.MustParsePrefix("192.0.2.0/27"),
+				netip.MustParsePrefix("2001:db8:1:1::/64")}
+			c.Allow = allow
+			allowInvalid, allowed := 0, 0
 			w := newTwin(t, c)
 			rng := rand.New(rand.NewPCG(3, 4))
 			var pool []packet
@@ -367,7 +405,14 @@ func TestDifferential(t *testing.T) {
 				if p.etherType == 0 {
 					d = p.datagram(true)
 				}
-				w.step(p, d, at, rng.Uint32())
+				out := w.step(p, d, at, rng.Uint32())
+				if out.Allowlisted {
+					allowed++
+				}
+				if out.Class == quicclass.Invalid && d.Key.Family != sketch.Unknown &&
+					slices.ContainsFunc(allow, func(a netip.Prefix) bool { return a.Contains(d.Key.Addr()) }) {
+					allowInvalid++
+				}
 				if i%10000 == 9999 {
 					w.compareState()
 				}
@@ -381,6 +426,9 @@ func TestDifferential(t *testing.T) {
 				}
 				negotiation += st.Negotiation[fam][0] + st.Negotiation[fam][1] + st.Negotiation[fam][2]
 				fair += st.Dropped[0][fam][top] + st.WouldDrop[0][fam][top]
+			}
+			if allowed == 0 || allowInvalid == 0 {
+				t.Fatalf("the trace missed the allowlist: %d allowlisted, %d invalid from allowlisted prefixes", allowed, allowInvalid)
 			}
 			if invalid == 0 || negotiation == 0 || fair == 0 || st.Passed[1][1] == 0 {
 				t.Fatalf("the trace missed a path: invalid %d, negotiation %d, drops at the total %d, established passed %d",

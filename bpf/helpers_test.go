@@ -102,6 +102,11 @@ type packet struct {
 	etherType uint16
 	// truncate cuts the frame to this many bytes after the Ethernet header.
 	truncate int
+	// udpLen, when set, replaces the UDP header's length field, and
+	// trailer adds this many bytes after the UDP datagram within the IP
+	// datagram: a socket receives the UDP length's worth of payload.
+	udpLen  int
+	trailer int
 }
 
 type ipv6Ext struct {
@@ -128,6 +133,10 @@ func (p packet) frame() []byte {
 	binary.BigEndian.PutUint16(l4[0:], p.sport)
 	binary.BigEndian.PutUint16(l4[2:], p.dport)
 	binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+	if p.udpLen > 0 {
+		binary.BigEndian.PutUint16(l4[4:], uint16(p.udpLen))
+	}
+	l4 = append(l4, make([]byte, p.trailer)...)
 	var ip []byte
 	etherType := uint16(unix.ETH_P_IP)
 	if p.src.Is4() {
@@ -209,6 +218,9 @@ func (p packet) datagram(hasPorts bool) datagram.Datagram {
 	d := datagram.Datagram{Key: p.key(hasPorts)}
 	if hasPorts {
 		b := p.payloadBytes()
+		if p.udpLen > 0 {
+			b = b[:min(len(b), max(p.udpLen-udpHdrLen, 0))]
+		}
 		d.Length, d.Probe = len(b), b
 	}
 	return d

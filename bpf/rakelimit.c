@@ -4,11 +4,11 @@
 // for the UDP socket of an HTTP/3 server.
 //
 // The program performs, operation for operation, what Filter.Decide in
-// internal/datagram does: the allowlist, the QUIC class of the datagram
-// (internal/quicclass), verified against the connection IDs the server
-// issued and the addresses it sends to (which userspace learns from the
-// server's own datagrams and writes to the server_ids and peers maps), then
-// the version negotiation cap or the class's limiter (Limiter.Decide in
+// internal/datagram does: the QUIC class of the datagram (internal/quicclass),
+// verified against the connection IDs the server issued and the addresses it
+// sends to (which userspace learns from the server's own datagrams and writes
+// to the server_ids and peers maps), then the version negotiation cap, or the
+// allowlist and the class's limiter (Limiter.Decide in
 // internal/sketch, where the algorithm, its parameters and error bounds are
 // documented). Tests run packet traces through both and compare verdicts,
 // counters, learned times and every sketch cell bit for bit, so any change
@@ -295,7 +295,9 @@ struct stats {
 	__u64 negotiation[FAMILY_SLOTS][3];
 	// invalid, by dry run (0 dropped, 1 delivered), family and reason.
 	__u64 invalid[2][FAMILY_SLOTS][NUM_REASONS];
-	// allowed: allowlisted packets, not counted by the limiter.
+	// allowed: allowlisted packets of the limiter's classes, not counted
+	// by the limiter (an allowlisted invalid or negotiation datagram is
+	// counted as such).
 	__u64 allowed[FAMILY_SLOTS];
 	// verified: datagrams verified, by family and how.
 	__u64 verified[FAMILY_SLOTS][NUM_VERIFICATIONS];
@@ -403,6 +405,10 @@ struct {
 	__type(key, __u32);
 	__type(value, struct line);
 	__uint(max_entries, 1);
+	// Mapped into userspace, which resets stale cells one at a time with
+	// atomic operations (Filter.Sweep): a write of a whole line through
+	// the map would undo what packets counted in its live cells meanwhile.
+	__uint(map_flags, BPF_F_MMAPABLE);
 } cells SEC(".maps");
 
 struct {
@@ -582,24 +588,47 @@ static __always_inline int is_udp(__u8 proto)
 	return proto == IPPROTO_UDP || proto == IPPROTO_UDPLITE;
 }
 
+// udp_length (datagram.UDPPayloadLength): the length of the payload of a
+// UDP header at off, whose length field is ulen, in an IP datagram of ip_len
+// bytes. It is what the kernel delivers to a UDP socket, which trims the
+// packet to the UDP length before any socket filter runs: the length field
+// less the header, bounded by the IP datagram. A field of 0 (an IPv6
+// jumbogram's) means the rest of the IP datagram, and so does UDP-Lite
+// (lite), whose field is the checksum's coverage; a field under the header's
+// size leaves no payload.
+static __always_inline __u32 udp_length(__u32 ulen, __u32 off, __u32 ip_len, int lite)
+{
+	__u32 avail = ip_len > off ? ip_len - off : 0;
+
+	if (lite || ulen == 0 || ulen > avail)
+		ulen = avail;
+	return ulen > UDP_HDR_LEN ? ulen - UDP_HDR_LEN : 0;
+}
+
 // set_udp fills the ports, the payload length and the payload's offset from
 // a UDP header found at off in a packet whose IP datagram is ip_len bytes
-// long. The length comes from the IP header, which means the same for
-// UDP-Lite.
+// long (datagram.parseUDP).
 //
 // The payload's offset is from skb->data, where bpf_skb_load_bytes reads:
 // the UDP header on a socket, whose skb->len is the UDP datagram, shorter
 // than the IP datagram of ip_len bytes; the network header under
 // BPF_PROG_TEST_RUN, whose frames (test mode aside, which may cut them
 // short) are whole.
+//
+// The length is the UDP payload's as a UDP socket receives it (see
+// udp_length), bounded by the bytes the skb holds past the offset: the same
+// length the userspace mode takes from the bytes it reads.
 static __always_inline void set_udp(struct __sk_buff *skb, struct key *k, const struct udphdr *udp, __u32 off,
-				    __u32 ip_len)
+				    __u32 ip_len, int lite)
 {
 	k->has_ports = 1;
 	k->sport = bpf_ntohs(udp->source);
 	k->dport = bpf_ntohs(udp->dest);
-	k->length = ip_len > off + UDP_HDR_LEN ? ip_len - off - UDP_HDR_LEN : 0;
-	k->payload_at = test_mode || skb->len >= ip_len ? off + UDP_HDR_LEN : UDP_HDR_LEN;
+	__u32 at = test_mode || skb->len >= ip_len ? off + UDP_HDR_LEN : UDP_HDR_LEN;
+	__u32 n = udp_length(bpf_ntohs(udp->len), off, ip_len, lite);
+	__u32 present = skb->len > at ? skb->len - at : 0;
+	k->length = n < present ? n : present;
+	k->payload_at = at;
 }
 
 // load_probe reads the first bytes of the UDP payload when the one load of
@@ -612,6 +641,10 @@ static __always_inline void load_probe(struct __sk_buff *skb, struct key *k)
 {
 	__u32 n = k->length;
 
+	// Verifier workaround: k->length is 16 bits, and without the barrier
+	// clang tests the wider value set_udp computed it from and truncates
+	// it later, which may make it 0 after the test.
+	barrier_var(n);
 	// The verifier wants the length of a load bounded and non-zero.
 	if (n == 0)
 		return;
@@ -621,7 +654,7 @@ static __always_inline void load_probe(struct __sk_buff *skb, struct key *k)
 }
 
 // load_udp reads the UDP header at off and the probe after it.
-static __always_inline void load_udp(struct __sk_buff *skb, struct key *k, __u32 off, __u32 ip_len)
+static __always_inline void load_udp(struct __sk_buff *skb, struct key *k, __u32 off, __u32 ip_len, int lite)
 {
 	struct {
 		struct udphdr udp;
@@ -629,13 +662,13 @@ static __always_inline void load_udp(struct __sk_buff *skb, struct key *k, __u32
 	} h;
 
 	if (bpf_skb_load_bytes_relative(skb, off, &h, sizeof(h), BPF_HDR_START_NET) == 0) {
-		set_udp(skb, k, &h.udp, off, ip_len);
+		set_udp(skb, k, &h.udp, off, ip_len, lite);
 		__builtin_memcpy(k->probe, h.probe, PROBE_BYTES);
 		return;
 	}
 	if (bpf_skb_load_bytes_relative(skb, off, &h.udp, sizeof(h.udp), BPF_HDR_START_NET) < 0)
 		return;
-	set_udp(skb, k, &h.udp, off, ip_len);
+	set_udp(skb, k, &h.udp, off, ip_len, lite);
 	load_probe(skb, k);
 }
 
@@ -663,11 +696,11 @@ static __always_inline void parse_ipv4(struct __sk_buff *skb, struct key *k)
 	if (off < IPV4_MIN_HDR_LEN)
 		return;
 	if (off == IPV4_MIN_HDR_LEN && full) {
-		set_udp(skb, k, &h.udp, off, ip_len);
+		set_udp(skb, k, &h.udp, off, ip_len, h.ip.protocol == IPPROTO_UDPLITE);
 		__builtin_memcpy(k->probe, h.probe, PROBE_BYTES);
 		return;
 	}
-	load_udp(skb, k, off, ip_len);
+	load_udp(skb, k, off, ip_len, h.ip.protocol == IPPROTO_UDPLITE);
 }
 
 // parse_ipv6 fills the key from an IPv6 packet, walking up to IPV6_MAX_EXT
@@ -712,7 +745,7 @@ static __always_inline void parse_ipv6(struct __sk_buff *skb, struct key *k)
 		next = ext.next;
 	}
 	if (is_udp(next))
-		load_udp(skb, k, off, ip_len);
+		load_udp(skb, k, off, ip_len, next == IPPROTO_UDPLITE);
 }
 
 // parse fills the key from the packet's headers; a field it cannot read is
@@ -1491,14 +1524,6 @@ int rakelimit(struct __sk_buff *skb)
 	// The family's counter index is computed where it is used: kept live
 	// across the node loop, each of its three values would make the
 	// verifier walk the loop once more.
-	if (cfg->allow_any && allow_candidate(cfg, &k) && allowlisted(&k)) {
-		st->allowed[family_slot(k.family)]++;
-		if (test_mode) {
-			v.allowlisted = 1;
-			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
-		}
-		return skb->len;
-	}
 
 	int class = CLASS_OPENING;
 	int check = CHECK_NONE;
@@ -1541,6 +1566,11 @@ int rakelimit(struct __sk_buff *skb)
 	if (class == CLASS_INVALID) {
 		// No clock for an invalid datagram, but for the sampled ones.
 		__u32 reason = v.reason;
+		// Verifier workaround: v.reason is a byte, and without the
+		// barrier clang tests the byte but indexes with the wider value
+		// it came from, masked again later, whose bound the verifier
+		// does not know. The barrier makes it truncate first.
+		barrier_var(reason);
 		if (reason >= NUM_REASONS) // cannot happen; bounds the index for the verifier
 			reason = REASON_UNPARSED;
 		st->invalid[dry][family_slot(k.family)][reason]++;
@@ -1565,6 +1595,18 @@ int rakelimit(struct __sk_buff *skb)
 	// the stale time first (two may both write; either time will do).
 	if (id_last && now > *id_last + ID_REFRESH_NS)
 		*id_last = now;
+	// The allowlist exempts from the limits, not from validity: an
+	// allowlisted source's invalid datagrams (its blocked ports among
+	// them) and unknown versions were decided above, as anyone's, since a
+	// spoofer can send from an allowlisted address.
+	if (cfg->allow_any && allow_candidate(cfg, &k) && allowlisted(&k)) {
+		st->allowed[family_slot(k.family)]++;
+		if (test_mode) {
+			v.allowlisted = 1;
+			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
+		}
+		return skb->len;
+	}
 	k.rank_first = v.verified == VERIFIED_OPENING_FROM_PEER;
 	if (bench_random_source)
 		k.words[0] ^= next_random(rng);

@@ -47,7 +47,11 @@ type Config struct {
 	Negotiation uint32
 	// DryRun delivers every datagram: drops are counted, not applied.
 	DryRun bool
-	// Allow exempts source prefixes from everything but their own count.
+	// Allow exempts source prefixes from the limiter (datagrams of its
+	// classes are only counted, as Stats.Allowed), not from validity:
+	// their invalid datagrams (blocked source ports among them) are
+	// dropped and their unknown versions paced, as anyone's, since a
+	// spoofer can send from an allowlisted address.
 	Allow []netip.Prefix
 	// AdaptiveTotal lets the engine move the opening class's total (its
 	// last level limit, which the configuration gives as the starting
@@ -121,7 +125,9 @@ type Datagram struct {
 type Outcome struct {
 	// Drop is true when the datagram is dropped (never in a dry run).
 	Drop bool
-	// Allowlisted datagrams skip everything else.
+	// Allowlisted datagrams of the limiter's classes skip the limiter; an
+	// allowlisted source's invalid and negotiation datagrams are decided
+	// as anyone's.
 	Allowlisted bool
 	// Class and Reason are the datagram's QUIC class (Opening when not
 	// classifying) and, for an invalid one, why.
@@ -168,7 +174,7 @@ type Stats struct {
 	// Invalid counts invalid datagrams by reason: dropped (index 0) or, in
 	// a dry run, delivered (1).
 	Invalid [2][Families][quicclass.NumReasons]uint64
-	// Allowed counts allowlisted datagrams.
+	// Allowed counts allowlisted datagrams of the limiter's classes.
 	Allowed [Families]uint64
 	// Verified counts, with VerifyIDs, the datagrams verified by a server
 	// ID or a peer address, by how (quicclass.Verification; the
@@ -275,10 +281,6 @@ func (f *Filter) Stats() Stats { return f.stats }
 // the random number rnd, and counts it.
 func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 	fam := FamilyIndex(d.Key.Family)
-	if f.allow.has(&d.Key) {
-		f.stats.Allowed[fam]++
-		return Outcome{Allowlisted: true, Paced: true}
-	}
 	out := Outcome{Paced: true}
 	dry := 0
 	if f.cfg.DryRun {
@@ -314,6 +316,15 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 	default:
 		if idLast != nil && now > *idLast+int64(IDRefresh) {
 			*idLast = now
+		}
+		// The allowlist exempts from the limits, not from validity: an
+		// allowlisted source's invalid and negotiation datagrams were
+		// decided above, as anyone's, since a spoofer can send from an
+		// allowlisted address.
+		if f.allow.has(&d.Key) {
+			f.stats.Allowed[fam]++
+			out.Allowlisted = true
+			return out
 		}
 		class := int(out.Class)
 		k := d.Key

@@ -147,9 +147,71 @@ func TestAllowlistFamilies(t *testing.T) {
 			c := quicConfig()
 			c.Allow = []netip.Prefix{netip.MustParsePrefix(tt.allow)}
 			f := newFilter(t, c)
-			out := f.Decide(dgram(tt.src, make([]byte, 10)), start, 0)
-			if out.Allowlisted != tt.want || out.Drop == tt.want {
-				t.Fatalf("Decide = %+v, want allowlisted %v", out, tt.want)
+			d := dgram(tt.src, initial())
+			out := f.Decide(d, start, 0)
+			// An allowlisted Initial is counted as allowed, any other by
+			// the limiter. (An invalid datagram no longer tells them
+			// apart: the allowlist does not exempt from validity.)
+			st, fam := f.Stats(), FamilyIndex(d.Key.Family)
+			limited := uint64(1)
+			if tt.want {
+				limited = 0
+			}
+			if out.Allowlisted != tt.want || out.Drop || st.Allowed[fam] != 1-limited || st.Passed[0][fam] != limited {
+				t.Fatalf("Decide = %+v, allowed %d, passed by the limiter %d; want allowlisted %v", out,
+					st.Allowed[fam], st.Passed[0][fam], tt.want)
+			}
+		})
+	}
+}
+
+// TestAllowlistKeepsValidity: an allowlisted source skips the limiter, not
+// the classification: its invalid datagrams, from a blocked port among
+// them, are dropped and counted as invalid, and its unknown versions are
+// paced, as anyone's (a spoofer can send from an allowlisted address).
+func TestAllowlistKeepsValidity(t *testing.T) {
+	notQUIC := make([]byte, 64)
+	smallUnknown := unknownVersion()[:300]
+	tests := []struct {
+		name        string
+		src         string
+		b           []byte
+		allowlisted bool
+		class       quicclass.Class
+		reason      quicclass.Reason
+		drop        bool
+	}{
+		{"initial", "192.0.2.1:50000", initial(), true, quicclass.Opening, 0, false},
+		{"short header", "192.0.2.1:50000", short(), true, quicclass.Established, 0, false},
+		{"fixed bit 0", "192.0.2.1:50000", notQUIC, false, quicclass.Invalid, quicclass.FixedBit, true},
+		{"reflection port", "192.0.2.1:53", initial(), false, quicclass.Invalid, quicclass.SourcePort, true},
+		{"empty", "192.0.2.1:50000", []byte{}, false, quicclass.Invalid, quicclass.Empty, true},
+		{"small unknown version", "192.0.2.1:50000", smallUnknown, false, quicclass.Invalid, quicclass.SmallUnknownVersion, true},
+		{"unknown version", "192.0.2.1:50000", unknownVersion(), false, quicclass.Negotiation, 0, false},
+		{"ipv6 fixed bit 0", "[2001:db8::1]:50000", notQUIC, false, quicclass.Invalid, quicclass.FixedBit, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := quicConfig()
+			c.Allow = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32")}
+			f := newFilter(t, c)
+			d := dgram(tt.src, tt.b)
+			out := f.Decide(d, start, 0)
+			if out.Allowlisted != tt.allowlisted || out.Class != tt.class || out.Reason != tt.reason || out.Drop != tt.drop {
+				t.Fatalf("Decide = %+v, want allowlisted %v, %v/%v, drop %v", out, tt.allowlisted, tt.class, tt.reason, tt.drop)
+			}
+			st := f.Stats()
+			fam := FamilyIndex(d.Key.Family)
+			var allowed, invalid uint64 = 0, 0
+			if tt.allowlisted {
+				allowed = 1
+			}
+			if tt.class == quicclass.Invalid {
+				invalid = 1
+			}
+			if st.Allowed[fam] != allowed || st.Invalid[0][fam][tt.reason] != invalid {
+				t.Fatalf("counted %d allowed and %d invalid (%v), want %d and %d", st.Allowed[fam],
+					st.Invalid[0][fam][tt.reason], tt.reason, allowed, invalid)
 			}
 		})
 	}
