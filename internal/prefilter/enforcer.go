@@ -2,6 +2,7 @@ package prefilter
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"sync"
 	"syscall"
@@ -64,6 +65,16 @@ type Stats struct {
 	Updates, AttachErrors uint64
 }
 
+// ruleState is what the Enforcer remembers of a rule: the drop
+// probability in force, its decayed average over the window (the rate the
+// userspace limiter estimates is a count decayed over the window, so the
+// share of the stream it sees is 1 - peff, not 1 - p, while p changes), and
+// the stream's arrival rate, in packets per second.
+type ruleState struct {
+	p, peff, arrival float64
+	class            quicclass.Class
+}
+
 // Enforcer keeps the pre-filter of the sockets a userspace limiter reads:
 // it compiles the configuration and the streams the limiter drops into a
 // program and replaces it on every socket when it changes. It is safe for
@@ -72,12 +83,10 @@ type Enforcer struct {
 	mu    sync.Mutex
 	conns []syscall.Conn
 	prog  *Program
-	// inForce are the drop probabilities of the program's rules.
-	inForce map[ruleKey]float64
-	// streams are the rules' observed rates, packets per second.
-	observed map[ruleKey]float64
-	stats    Stats
-	last     time.Time
+	// state is every rule's, in force or being phased out.
+	state map[ruleKey]*ruleState
+	stats Stats
+	last  time.Time
 	// invalid is the userspace limiter's count of invalid datagrams at
 	// the last update.
 	invalid [quicclass.NumReasons]uint64
@@ -86,7 +95,7 @@ type Enforcer struct {
 
 // NewEnforcer returns an Enforcer with no socket.
 func NewEnforcer() *Enforcer {
-	return &Enforcer{inForce: map[ruleKey]float64{}, observed: map[ruleKey]float64{}}
+	return &Enforcer{state: map[ruleKey]*ruleState{}}
 }
 
 // Attach puts the program in force on conn (the stateless part, until the
@@ -133,21 +142,39 @@ func specOf(c datagram.Config, rules []Rule) Spec {
 	return s
 }
 
-// Update compiles c and the streams the userspace limiter tracks (with
-// its compiled configuration p and counters st, now) and puts the program
-// on every socket if it changed. It returns the first attach error; a
-// socket whose update fails keeps its previous program.
-func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams []datagram.Stream, st datagram.Stats, now time.Time) error {
+// RateFunc returns the current estimate, at its node, of the packets of a
+// stream that reach the userspace limiter: a decayed count per window
+// (userspace.Limiter.Rate).
+type RateFunc func(*datagram.Stream) uint64
+
+// Update compiles c and the streams the userspace limiter tracks (with its
+// compiled configuration p, the current rate of each stream, and its
+// counters st, now) and puts the program on every socket if it changed. It
+// returns the first attach error; a socket whose update fails keeps its
+// previous program.
+func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, st datagram.Stats,
+	now time.Time) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.estimate(st, now)
+	e.estimate(st, p, now)
 	var rules []Rule
 	if !c.DryRun {
-		rules = RulesOf(c, p, streams, e.inForce)
+		rules = RulesOf(c, p, streams, rate, e.peff)
 	}
 	prog, err := Build(specOf(c, rules))
 	if err != nil {
 		return err
+	}
+	for _, s := range e.state {
+		s.p = 0 // phased out, unless compiled again
+	}
+	for _, r := range rules[:prog.Rules] {
+		s := e.state[r.key()]
+		if s == nil {
+			s = &ruleState{}
+			e.state[r.key()] = s
+		}
+		s.p, s.arrival, s.class = r.Drop, r.arrival, r.class
 	}
 	if e.prog != nil && slices.Equal(prog.Raw, e.prog.Raw) {
 		return nil
@@ -161,24 +188,29 @@ func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams []datagra
 	}
 	e.stats.Updates++
 	e.prog = prog
-	clear(e.inForce)
-	clear(e.observed)
-	for _, r := range rules[:prog.Rules] {
-		e.inForce[r.key()] = r.Drop
-		e.observed[r.key()] = r.observed
-	}
 	return first
 }
 
-// estimate adds the kernel's drops since the last update to the stats.
-func (e *Enforcer) estimate(st datagram.Stats, now time.Time) {
+// peff returns the decayed average drop probability of rule k (0 for a new
+// one).
+func (e *Enforcer) peff(k ruleKey) float64 {
+	if s := e.state[k]; s != nil {
+		return s.peff
+	}
+	return 0
+}
+
+// estimate adds the kernel's drops since the last update to the stats and
+// moves each rule's average probability on.
+func (e *Enforcer) estimate(st datagram.Stats, p *sketch.Params, now time.Time) {
 	var invalid [quicclass.NumReasons]uint64
 	for fam := range datagram.Families {
 		for r := range invalid {
 			invalid[r] += st.Invalid[0][fam][r]
 		}
 	}
-	if e.prog != nil && e.prog.Stateless && e.prog.SampleShift > 0 && len(e.conns) > 0 {
+	attached := len(e.conns) > 0
+	if e.prog != nil && e.prog.Stateless && e.prog.SampleShift > 0 && attached {
 		per := uint64(1)<<e.prog.SampleShift - 1
 		for _, r := range Stateless {
 			if invalid[r] >= e.invalid[r] {
@@ -187,25 +219,25 @@ func (e *Enforcer) estimate(st datagram.Stats, now time.Time) {
 		}
 	}
 	e.invalid = invalid
-	if !e.last.IsZero() && len(e.conns) > 0 {
-		dt := now.Sub(e.last).Seconds()
-		for k, pd := range e.inForce {
-			class := classOfForm(k.form)
-			e.carry[class] += e.observed[k] * dt * pd / (1 - pd)
-			whole := uint64(e.carry[class])
-			e.stats.StreamDropped[class] += whole
-			e.carry[class] -= float64(whole)
+	if e.last.IsZero() {
+		e.last = now
+		return
+	}
+	dt := now.Sub(e.last).Seconds()
+	e.last = now
+	decay := math.Exp(-dt * 1e9 / float64(max(p.WindowNanos, 1)))
+	for k, s := range e.state {
+		if attached && s.p > 0 {
+			e.carry[s.class] += s.arrival * dt * s.p
+			whole := math.Floor(e.carry[s.class])
+			e.stats.StreamDropped[s.class] += uint64(whole)
+			e.carry[s.class] -= whole
+		}
+		s.peff = s.p + (s.peff-s.p)*decay
+		if s.p == 0 && s.peff < MinDrop/8 {
+			delete(e.state, k)
 		}
 	}
-	e.last = now
-}
-
-// classOfForm is the class a rule's form stands for in the estimates.
-func classOfForm(f Form) int {
-	if f == ShortForm {
-		return int(quicclass.Established)
-	}
-	return int(quicclass.Opening)
 }
 
 // Stats returns what the pre-filter does.
@@ -233,19 +265,24 @@ func (s Stats) Dropped() uint64 {
 }
 
 // RulesOf turns the streams the userspace limiter drops into rules,
-// largest first. A stream's rate is what the limiter sees of it (its
-// estimate) corrected for what the kernel already drops (inForce, the
-// probabilities in force): rate = observed/(1-p). Its new probability leaves
-// it Headroom times its limit. Left out: dry runs, invalid streams (the
-// stateless part drops what it can of them), streams of the whole socket
-// (prefix length 0: the fair total chooses whom to drop, which a uniform
-// probability cannot), unlimited nodes, and probabilities under MinDrop.
-func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, inForce map[ruleKey]float64) []Rule {
+// largest first. A stream's arrival rate is what the limiter sees of it
+// now (rate) corrected for what the kernel drops: observed/(1-peff), where
+// peff(k) is rule k's drop probability averaged as the limiter's decayed
+// count averages (0 for a new rule). Its probability p = 1 -
+// Headroom*limit/rate leaves the limiter Headroom times the stream's limit.
+// Left out: dry runs, invalid streams (the stateless part drops what it can
+// of them), streams of the whole socket (prefix length 0: the fair total
+// chooses whom to drop, which a uniform probability cannot), unlimited
+// nodes, and probabilities under MinDrop.
+func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, peff func(ruleKey) float64) []Rule {
 	var rules []Rule
 	seen := map[ruleKey]bool{}
 	for i := range streams {
 		s := &streams[i]
-		if s.DryRun || s.Class >= quicclass.LimiterClasses || s.Level < 0 || s.Estimate == 0 {
+		if s.DryRun || s.Class >= quicclass.LimiterClasses || s.Level < 0 {
+			continue
+		}
+		if s.Key.Family != sketch.IPv4 && s.Key.Family != sketch.IPv6 {
 			continue
 		}
 		idx := slices.Index(p.Nodes, s.Node)
@@ -253,17 +290,11 @@ func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, inF
 			continue
 		}
 		thresh := p.Thresh[s.Class][idx]
-		if thresh == sketch.ThreshUnlimited || thresh == 0 {
-			continue
-		}
-		if s.Key.Family != sketch.IPv4 && s.Key.Family != sketch.IPv6 {
-			continue
-		}
 		bits := p.PrefixLen(s.Key.Family, s.Node.Prefix())
-		if bits == 0 {
+		if thresh == sketch.ThreshUnlimited || thresh == 0 || bits == 0 {
 			continue
 		}
-		r := Rule{Family: s.Key.Family, Bits: bits, Form: AnyForm}
+		r := Rule{Family: s.Key.Family, Bits: bits, Form: AnyForm, class: s.Class}
 		for w := range r.Words {
 			r.Words[w] = s.Key.Words[w] & prefixMask(bits, w)
 		}
@@ -287,21 +318,18 @@ func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, inF
 			continue
 		}
 		seen[k] = true
-		prev := inForce[k]
-		observed := float64(s.Estimate)
-		rate := observed / (1 - prev)
-		r.Drop = min(1-Headroom*float64(thresh)/rate, MaxDrop)
+		observed := float64(rate(s))
+		if observed == 0 {
+			continue
+		}
+		r.rate = observed / (1 - peff(k))
+		// Quantized to 1/64, so that noise in the estimate does not
+		// replace the program every period.
+		r.Drop = math.Floor(min(1-Headroom*float64(thresh)/r.rate, MaxDrop)*64) / 64
 		if r.Drop < MinDrop {
 			continue
 		}
-		// Quantize, so that noise in the estimate does not replace the
-		// program every period.
-		r.Drop = float64(int(r.Drop*64)) / 64
-		if r.Drop < MinDrop {
-			continue
-		}
-		r.observed = p.PPS(s.Estimate)
-		r.rate = rate
+		r.arrival = p.PPS(uint64(r.rate))
 		rules = append(rules, r)
 	}
 	slices.SortStableFunc(rules, func(a, b Rule) int { return cmp.Compare(b.rate, a.rate) })

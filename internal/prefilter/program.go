@@ -111,10 +111,11 @@ type Rule struct {
 	Form                       Form
 	// Drop is the probability of a drop, in [0, 1].
 	Drop float64
-	// observed and rate are the stream's rate as the userspace limiter
-	// sees it (packets per second) and as it arrives (count per window),
-	// for the estimates and the order of the rules.
-	observed, rate float64
+	// arrival and rate are the stream's arrival rate in packets per
+	// second and as a count per window, and class its class, for the
+	// estimates and the order of the rules.
+	arrival, rate float64
+	class         quicclass.Class
 }
 
 // Spec is what a program does.
