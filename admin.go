@@ -12,6 +12,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
+	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 )
 
@@ -68,6 +69,24 @@ type viewLimiter struct {
 	// Verification says whether the limiter verifies what clients send
 	// against what the server sent, and what it learned.
 	Verification viewVerification `json:"verification"`
+	// Prefilter is the userspace mode's kernel pre-filter (absent in the
+	// bpf mode).
+	Prefilter *viewPrefilter `json:"prefilter,omitempty"`
+}
+
+// viewPrefilter is what the kernel pre-filter (classic BPF) of a userspace
+// limiter does. Its drops are estimated: classic BPF cannot count.
+type viewPrefilter struct {
+	Sockets      int  `json:"sockets"`
+	Instructions int  `json:"instructions"`
+	Streams      int  `json:"streams"`
+	Invalid      bool `json:"drops_invalid"`
+	// InvalidDroppedEstimated is by reason; StreamDroppedEstimated by
+	// class, the packets of limited streams.
+	InvalidDroppedEstimated map[string]uint64 `json:"invalid_dropped_estimated"`
+	StreamDroppedEstimated  map[string]uint64 `json:"stream_dropped_estimated"`
+	Updates                 uint64            `json:"updates"`
+	AttachErrors            uint64            `json:"attach_errors"`
 }
 
 // viewVerification is the state of connection ID verification.
@@ -224,6 +243,19 @@ func viewOf(l *engine.Limiter) (viewLimiter, error) {
 	total := l.OpeningTotal()
 	al.OpeningTotal = viewOpeningTotal{Adaptive: total.Adaptive, CapPPS: total.Cap, QueueFill: total.Last.Fill,
 		QueueDrops: total.Last.Overflows, OpenedPPS: total.Last.OpenedPPS}
+	if pf, ok := eng.(engine.Prefiltered); ok {
+		ps := pf.Prefilter()
+		vp := &viewPrefilter{Sockets: ps.Sockets, Instructions: ps.Instructions, Streams: ps.Rules, Invalid: ps.Stateless,
+			InvalidDroppedEstimated: map[string]uint64{}, StreamDroppedEstimated: map[string]uint64{},
+			Updates: ps.Updates, AttachErrors: ps.AttachErrors}
+		for _, r := range prefilter.Stateless {
+			vp.InvalidDroppedEstimated[r.String()] = ps.InvalidDropped[r]
+		}
+		for _, class := range engine.LimiterClasses {
+			vp.StreamDroppedEstimated[engine.ClassName(set, class)] = ps.StreamDropped[class]
+		}
+		al.Prefilter = vp
+	}
 	st, err := eng.Stats()
 	if err != nil {
 		return al, err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
+	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 )
 
@@ -71,6 +72,17 @@ var (
 		"1 when the limiter verifies connection IDs and peers; 0 when it is off (configured, or the server's "+
 			"connection IDs are not quic-go's 4 bytes).",
 		[]string{"limiter"}, nil)
+	prefilterDroppedDesc = prometheus.NewDesc("caddy_rakelimit_prefilter_dropped_estimated_total",
+		"Userspace mode: datagrams the kernel pre-filter (classic BPF, no capability needed) dropped before quic-go "+
+			"received them, ESTIMATED (classic BPF cannot count): class invalid by reason, from the one in 64 the "+
+			"pre-filter lets through for the userspace limiter to count; a limiter class (opening, established, unverified, or all) with reason "+
+			"limited_stream, from each limited stream's arrival rate and the drop probability set for it. The "+
+			"socket's drop counter counts them exactly, together with receive queue overflows.",
+		[]string{"limiter", "class", "reason"}, nil)
+	prefilterDesc = prometheus.NewDesc("caddy_rakelimit_prefilter",
+		"Userspace mode: the kernel pre-filter in force: sockets (that carry it), instructions (of at most 4096), "+
+			"streams (limited streams it drops packets of), updates (programs attached), attach_errors.",
+		[]string{"limiter", "what"}, nil)
 	collectionErrorsDesc = prometheus.NewDesc("caddy_rakelimit_collection_errors_total",
 		"Failed reads of a filter's counters or streams while collecting metrics.", nil, nil)
 )
@@ -98,7 +110,7 @@ func (p *pool) registerMetrics(reg *prometheus.Registry) error {
 func (*collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, modeDesc, windowDesc, dryRunDesc,
 		streamsDesc, untrackedDesc, attachErrorsDesc, openingTotalDesc, queueFillDesc, verifiedDesc, learnedDesc, verifyingDesc,
-		collectionErrorsDesc} {
+		prefilterDroppedDesc, prefilterDesc, collectionErrorsDesc} {
 		ch <- d
 	}
 }
@@ -199,6 +211,9 @@ func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
 	}
 	ch <- prometheus.MustNewConstMetric(verifyingDesc, prometheus.GaugeValue, verifying, name)
 	ch <- prometheus.MustNewConstMetric(attachErrorsDesc, prometheus.CounterValue, float64(l.AttachErrors()), name)
+	if pf, ok := eng.(engine.Prefiltered); ok {
+		collectPrefilter(name, set, pf.Prefilter(), ch)
+	}
 	streams, err := eng.Streams()
 	if err != nil {
 		return err
@@ -210,4 +225,21 @@ func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
 	}
 	ch <- prometheus.MustNewConstMetric(untrackedDesc, prometheus.CounterValue, float64(untracked), name)
 	return nil
+}
+
+// collectPrefilter sends the metrics of a userspace limiter's kernel
+// pre-filter.
+func collectPrefilter(name string, set datagram.Config, st prefilter.Stats, ch chan<- prometheus.Metric) {
+	for _, r := range prefilter.Stateless {
+		ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.InvalidDropped[r]),
+			name, quicclass.Invalid.String(), r.String())
+	}
+	for _, class := range engine.LimiterClasses {
+		ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.StreamDropped[class]),
+			name, engine.ClassName(set, class), "limited_stream")
+	}
+	for what, v := range map[string]float64{"sockets": float64(st.Sockets), "instructions": float64(st.Instructions),
+		"streams": float64(st.Rules), "updates": float64(st.Updates), "attach_errors": float64(st.AttachErrors)} {
+		ch <- prometheus.MustNewConstMetric(prefilterDesc, prometheus.GaugeValue, v, name, what)
+	}
 }

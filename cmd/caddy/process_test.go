@@ -22,6 +22,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	rakelimit "github.com/rakelimit/caddy-rakelimit"
+	"github.com/rakelimit/caddy-rakelimit/internal/procnet"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -352,10 +353,17 @@ func TestLeastPrivilege(t *testing.T) {
 				want && !strings.Contains(out.String(), "grant CAP_BPF and CAP_PERFMON") {
 				t.Errorf("%d warnings about userspace, want %v", warned, want)
 			}
-			// Its filter's count of drops, from its metrics.
+			// Its filter's count of drops, from its metrics; in
+			// userspace, with the drops of its kernel pre-filter,
+			// which the socket's drop counter counts.
+			base := readDrops(t, port)
 			dropped := func() uint64 {
 				_, m := testutil.AdminGet(t, admin, "/metrics")
-				return uint64(testutil.Metric(t, m, "caddy_rakelimit_packets_total", `class="opening"`, `verdict="dropped"`, `level="0"`, `family="ipv4"`))
+				d := uint64(testutil.Metric(t, m, "caddy_rakelimit_packets_total", `class="opening"`, `verdict="dropped"`, `level="0"`, `family="ipv4"`))
+				if tt.runs == rakelimit.ModeUserspace {
+					d += readDrops(t, port).FilteredSince(base)
+				}
+				return d
 			}
 			_, m := testutil.AdminGet(t, admin, "/metrics")
 			if got := testutil.Metric(t, m, "caddy_rakelimit_mode", `mode="`+tt.runs+`"`); got != 1 {
@@ -369,7 +377,47 @@ func TestLeastPrivilege(t *testing.T) {
 			}
 			t.Logf("%s mode, as uid %d (root %v): flood of %d at 30x the limit, %d dropped", tt.runs, testutil.Nobody, tt.root,
 				sent, dropped()-dropped0)
+			if tt.runs == rakelimit.ModeUserspace {
+				checkPrefilter(t, admin, port)
+			}
 		})
+	}
+}
+
+// readDrops reads the drop counters of the sockets on port: with an
+// earlier reading, how many datagrams their filters dropped since.
+func readDrops(t *testing.T, port int) procnet.Drops {
+	t.Helper()
+	d, err := procnet.ReadDrops(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// checkPrefilter checks, in the userspace mode, the kernel pre-filter that
+// needs no capability: it is on the socket, and it drops a flood of invalid
+// datagrams in the kernel, all but the one in 64 it samples.
+func checkPrefilter(t *testing.T, admin, port int) {
+	t.Helper()
+	_, m := testutil.AdminGet(t, admin, "/metrics")
+	if got := testutil.Metric(t, m, "caddy_rakelimit_prefilter", `what="sockets"`); got < 1 {
+		t.Fatalf("the pre-filter is on %v sockets, want 1:\n%s", got, m)
+	}
+	d0 := readDrops(t, port)
+	junk := testutil.Sender(t, netip.AddrPortFrom(floodSrc, 0))
+	const n = 5000
+	if err := testutil.Pace(junk, testutil.LoopbackFor(floodSrc, uint16(port)), 10_000, n,
+		func() []byte { return []byte{0x00, 0x01, 0x02} }); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if d := readDrops(t, port).FilteredSince(d0); d < n*9/10 {
+		t.Errorf("the kernel dropped %d of %d invalid datagrams, want 90%% at least", d, n)
+	}
+	_, m = testutil.AdminGet(t, admin, "/metrics")
+	if est := testutil.Metric(t, m, "caddy_rakelimit_prefilter_dropped_estimated_total", `class="invalid"`, `reason="fixed_bit"`); est == 0 {
+		t.Error("no estimated kernel drop of invalid datagrams in the metrics")
 	}
 }
 

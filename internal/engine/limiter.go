@@ -64,6 +64,10 @@ type Limiter struct {
 	// started and ended budget the log lines of streams that start and
 	// stop being limited.
 	started, ended logBudget
+	// preWarned is the pre-filter failure logged last: the same failure
+	// is logged once.
+	warnMu    sync.Mutex
+	preWarned string
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -318,7 +322,29 @@ func (l *Limiter) protect(conn *net.UDPConn) error {
 	}
 	l.failed = slices.DeleteFunc(l.failed, func(c *net.UDPConn) bool { return c == conn })
 	l.conns = append(l.conns, conn)
+	l.warnPrefilter(l.eng, l.put.Logger)
 	return nil
+}
+
+// warnPrefilter logs, once each, the failures of the engine's kernel
+// pre-filter: the userspace limiter still decides every datagram.
+func (l *Limiter) warnPrefilter(eng Engine, logger *zap.Logger) {
+	pf, ok := eng.(Prefiltered)
+	if !ok {
+		return
+	}
+	err := pf.PrefilterError()
+	if err == nil {
+		return
+	}
+	l.warnMu.Lock()
+	defer l.warnMu.Unlock()
+	if err.Error() == l.preWarned {
+		return
+	}
+	l.preWarned = err.Error()
+	logger.Warn("the kernel pre-filter (classic BPF) could not be put on the socket; the userspace limiter still decides "+
+		"every datagram it receives", zap.String("limiter", l.name), zap.Error(err))
 }
 
 // fallBack replaces a BPF filter that could not attach with the userspace
@@ -420,6 +446,7 @@ func (l *Limiter) expireStreams() {
 		}
 		put, listeners := l.Snapshot()
 		eng := l.Engine()
+		l.warnPrefilter(eng, put.Logger)
 		expired, err := eng.ExpireStreams(StreamIdle(put.Config))
 		if err != nil {
 			put.Logger.Error("expiring limited streams", zap.String("limiter", l.name), zap.Error(err))

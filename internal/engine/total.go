@@ -147,10 +147,15 @@ func (l *Limiter) sample(at int64) (backlog.Sample, error) {
 		refused += st.Negotiation[fam][1]
 	}
 	// The kernel counts a socket filter's refusals among the socket's
-	// drops; the userspace limiter refuses what was already received.
-	if eng.Mode() == ModeBPF {
+	// drops; the userspace limiter refuses what was already received, but
+	// its classic BPF pre-filter refuses in the kernel (estimated).
+	switch pf, ok := eng.(Prefiltered); {
+	case eng.Mode() == ModeBPF:
 		s.Overflows = max(drops, refused) - refused
-	} else {
+	case ok:
+		pre := pf.Prefilter().Dropped()
+		s.Overflows = max(drops, pre) - pre
+	default:
 		s.Overflows = drops
 	}
 	return s, nil

@@ -2,19 +2,32 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
-// userEngine is the userspace limiter, with the packet conns it filters.
+// userEngine is the userspace limiter, with the packet conns it filters and
+// the kernel pre-filter on their sockets (package prefilter).
 type userEngine struct {
 	*userspace.Limiter
 
 	mu    sync.Mutex
 	conns map[*net.UDPConn]*userspace.Conn
+	// pre keeps the classic BPF pre-filter of the sockets; preErr is an
+	// error to report: a socket it could not attach to, or an update
+	// that failed.
+	pre    *prefilter.Enforcer
+	preErr error
+	// stop ends the goroutine that updates the pre-filter; done says it
+	// ended.
+	stop, done chan struct{}
+	once       sync.Once
 }
 
 // OpenUserspace opens the userspace limiter for c.
@@ -23,16 +36,29 @@ func OpenUserspace(c datagram.Config) (Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &userEngine{Limiter: l, conns: map[*net.UDPConn]*userspace.Conn{}}, nil
+	e := &userEngine{Limiter: l, conns: map[*net.UDPConn]*userspace.Conn{}, pre: prefilter.NewEnforcer(),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go e.enforce()
+	return e, nil
 }
 
 func (e *userEngine) Mode() string { return ModeUserspace }
 
 func (e *userEngine) Events() (EventReader, error) { return e.Limiter.Events() }
 
+// Configure puts c in force, then on the pre-filter.
+func (e *userEngine) Configure(c datagram.Config) error {
+	if err := e.Limiter.Configure(c); err != nil {
+		return err
+	}
+	e.updatePrefilter()
+	return nil
+}
+
 // Protect makes the userspace limiter decide every datagram quic-go reads
 // through read, the socket's conn, which keeps quic-go's batched reads, GSO
-// and ECN (see package userspace).
+// and ECN (see package userspace). It puts the pre-filter on the socket; if
+// that fails the conn still protects it, and PrefilterError reports why.
 func (e *userEngine) Protect(conn *net.UDPConn, read *userspace.Conn) error {
 	if read == nil {
 		return errors.New("no conn to filter the socket's reads")
@@ -41,11 +67,56 @@ func (e *userEngine) Protect(conn *net.UDPConn, read *userspace.Conn) error {
 	defer e.mu.Unlock()
 	e.conns[conn] = read
 	read.SetLimiter(e.Limiter)
+	if err := e.pre.Attach(conn, e.Limiter.Config()); err != nil {
+		e.preErr = fmt.Errorf("socket %v: %w", conn.LocalAddr(), err)
+	}
 	return nil
 }
 
-// Unprotect lets every datagram through the socket's conn: quic-go keeps
-// reading through it until the socket closes.
+// PrefilterError returns, once, the latest failure to attach or update the
+// pre-filter.
+func (e *userEngine) PrefilterError() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	err := e.preErr
+	e.preErr = nil
+	return err
+}
+
+// Prefilter says what the pre-filter does.
+func (e *userEngine) Prefilter() prefilter.Stats { return e.pre.Stats() }
+
+// enforce updates the pre-filter every prefilter.Period from the streams
+// the limiter drops.
+func (e *userEngine) enforce() {
+	defer close(e.done)
+	tk := time.NewTicker(prefilter.Period)
+	defer tk.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-tk.C:
+		}
+		e.updatePrefilter()
+	}
+}
+
+// updatePrefilter compiles the configuration and the limited streams into
+// the pre-filter.
+func (e *userEngine) updatePrefilter() {
+	streams, _ := e.Limiter.Streams()
+	st, _ := e.Limiter.Stats()
+	if err := e.pre.Update(e.Limiter.Config(), e.Limiter.Params(), streams, e.Limiter.Rate, st, time.Now()); err != nil {
+		e.mu.Lock()
+		e.preErr = err
+		e.mu.Unlock()
+	}
+}
+
+// Unprotect lets every datagram through the socket's conn and takes the
+// pre-filter away: quic-go keeps reading through the conn until the socket
+// closes.
 func (e *userEngine) Unprotect(conn *net.UDPConn) (bool, error) {
 	e.mu.Lock()
 	c, ok := e.conns[conn]
@@ -55,7 +126,18 @@ func (e *userEngine) Unprotect(conn *net.UDPConn) (bool, error) {
 		return false, errors.New("not a socket of this limiter")
 	}
 	c.SetLimiter(nil)
-	return !IsClosed(conn), nil
+	open := !IsClosed(conn)
+	if err := e.pre.Detach(conn); err != nil && open {
+		return open, err
+	}
+	return open, nil
+}
+
+// Close stops updating the pre-filter and closes the limiter.
+func (e *userEngine) Close() error {
+	e.once.Do(func() { close(e.stop) })
+	<-e.done
+	return e.Limiter.Close()
 }
 
 // IsClosed reports whether conn's socket has been closed.
@@ -65,4 +147,13 @@ func IsClosed(conn *net.UDPConn) bool {
 		return true
 	}
 	return rc.Control(func(uintptr) {}) != nil
+}
+
+// Prefiltered is an engine with a kernel pre-filter (the userspace one).
+type Prefiltered interface {
+	// Prefilter says what the pre-filter does.
+	Prefilter() prefilter.Stats
+	// PrefilterError returns, once, the latest failure to attach or
+	// update it.
+	PrefilterError() error
 }

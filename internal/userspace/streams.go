@@ -279,3 +279,20 @@ func (e *EventReader) Close() error {
 	})
 	return nil
 }
+
+// Rate returns the current estimate, at s's node, of the packets of stream
+// s that reached the limiter: a decayed count per window (as s.Estimate,
+// which is the estimate at the stream's latest sampled drop), as of now and
+// over both budgets of the node's cells. It is 0 for a stream of invalid
+// datagrams, or a node the configuration no longer has.
+func (l *Limiter) Rate(s *datagram.Stream) uint64 {
+	if s.Class >= quicclass.LimiterClasses {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.now()
+	lim := l.f.Limiter()
+	return lim.Estimate(&s.Key, int(s.Class), s.Node, sketch.Clean, now) +
+		lim.Estimate(&s.Key, int(s.Class), s.Node, sketch.Limited, now)
+}

@@ -1,0 +1,200 @@
+//go:build linux
+
+package engine
+
+import (
+	"net"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
+	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
+)
+
+// drain reads through pc until it is closed, counting datagrams by first
+// byte's header form: long (Initials) and the rest.
+func drain(pc net.PacketConn, long, other *atomic.Int64) chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					continue
+				}
+				return
+			}
+			if n > 0 && buf[0]&0x80 != 0 {
+				long.Add(1)
+			} else {
+				other.Add(1)
+			}
+		}
+	}()
+	return done
+}
+
+// TestPrefilterDropsInKernel runs the userspace limiter on a real socket,
+// with its pre-filter, under a flood of Initials from one source and of
+// invalid datagrams from another: the kernel drops the invalid ones and most
+// of the flood (the socket's drop counter counts a filter's drops), while
+// the userspace limiter still holds the flood to its limit.
+func TestPrefilterDropsInKernel(t *testing.T) {
+	const limit = 200
+	eng, err := OpenUserspace(testutil.QUICLimits(limit, 1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ln := testutil.Listen(t, "udp", "[::]:0")
+	pc, err := userspace.NewConn(ln, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Protect(ln, pc); err != nil {
+		t.Fatal(err)
+	}
+	pf := eng.(Prefiltered)
+	if err := pf.PrefilterError(); err != nil {
+		t.Fatalf("attaching the pre-filter: %v", err)
+	}
+	var long, other atomic.Int64
+	done := drain(pc, &long, &other)
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
+	flooder := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
+	junker := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.3:0"))
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	junk := []byte{0x01, 0x02, 0x03, 0x04}
+	const rate, seconds = 10_000, 2
+	var rules atomic.Int64
+	watch := make(chan struct{})
+	go func() {
+		defer close(watch)
+		for range 4 * seconds {
+			time.Sleep(prefilter.Period)
+			rules.Store(max(rules.Load(), int64(pf.Prefilter().Rules)))
+		}
+	}()
+	errs := make(chan error, 1)
+	go func() {
+		_, err := testutil.Flood{From: []*net.UDPConn{junker}, To: dst, Rate: rate / 2, Count: rate / 2 * seconds,
+			For: seconds * time.Second, Next: func() []byte { return junk }}.Send()
+		errs <- err
+	}()
+	sent, err := testutil.Flood{From: []*net.UDPConn{flooder}, To: dst, Rate: rate, Count: rate * seconds,
+		For: seconds * time.Second, Next: func() []byte { return initial }}.Send()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	<-watch
+	time.Sleep(200 * time.Millisecond)
+	_, _, drops, err := backlog.ReadSockets([]*net.UDPConn{ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.SetReadDeadline(time.Now())
+	ln.Close()
+	<-done
+	st := pf.Prefilter()
+	junkSent := rate / 2 * seconds
+	t.Logf("flood %d, junk %d: kernel drops %d; delivered %d Initials, %d others; pre-filter %+v",
+		sent, junkSent, drops, long.Load(), other.Load(), st)
+	if rules.Load() == 0 {
+		t.Error("the pre-filter never had a rule for the flood")
+	}
+	// The junk: all but the sample dropped in the kernel. The flood:
+	// after the first period, all but Headroom times the limit.
+	if want := uint64(junkSent*8/10 + sent/4); drops < want {
+		t.Errorf("the kernel dropped %d, want at least %d", drops, want)
+	}
+	if n := other.Load(); n != 0 {
+		t.Errorf("%d invalid datagrams reached quic-go", n)
+	}
+	if n := long.Load(); n > 3*limit*seconds+limit {
+		t.Errorf("%d Initials of the flood reached quic-go, over the limit of %d/s", n, limit)
+	}
+	var invalid uint64
+	for _, n := range st.InvalidDropped {
+		invalid += n
+	}
+	if invalid < uint64(junkSent/2) || invalid > uint64(junkSent*2) {
+		t.Errorf("estimated %d invalid datagrams dropped in the kernel, sent %d", invalid, junkSent)
+	}
+	if st.Sockets != 1 || st.Instructions == 0 || !st.Stateless {
+		t.Errorf("pre-filter stats %+v", st)
+	}
+}
+
+// TestPrefilterAttachFails: a socket whose filter is locked refuses the
+// pre-filter; the limiter warns once and the userspace limiter still drops
+// what it must.
+func TestPrefilterAttachFails(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	l, err := New("locked", testutil.QUICLimits(100, 1000), ModeUserspace, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ln := testutil.Listen(t, "udp4", "127.0.0.1:0")
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_LOCK_FILTER, 1) })
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	pc, _, err := l.Attach(ln)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	warned := logs.FilterMessageSnippet("pre-filter").All()
+	if len(warned) != 1 || warned[0].Level != zapcore.WarnLevel {
+		t.Fatalf("logged %v, want one warning about the pre-filter", warned)
+	}
+	if e := warned[0].ContextMap()["error"]; !strings.Contains(e.(string), "operation not permitted") {
+		t.Errorf("warning error %q", e)
+	}
+	var long, other atomic.Int64
+	done := drain(pc, &long, &other)
+	s := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
+	dst := netip.MustParseAddrPort(ln.LocalAddr().String())
+	if err := testutil.Pace(s, dst, 5000, 500, func() []byte { return []byte{0x01} }); err != nil {
+		t.Fatal(err)
+	}
+	valid := quicclass.ShortHeader(100)
+	if err := testutil.Pace(s, dst, 5000, 10, func() []byte { return valid }); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for other.Load() < 10 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	pc.SetReadDeadline(time.Now())
+	ln.Close()
+	<-done
+	if n := other.Load(); n != 10 {
+		t.Errorf("%d datagrams reached quic-go, want the 10 valid ones", n)
+	}
+	if st := l.Engine().(Prefiltered).Prefilter(); st.Sockets != 0 || st.AttachErrors == 0 {
+		t.Errorf("pre-filter stats %+v, want no socket and an attach error", st)
+	}
+}

@@ -1,0 +1,337 @@
+package prefilter
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+)
+
+// Tuning of the kernel enforcement.
+const (
+	// Period is how often an Enforcer's owner calls Update.
+	Period = 250 * time.Millisecond
+	// Headroom is how much more than its limit a limited stream still
+	// delivers to the userspace limiter: p = 1 - Headroom*limit/rate. The
+	// userspace limiter so keeps dropping (and tracking) the stream, and
+	// decides what it lets through.
+	Headroom = 2
+	// MaxDrop caps a rule's drop probability: the stream keeps reaching
+	// the userspace limiter, which keeps measuring it.
+	MaxDrop = 0.995
+	// MinDrop is the smallest drop probability worth a rule.
+	MinDrop = 0.05
+)
+
+// ruleKey is a rule without its probability.
+type ruleKey struct {
+	family         sketch.Family
+	words          [4]uint32
+	bits           int
+	sport, dport   uint16
+	msport, mdport bool
+	form           Form
+}
+
+func (r *Rule) key() ruleKey {
+	return ruleKey{r.Family, r.Words, r.Bits, r.SrcPort, r.DstPort, r.MatchSrcPort, r.MatchDstPort, r.Form}
+}
+
+// Stats says what the pre-filter does. The kernel drops are estimated:
+// classic BPF cannot count.
+type Stats struct {
+	// Sockets is how many sockets carry the program.
+	Sockets int
+	// Instructions is the program's length; Rules how many limited
+	// streams it drops packets of; Stateless whether it drops invalid
+	// datagrams.
+	Instructions, Rules int
+	Stateless           bool
+	// InvalidDropped estimates the invalid datagrams the kernel dropped,
+	// by reason: the userspace limiter's count of the sampled ones times
+	// the datagrams each sample stands for.
+	InvalidDropped [quicclass.NumReasons]uint64
+	// StreamDropped estimates the packets of limited streams the kernel
+	// dropped, by class: the rate the userspace limiter still sees of each
+	// stream times p/(1-p).
+	StreamDropped [sketch.NumClasses]uint64
+	// Updates counts programs attached; AttachErrors attaches that failed.
+	Updates, AttachErrors uint64
+}
+
+// ruleState is what the Enforcer remembers of a rule: the drop
+// probability in force, its decayed average over the window (the rate the
+// userspace limiter estimates is a count decayed over the window, so the
+// share of the stream it sees is 1 - peff, not 1 - p, while p changes), and
+// the stream's arrival rate, in packets per second.
+type ruleState struct {
+	p, peff, arrival float64
+	class            quicclass.Class
+}
+
+// Enforcer keeps the pre-filter of the sockets a userspace limiter reads:
+// it compiles the configuration and the streams the limiter drops into a
+// program and replaces it on every socket when it changes. It is safe for
+// concurrent use.
+type Enforcer struct {
+	mu    sync.Mutex
+	conns []syscall.Conn
+	prog  *Program
+	// state is every rule's, in force or being phased out.
+	state map[ruleKey]*ruleState
+	stats Stats
+	last  time.Time
+	// invalid is the userspace limiter's count of invalid datagrams at
+	// the last update.
+	invalid [quicclass.NumReasons]uint64
+	carry   [sketch.NumClasses]float64
+}
+
+// NewEnforcer returns an Enforcer with no socket.
+func NewEnforcer() *Enforcer {
+	return &Enforcer{state: map[ruleKey]*ruleState{}}
+}
+
+// Attach puts the program in force on conn (the stateless part, until the
+// first Update with streams); on an error conn has no pre-filter and the
+// userspace limiter alone protects it.
+func (e *Enforcer) Attach(conn syscall.Conn, c datagram.Config) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.prog == nil {
+		p, err := Build(specOf(c, nil))
+		if err != nil {
+			e.stats.AttachErrors++
+			return err
+		}
+		e.prog = p
+	}
+	if err := Attach(conn, e.prog.Raw); err != nil {
+		e.stats.AttachErrors++
+		return err
+	}
+	e.conns = append(e.conns, conn)
+	e.stats.Updates++
+	return nil
+}
+
+// Detach takes the program away from conn.
+func (e *Enforcer) Detach(conn syscall.Conn) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	i := slices.Index(e.conns, conn)
+	if i < 0 {
+		return nil
+	}
+	e.conns = slices.Delete(e.conns, i, i+1)
+	return Detach(conn)
+}
+
+// specOf is the program for configuration c and rules.
+func specOf(c datagram.Config, rules []Rule) Spec {
+	s := Spec{DryRun: c.DryRun, Classify: c.Classify, Allow: c.Allow, Rules: rules, SampleShift: DefaultSampleShift}
+	if c.Classify {
+		s.BlockedPorts = c.BlockedPorts
+	}
+	return s
+}
+
+// RateFunc returns the current estimate, at its node, of the packets of a
+// stream that reach the userspace limiter: a decayed count per window
+// (userspace.Limiter.Rate).
+type RateFunc func(*datagram.Stream) uint64
+
+// Update compiles c and the streams the userspace limiter tracks (with its
+// compiled configuration p, the current rate of each stream, and its
+// counters st, now) and puts the program on every socket if it changed. It
+// returns the first attach error; a socket whose update fails keeps its
+// previous program.
+func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, st datagram.Stats,
+	now time.Time) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.estimate(st, p, now)
+	var rules []Rule
+	if !c.DryRun {
+		rules = RulesOf(c, p, streams, rate, e.peff)
+	}
+	prog, err := Build(specOf(c, rules))
+	if err != nil {
+		return err
+	}
+	for _, s := range e.state {
+		s.p = 0 // phased out, unless compiled again
+	}
+	for _, r := range rules[:prog.Rules] {
+		s := e.state[r.key()]
+		if s == nil {
+			s = &ruleState{}
+			e.state[r.key()] = s
+		}
+		s.p, s.arrival, s.class = r.Drop, r.arrival, r.class
+	}
+	if e.prog != nil && slices.Equal(prog.Raw, e.prog.Raw) {
+		return nil
+	}
+	var first error
+	for _, conn := range e.conns {
+		if err := Attach(conn, prog.Raw); err != nil {
+			e.stats.AttachErrors++
+			first = cmp.Or(first, err)
+		}
+	}
+	e.stats.Updates++
+	e.prog = prog
+	return first
+}
+
+// peff returns the decayed average drop probability of rule k (0 for a new
+// one).
+func (e *Enforcer) peff(k ruleKey) float64 {
+	if s := e.state[k]; s != nil {
+		return s.peff
+	}
+	return 0
+}
+
+// estimate adds the kernel's drops since the last update to the stats and
+// moves each rule's average probability on.
+func (e *Enforcer) estimate(st datagram.Stats, p *sketch.Params, now time.Time) {
+	var invalid [quicclass.NumReasons]uint64
+	for fam := range datagram.Families {
+		for r := range invalid {
+			invalid[r] += st.Invalid[0][fam][r]
+		}
+	}
+	attached := len(e.conns) > 0
+	if e.prog != nil && e.prog.Stateless && e.prog.SampleShift > 0 && attached {
+		per := uint64(1)<<e.prog.SampleShift - 1
+		for _, r := range Stateless {
+			if invalid[r] >= e.invalid[r] {
+				e.stats.InvalidDropped[r] += (invalid[r] - e.invalid[r]) * per
+			}
+		}
+	}
+	e.invalid = invalid
+	if e.last.IsZero() {
+		e.last = now
+		return
+	}
+	dt := now.Sub(e.last).Seconds()
+	e.last = now
+	decay := math.Exp(-dt * 1e9 / float64(max(p.WindowNanos, 1)))
+	for k, s := range e.state {
+		if attached && s.p > 0 {
+			e.carry[s.class] += s.arrival * dt * s.p
+			whole := math.Floor(e.carry[s.class])
+			e.stats.StreamDropped[s.class] += uint64(whole)
+			e.carry[s.class] -= whole
+		}
+		s.peff = s.p + (s.peff-s.p)*decay
+		if s.p == 0 && s.peff < MinDrop/8 {
+			delete(e.state, k)
+		}
+	}
+}
+
+// Stats returns what the pre-filter does.
+func (e *Enforcer) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.stats
+	s.Sockets = len(e.conns)
+	if e.prog != nil {
+		s.Instructions, s.Rules, s.Stateless = e.prog.Len(), e.prog.Rules, e.prog.Stateless
+	}
+	return s
+}
+
+// Dropped is the total of the estimated kernel drops.
+func (s Stats) Dropped() uint64 {
+	var n uint64
+	for _, v := range s.InvalidDropped {
+		n += v
+	}
+	for _, v := range s.StreamDropped {
+		n += v
+	}
+	return n
+}
+
+// RulesOf turns the streams the userspace limiter drops into rules,
+// largest first. A stream's arrival rate is what the limiter sees of it
+// now (rate) corrected for what the kernel drops: observed/(1-peff), where
+// peff(k) is rule k's drop probability averaged as the limiter's decayed
+// count averages (0 for a new rule). Its probability p = 1 -
+// Headroom*limit/rate leaves the limiter Headroom times the stream's limit.
+// Left out: dry runs, invalid streams (the stateless part drops what it can
+// of them), streams of the whole socket (prefix length 0: the fair total
+// chooses whom to drop, which a uniform probability cannot), unlimited
+// nodes, and probabilities under MinDrop.
+func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, peff func(ruleKey) float64) []Rule {
+	var rules []Rule
+	seen := map[ruleKey]bool{}
+	for i := range streams {
+		s := &streams[i]
+		if s.DryRun || s.Class >= quicclass.LimiterClasses || s.Level < 0 {
+			continue
+		}
+		if s.Key.Family != sketch.IPv4 && s.Key.Family != sketch.IPv6 {
+			continue
+		}
+		idx := slices.Index(p.Nodes, s.Node)
+		if idx < 0 {
+			continue
+		}
+		thresh := p.Thresh[s.Class][idx]
+		bits := p.PrefixLen(s.Key.Family, s.Node.Prefix())
+		if thresh == sketch.ThreshUnlimited || thresh == 0 || bits == 0 {
+			continue
+		}
+		r := Rule{Family: s.Key.Family, Bits: bits, Form: AnyForm, class: s.Class}
+		for w := range r.Words {
+			r.Words[w] = s.Key.Words[w] & prefixMask(bits, w)
+		}
+		if s.Key.Family == sketch.IPv4 {
+			r.Words = [4]uint32{s.Key.Words[0] & prefixMask(bits, 0)}
+		}
+		if !s.Node.SrcPortAny() {
+			r.SrcPort, r.MatchSrcPort = s.Key.SrcPort, true
+		}
+		if p.PerDstPort && !s.Node.DstPortAny() {
+			r.DstPort, r.MatchDstPort = s.Key.DstPort, true
+		}
+		if c.Classify {
+			r.Form = ShortForm
+			if s.Class == quicclass.Opening {
+				r.Form = LongForm
+			}
+		}
+		k := r.key()
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		observed := float64(rate(s))
+		if observed == 0 {
+			continue
+		}
+		r.rate = observed / (1 - peff(k))
+		// Quantized to 1/64, so that noise in the estimate does not
+		// replace the program every period.
+		r.Drop = math.Floor(min(1-Headroom*float64(thresh)/r.rate, MaxDrop)*64) / 64
+		if r.Drop < MinDrop {
+			continue
+		}
+		r.arrival = p.PPS(uint64(r.rate))
+		rules = append(rules, r)
+	}
+	slices.SortStableFunc(rules, func(a, b Rule) int { return cmp.Compare(b.rate, a.rate) })
+	return rules
+}
