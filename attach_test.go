@@ -150,9 +150,9 @@ func TestAttachFailure(t *testing.T) {
 	flood := func(t *testing.T, port int) {
 		t.Helper()
 		dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))
-		d0 := filterDrops(t)
+		d0, k0 := filterDrops(t), prefilterDrops(t, port)
 		sent := quicFlood(t, floodSrc, dst, 30*limit, time.Second)
-		if dropped := filterDrops(t) - d0; !held(sent, dropped, limit) {
+		if dropped := filterDrops(t) - d0 + prefilterDrops(t, port).FilteredSince(k0); !held(sent, dropped, limit) {
 			t.Fatalf("a flood of %d at 30x the limit on :%d, %d dropped", sent, port, dropped)
 		}
 	}
@@ -170,15 +170,21 @@ func TestAttachFailure(t *testing.T) {
 			t.Fatalf("body %q", body)
 		}
 		lim := limiterNamed(DefaultName)
-		if lim == nil || lim.Mode() != engine.ModeBPF || len(lim.Unprotected()) != 1 || lim.AttachErrors() != 1 {
-			t.Fatalf("limiter %v: want mode bpf with one unprotected listener and one attach error", lim)
+		// One attempt when Caddy opened the listener, and one more when
+		// the configuration was put in force after it: Caddy starts its
+		// apps in map order, so the limiter's settings may come first
+		// (nothing to retry yet) or second.
+		if lim == nil || lim.Mode() != engine.ModeBPF || len(lim.Unprotected()) != 1 || lim.AttachErrors() < 1 || lim.AttachErrors() > 2 {
+			t.Fatalf("limiter in mode %s, %d unprotected, %d failed attaches: want mode bpf with one unprotected listener, 1 or 2 failed attaches",
+				lim.Mode(), len(lim.Unprotected()), lim.AttachErrors())
 		}
+		failed := lim.AttachErrors()
 		if err := c.load(lockedSite(fd, c.port, 2*limit, engine.ModeBPF)); err != nil {
 			t.Fatalf("a reload after a failed attach: %v", err)
 		}
-		if limiterNamed(DefaultName) != lim || lim.Setting().Config.Limiter.Limit != 2*limit || lim.AttachErrors() != 2 {
-			t.Fatalf("after the reload: limit %d, %d attach errors; want %d, 2 (attached again, in vain)",
-				lim.Setting().Config.Limiter.Limit, lim.AttachErrors(), 2*limit)
+		if limiterNamed(DefaultName) != lim || lim.Setting().Config.Limiter.Limit != 2*limit || lim.AttachErrors() != failed+1 {
+			t.Fatalf("after the reload: limit %d, %d failed attaches; want %d, %d (attached again, in vain)",
+				lim.Setting().Config.Limiter.Limit, lim.AttachErrors(), 2*limit, failed+1)
 		}
 		if err := c.load(lockedSite(fd, c.port, limit, engine.ModeAuto)); err != nil {
 			t.Fatalf("a reload to mode auto: %v", err)
