@@ -145,7 +145,7 @@ func TestFloodBounds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r.Stop()
+			r.Stop(t)
 			if sent < tt.wantMin || sent > tt.wantMax {
 				t.Errorf("sent %d in %v, want %d to %d", sent, took, tt.wantMin, tt.wantMax)
 			}
