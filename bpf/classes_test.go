@@ -335,7 +335,7 @@ func TestSocketClasses(t *testing.T) {
 					}
 				}
 			}
-			r.Stop()
+			r.Stop(t)
 			got, err := f.Stats()
 			if err != nil {
 				t.Fatal(err)
@@ -392,7 +392,7 @@ func TestSocketGSOBatches(t *testing.T) {
 					testutil.SkipOrFail(t, "sending a GSO batch: %v", err)
 				}
 			}
-			r.Stop()
+			r.Stop(t)
 			st, err := f.Stats()
 			if err != nil {
 				t.Fatal(err)

@@ -103,6 +103,10 @@ type Flood struct {
 	// QUIC header is read from the front); Next must not share its buffer
 	// with another flood running at the same time.
 	Stamp bool
+	// Stop, when not nil, ends the flood early once closed: for a flood
+	// that must last as long as something else does, however long a
+	// loaded machine makes that; Count and For still bound it.
+	Stop <-chan struct{}
 	// Epoch is the time stamps and Sent.PerSecond count from; the zero
 	// time is the flood's start. Floods sent side by side share one, so
 	// that their seconds line up.
@@ -117,6 +121,22 @@ type Sent struct {
 	// a sender that fell behind on a loaded machine sent fewer in some
 	// seconds (and more in a later one, catching up).
 	PerSecond []int
+}
+
+// SumSent adds what floods sent side by side, second by second (they must
+// share an Epoch for their seconds to line up).
+func SumSent(sent ...Sent) Sent {
+	var out Sent
+	for _, s := range sent {
+		out.Total += s.Total
+		for len(out.PerSecond) < len(s.PerSecond) {
+			out.PerSecond = append(out.PerSecond, 0)
+		}
+		for i, n := range s.PerSecond {
+			out.PerSecond[i] += n
+		}
+	}
+	return out
 }
 
 // Send sends f's datagrams and returns how many it sent. It refuses a
@@ -170,7 +190,11 @@ func (f Flood) Run() (Sent, error) {
 			s.Total++
 		}
 		at = at.Add(tick)
-		time.Sleep(time.Until(at))
+		select {
+		case <-f.Stop: // a nil channel never ends the flood
+			return s, nil
+		case <-time.After(time.Until(at)):
+		}
 	}
 	return s, nil
 }

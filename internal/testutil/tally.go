@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
 )
 
 // Tally counts the datagrams a test receives, per source (address and port)
@@ -189,6 +191,29 @@ func (r *Receiver) Stop(t testing.TB) {
 	r.Drain(t)
 	r.conn.Close()
 	<-r.done
+}
+
+// WaitEmpty waits for datagrams in flight, then until conn's reader (one
+// the test runs itself) has taken every datagram off its receive queue:
+// the kernel's own count of queued bytes (SO_MEMINFO) is 0. It fails t
+// when the queue is not empty after drainFor.
+func WaitEmpty(t testing.TB, conn *net.UDPConn) {
+	t.Helper()
+	time.Sleep(inFlight)
+	for end := time.Now().Add(drainFor); ; time.Sleep(idleAfter) {
+		queued, _, _, err := backlog.ReadSockets([]*net.UDPConn{conn})
+		if err != nil {
+			t.Fatalf("waiting for the receive queue to empty: %v", err)
+			return
+		}
+		if queued == 0 {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("waiting for the receive queue to empty: %d bytes still queued after %v", queued, drainFor)
+			return
+		}
+	}
 }
 
 // CheckHeld fails the test unless the flood was held at limit in every

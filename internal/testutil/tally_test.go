@@ -213,3 +213,41 @@ func TestHeld(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitEmpty: once WaitEmpty returns, a slow reader has taken every
+// datagram sent before it off the queue.
+func TestWaitEmpty(t *testing.T) {
+	conn := Listen(t, "udp4", "127.0.0.1:0")
+	src := Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
+	const n = 500
+	done := make(chan int)
+	go func() {
+		got, buf := 0, make([]byte, 64)
+		for {
+			if _, _, err := conn.ReadFromUDPAddrPort(buf); err != nil {
+				done <- got
+				return
+			}
+			got++
+			time.Sleep(200 * time.Microsecond) // behind the sender
+		}
+	}()
+	dst := LoopbackFor(netip.MustParseAddr("127.0.0.2"), PortOf(conn))
+	for range n {
+		if _, err := src.WriteToUDPAddrPort(make([]byte, 10), dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	WaitEmpty(t, conn)
+	conn.Close()
+	if got := <-done; got != n {
+		t.Errorf("read %d of %d before the queue was empty", got, n)
+	}
+}
+
+func TestSumSent(t *testing.T) {
+	got := SumSent(Sent{Total: 3, PerSecond: []int{1, 2}}, Sent{Total: 6, PerSecond: []int{1, 2, 3}}, Sent{})
+	if want := (Sent{Total: 9, PerSecond: []int{2, 4, 3}}); got.Total != want.Total || !slices.Equal(got.PerSecond, want.PerSecond) {
+		t.Errorf("SumSent = %+v, want %+v", got, want)
+	}
+}
