@@ -336,7 +336,7 @@ func TestSocketClasses(t *testing.T) {
 					}
 				}
 			}
-			r.Stop()
+			r.Stop(t)
 			got, err := f.Stats()
 			if err != nil {
 				t.Fatal(err)
@@ -393,7 +393,7 @@ func TestSocketGSOBatches(t *testing.T) {
 					testutil.SkipOrFail(t, "sending a GSO batch: %v", err)
 				}
 			}
-			r.Stop()
+			r.Stop(t)
 			st, err := f.Stats()
 			if err != nil {
 				t.Fatal(err)

@@ -57,7 +57,7 @@ func TestDryRun(t *testing.T) {
 	if err := flood(src, dst, rate, 2*rate, rand.New(rand.NewPCG(1, 1))); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	r.Drain(t)
 	got := r.Total()
 	st, err := f.Stats()
 	if err != nil {
@@ -81,7 +81,7 @@ func TestDryRun(t *testing.T) {
 	if err := flood(src, dst, rate, rate, rand.New(rand.NewPCG(2, 2))); err != nil {
 		t.Fatal(err)
 	}
-	r.Stop()
+	r.Stop(t)
 	st, err = f.Stats()
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +124,7 @@ func TestAllowlist(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			r.Stop()
+			r.Stop(t)
 			total := func(a string) int { return r.ReceivedFrom(netip.MustParseAddr(a)) }
 			st, err := f.Stats()
 			if err != nil {

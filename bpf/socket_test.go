@@ -94,7 +94,7 @@ func TestSocketProbes(t *testing.T) {
 					s.Close()
 				}
 			}
-			r.Stop()
+			r.Stop(t)
 			st, err := f.Stats()
 			if err != nil {
 				t.Fatal(err)
@@ -120,8 +120,17 @@ func TestSocketProbes(t *testing.T) {
 // flood sends n packets of random size (0-1350 bytes) from conn to dst at
 // about rate packets per second, then stops.
 func flood(conn *net.UDPConn, dst netip.AddrPort, rate, n int, rng *rand.Rand) error {
+	_, err := stampedFlood(conn, dst, rate, n, rng, time.Time{})
+	return err
+}
+
+// stampedFlood is flood with each packet stamped with its send time since
+// epoch (zero: the flood's start), so that a Receiver counts it in the
+// second the filter saw it in; it returns what it sent in each second.
+func stampedFlood(conn *net.UDPConn, dst netip.AddrPort, rate, n int, rng *rand.Rand, epoch time.Time) (testutil.Sent, error) {
 	buf := make([]byte, 1350)
-	return testutil.Pace(conn, dst, rate, n, func() []byte { return buf[:rng.IntN(len(buf)+1)] })
+	return testutil.Flood{From: []*net.UDPConn{conn}, To: dst, Rate: rate, Count: n, Stamp: true, Epoch: epoch,
+		Next: func() []byte { return buf[:rng.IntN(len(buf)+1)] }}.Run()
 }
 
 // trickle sends one packet every interval until stop is closed.
@@ -175,7 +184,8 @@ func TestSocketFlood(t *testing.T) {
 				legitSent, legitErr = trickle(ls, testutil.LoopbackFor(legitSrc, port), 200*time.Millisecond, stop)
 				close(done)
 			}()
-			if err := flood(fs, testutil.LoopbackFor(floodSrc, port), rate, rate*seconds, rand.New(rand.NewPCG(1, 2))); err != nil {
+			sent, err := stampedFlood(fs, testutil.LoopbackFor(floodSrc, port), rate, rate*seconds, rand.New(rand.NewPCG(1, 2)), time.Time{})
+			if err != nil {
 				t.Fatal(err)
 			}
 			close(stop)
@@ -183,8 +193,8 @@ func TestSocketFlood(t *testing.T) {
 			if legitErr != nil {
 				t.Fatal(legitErr)
 			}
-			r.Stop()
-			testutil.CheckHeld(t, "flood", r.PerSecondFrom(floodSrc), seconds, limit)
+			r.Stop(t)
+			testutil.CheckHeld(t, "flood", r.PerSecondFrom(floodSrc), sent.PerSecond, seconds, limit)
 			legit := r.ReceivedFrom(legitSrc)
 			if legit != legitSent {
 				t.Errorf("legit: sent %d, received %d", legitSent, legit)
@@ -212,6 +222,8 @@ func TestSocketConcurrentFlood(t *testing.T) {
 	r := testutil.Receive(conn)
 	var wg sync.WaitGroup
 	errs := make(chan error, cpus)
+	sent := make([]testutil.Sent, cpus)
+	epoch := time.Now()
 	for cpu := range cpus {
 		s := testutil.Sender(t, netip.AddrPortFrom(src, 0))
 		wg.Add(1)
@@ -226,7 +238,9 @@ func TestSocketConcurrentFlood(t *testing.T) {
 				errs <- err
 				return
 			}
-			errs <- flood(s, dst, rate/cpus, rate/cpus*seconds, rand.New(rand.NewPCG(uint64(cpu), 3)))
+			var err error
+			sent[cpu], err = stampedFlood(s, dst, rate/cpus, rate/cpus*seconds, rand.New(rand.NewPCG(uint64(cpu), 3)), epoch)
+			errs <- err
 		}()
 	}
 	wg.Wait()
@@ -236,8 +250,8 @@ func TestSocketConcurrentFlood(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r.Stop()
-	testutil.CheckHeld(t, "flood from every CPU", r.PerSecondFrom(src), seconds, limit)
+	r.Stop(t)
+	testutil.CheckHeld(t, "flood from every CPU", r.PerSecondFrom(src), testutil.SumSent(sent...).PerSecond, seconds, limit)
 	t.Logf("flood from %d CPUs, per second: %v", cpus, r.PerSecondFrom(src))
 }
 
@@ -345,13 +359,14 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 			// Round robin over the sources, each at perSource pps.
 			buf := make([]byte, 100)
 			rate := perSource * len(floods)
-			if _, err := (testutil.Flood{From: floods, To: dst, Rate: rate, Count: rate * seconds, For: seconds * time.Second,
-				Next: func() []byte { return buf }}).Send(); err != nil {
+			sent, err := testutil.Flood{From: floods, To: dst, Rate: rate, Count: rate * seconds, For: seconds * time.Second,
+				Stamp: true, Next: func() []byte { return buf }}.Run()
+			if err != nil {
 				t.Fatal(err)
 			}
 			close(stop)
 			<-done
-			r.Stop()
+			r.Stop(t)
 			perSecond := make([]int, seconds)
 			for _, s := range tt.sources {
 				for sec, c := range r.PerSecondFrom(netip.MustParseAddr(s)) {
@@ -360,7 +375,7 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 					}
 				}
 			}
-			testutil.CheckHeld(t, "flood", perSecond, seconds, limit)
+			testutil.CheckHeld(t, "flood", perSecond, sent.PerSecond, seconds, limit)
 			legitGot := r.ReceivedFrom(netip.MustParseAddr("fd00:9::5"))
 			if legitGot != legitSent {
 				t.Errorf("legit from another /48: sent %d, received %d", legitSent, legitGot)

@@ -7,9 +7,16 @@
 //     refused unless its destination is a loopback address (127.0.0.0/8,
 //     ::1) or an IPv6 ULA address (fd00::/8) of a network namespace the
 //     test made;
+//   - stamp.go: PutStamp and ReadStamp, the send time a Flood with Stamp
+//     set writes into each datagram's last 8 bytes (a Flood also reports
+//     what it sent in each second);
 //   - tally.go: Tally and Receive, which count what a socket receives per
-//     source and per second, and CheckHeld and Held, the checks that a
-//     flood was held at its limit;
+//     source and per second (a stamped datagram in the second it was sent:
+//     on loopback the filter decides inside sendto, so a reader a loaded
+//     machine held back still counts it in the filter's second), Drain and
+//     WaitEmpty, which wait for a reader by the kernel's own state, not a
+//     fixed sleep, and CheckHeld and Held, the checks that a flood was held
+//     at its limit (each second against what was sent in it);
 //   - quic.go: Initials, the QUIC Initial datagrams floods send, and
 //     FloodInitials, the flood of them the integration tests aim at Caddy
 //     (the fixed datagrams of each class are quicclass.LongHeader and

@@ -94,41 +94,109 @@ type Flood struct {
 	For time.Duration
 	// Next returns each datagram's payload; it may reuse one buffer.
 	Next func() []byte
+	// Stamp writes each datagram's send time (see PutStamp) into the last
+	// StampSize bytes of a payload of at least StampSize bytes, just before
+	// it is sent, so that a Receiver counts it in the second it was sent:
+	// on loopback the socket filter runs inside the sender's sendto, so
+	// that is the second the filter saw it in, however late the reader
+	// gets to it. Only for payloads whose tail the test does not need (a
+	// QUIC header is read from the front); Next must not share its buffer
+	// with another flood running at the same time.
+	Stamp bool
+	// Stop, when not nil, ends the flood early once closed: for a flood
+	// that must last as long as something else does, however long a
+	// loaded machine makes that; Count and For still bound it.
+	Stop <-chan struct{}
+	// Epoch is the time stamps and Sent.PerSecond count from; the zero
+	// time is the flood's start. Floods sent side by side share one, so
+	// that their seconds line up.
+	Epoch time.Time
+}
+
+// Sent is what a Flood sent.
+type Sent struct {
+	// Total is the number of datagrams sent.
+	Total int
+	// PerSecond holds the datagrams sent in each second since the epoch:
+	// a sender that fell behind on a loaded machine sent fewer in some
+	// seconds (and more in a later one, catching up).
+	PerSecond []int
+}
+
+// SumSent adds what floods sent side by side, second by second (they must
+// share an Epoch for their seconds to line up).
+func SumSent(sent ...Sent) Sent {
+	var out Sent
+	for _, s := range sent {
+		out.Total += s.Total
+		for len(out.PerSecond) < len(s.PerSecond) {
+			out.PerSecond = append(out.PerSecond, 0)
+		}
+		for i, n := range s.PerSecond {
+			out.PerSecond[i] += n
+		}
+	}
+	return out
 }
 
 // Send sends f's datagrams and returns how many it sent. It refuses a
 // destination that Allowed refuses, and a Flood without a positive rate
 // and count, before it sends anything.
 func (f Flood) Send() (int, error) {
+	s, err := f.Run()
+	return s.Total, err
+}
+
+// Run sends f's datagrams as Send does and returns how many it sent in all
+// and in each second.
+func (f Flood) Run() (Sent, error) {
 	switch {
 	case !Allowed(f.To.Addr()):
-		return 0, fmt.Errorf("flood: destination %v is neither loopback nor fd00::/8", f.To)
+		return Sent{}, fmt.Errorf("flood: destination %v is neither loopback nor fd00::/8", f.To)
 	case f.Rate <= 0:
-		return 0, fmt.Errorf("flood: rate %d is not positive", f.Rate)
+		return Sent{}, fmt.Errorf("flood: rate %d is not positive", f.Rate)
 	case f.Count <= 0:
-		return 0, fmt.Errorf("flood: count %d is not positive", f.Count)
+		return Sent{}, fmt.Errorf("flood: count %d is not positive", f.Count)
 	case f.For < 0:
-		return 0, fmt.Errorf("flood: duration %v is negative", f.For)
+		return Sent{}, fmt.Errorf("flood: duration %v is negative", f.For)
 	case len(f.From) == 0:
-		return 0, errors.New("flood: no socket to send from")
+		return Sent{}, errors.New("flood: no socket to send from")
 	case f.Next == nil:
-		return 0, errors.New("flood: no payload (Next is nil)")
+		return Sent{}, errors.New("flood: no payload (Next is nil)")
 	}
 	tick := time.Duration(float64(time.Second) * burst / float64(f.Rate))
 	start := time.Now()
+	epoch := f.Epoch
+	if epoch.IsZero() {
+		epoch = start
+	}
 	at := start
-	sent := 0
-	for sent < f.Count && (f.For == 0 || time.Since(start) < f.For) {
-		for i := 0; i < burst && sent < f.Count; i++ {
-			if _, err := f.From[sent%len(f.From)].WriteToUDPAddrPort(f.Next(), f.To); err != nil {
-				return sent, fmt.Errorf("flood to %v: %w", f.To, err)
+	var s Sent
+	for s.Total < f.Count && (f.For == 0 || time.Since(start) < f.For) {
+		for i := 0; i < burst && s.Total < f.Count; i++ {
+			b := f.Next()
+			since := max(time.Since(epoch), 0)
+			if f.Stamp {
+				PutStamp(b, since)
 			}
-			sent++
+			if _, err := f.From[s.Total%len(f.From)].WriteToUDPAddrPort(b, f.To); err != nil {
+				return s, fmt.Errorf("flood to %v: %w", f.To, err)
+			}
+			sec := int(since / time.Second)
+			for len(s.PerSecond) <= sec {
+				s.PerSecond = append(s.PerSecond, 0)
+			}
+			s.PerSecond[sec]++
+			s.Total++
 		}
 		at = at.Add(tick)
-		time.Sleep(time.Until(at))
+		select {
+		case <-f.Stop: // a nil channel never ends the flood
+			return s, nil
+		case <-time.After(time.Until(at)):
+		}
 	}
-	return sent, nil
+	return s, nil
 }
 
 // Pace sends n datagrams from conn to dst at about rate per second, in

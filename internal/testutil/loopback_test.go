@@ -145,7 +145,7 @@ func TestFloodBounds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r.Stop()
+			r.Stop(t)
 			if sent < tt.wantMin || sent > tt.wantMax {
 				t.Errorf("sent %d in %v, want %d to %d", sent, took, tt.wantMin, tt.wantMax)
 			}
@@ -157,5 +157,23 @@ func TestFloodBounds(t *testing.T) {
 				t.Errorf("sent %d: received %d from the first socket, %d from the second; want all, in turn", sent, fromA, fromB)
 			}
 		})
+	}
+}
+
+// TestFloodStop: closing Stop ends a flood long before its count and
+// duration would.
+func TestFloodStop(t *testing.T) {
+	rcv := Listen(t, "udp4", "127.0.0.1:0")
+	snd := Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
+	stop := make(chan struct{})
+	time.AfterFunc(200*time.Millisecond, func() { close(stop) })
+	start := time.Now()
+	sent, err := Flood{From: []*net.UDPConn{snd}, To: LoopbackFor(netip.MustParseAddr("127.0.0.2"), PortOf(rcv)),
+		Rate: 500, Count: 500 * 60, For: time.Minute, Stop: stop, Next: func() []byte { return []byte("flood") }}.Send()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 10*time.Second || sent >= 500*10 {
+		t.Errorf("stopped after 200 ms: sent %d in %v", sent, took)
 	}
 }

@@ -42,7 +42,7 @@ func TestFloodInitials(t *testing.T) {
 	r := Receive(rcv)
 	src := netip.MustParseAddr("127.0.0.6")
 	sent := FloodInitials(t, src, LoopbackFor(src, PortOf(rcv)), rate, d)
-	r.Stop()
+	r.Stop(t)
 	if max := int(rate * d.Seconds()); sent < 50 || sent > max {
 		t.Errorf("sent %d in %v at %d per second, want 50 to %d", sent, d, rate, max)
 	}

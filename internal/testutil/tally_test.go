@@ -1,9 +1,11 @@
 package testutil
 
 import (
+	"net"
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 )
 
 func TestTally(t *testing.T) {
@@ -58,24 +60,139 @@ func (r *recorder) Skipf(string, ...any)  { r.skips++ }
 
 func TestCheckHeld(t *testing.T) {
 	tests := []struct {
-		name      string
-		perSecond []int
-		wantFail  bool
+		name            string
+		perSecond, sent []int
+		wantFail        bool
 	}{
-		{"at the limit", []int{500, 100, 100, 100}, false},
-		{"within 10%", []int{0, 91, 109, 100}, false},
-		{"over", []int{100, 100, 120, 100}, true},
-		{"under", []int{100, 100, 100, 50}, true},
-		{"first second ignored", []int{1000, 100, 100, 100}, false},
-		{"too few seconds", []int{100, 100, 100}, true},
+		{"at the limit", []int{500, 100, 100, 100}, nil, false},
+		{"within 10%", []int{0, 91, 109, 100}, nil, false},
+		{"over", []int{100, 100, 120, 100}, nil, true},
+		{"under", []int{100, 100, 100, 50}, nil, true},
+		{"first second ignored", []int{1000, 100, 100, 100}, nil, false},
+		{"too few seconds", []int{100, 100, 100}, nil, true},
+		{"sender kept pace", []int{500, 100, 100, 100}, []int{5000, 5000, 5000, 5000}, false},
+		{"sender fell behind to 50", []int{500, 100, 46, 100}, []int{5000, 5000, 50, 5000}, false},
+		{"fell behind, and under what it sent", []int{500, 100, 44, 100}, []int{5000, 5000, 50, 5000}, true},
+		{"fell behind to 150: still the limit", []int{500, 100, 89, 100}, []int{5000, 5000, 150, 5000}, true},
+		{"caught up: over is over", []int{500, 100, 100, 111}, []int{5000, 5000, 50, 9950}, true},
+		{"sent nothing in the last second", []int{500, 100, 100}, []int{5000, 5000, 5000}, false},
+		{"sent in the last second, received nothing", []int{500, 100, 100}, []int{5000, 5000, 5000, 5000}, true},
 	}
 	for _, tt := range tests {
 		r := &recorder{TB: t}
-		CheckHeld(r, tt.name, tt.perSecond, 4, 100)
+		CheckHeld(r, tt.name, tt.perSecond, tt.sent, 4, 100)
 		if got := r.errors > 0; got != tt.wantFail {
-			t.Errorf("%s: CheckHeld(%v) failed = %v, want %v", tt.name, tt.perSecond, got, tt.wantFail)
+			t.Errorf("%s: CheckHeld(%v, sent %v) failed = %v, want %v", tt.name, tt.perSecond, tt.sent, got, tt.wantFail)
 		}
 	}
+}
+
+// TestTallyStamps: a stamped datagram counts in the second it was sent,
+// however late it is counted; one too short for a stamp in the second of
+// its source's last stamped one; an unstamped one in the second it was
+// counted.
+func TestTallyStamps(t *testing.T) {
+	tl := NewTally()
+	a := netip.MustParseAddrPort("127.0.0.2:1000")
+	b := netip.MustParseAddrPort("127.0.0.3:1000")
+	stamped := func(since time.Duration) []byte {
+		p := make([]byte, 20)
+		PutStamp(p, since)
+		return p
+	}
+	tl.AddDatagram(a, stamped(3500*time.Millisecond))
+	tl.AddDatagram(a, []byte("x")) // after a stamp of second 3
+	tl.AddDatagram(a, stamped(1200*time.Millisecond))
+	tl.AddDatagram(a, nil) // after a stamp of second 1
+	tl.AddDatagram(a, stamped(0))
+	tl.AddDatagram(b, []byte("short, never stamped"))
+	if got, want := tl.PerSecond(a), []int{1, 2, 0, 2}; !slices.Equal(got, want) {
+		t.Errorf("stamped source: per second %v, want %v", got, want)
+	}
+	// Counted now, in second 0 unless the machine stalled for a second.
+	if got := tl.PerSecond(b); sum(got) != 1 || len(got) > 2 {
+		t.Errorf("unstamped source: per second %v, want 1 datagram now", got)
+	}
+}
+
+func TestStamp(t *testing.T) {
+	tests := []struct {
+		name   string
+		size   int
+		since  time.Duration
+		wantOK bool
+	}{
+		{"start", 8, 0, true},
+		{"a datagram", 1200, 2*time.Second + 7, true},
+		{"the latest accepted", 100, maxStamp, true},
+		{"later than any test", 100, maxStamp + 1, false},
+		{"too short", 7, time.Second, false},
+		{"empty", 0, time.Second, false},
+	}
+	for _, tt := range tests {
+		b := make([]byte, tt.size)
+		PutStamp(b, tt.since)
+		got, ok := ReadStamp(b)
+		if ok != tt.wantOK || (ok && got != tt.since) {
+			t.Errorf("%s: ReadStamp(PutStamp(%d bytes, %v)) = %v, %v; want %v", tt.name, tt.size, tt.since, got, ok, tt.wantOK)
+		}
+		if tt.size >= StampSize && !slices.Equal(b[:tt.size-StampSize], make([]byte, tt.size-StampSize)) {
+			t.Errorf("%s: PutStamp wrote before the last %d bytes", tt.name, StampSize)
+		}
+	}
+	if _, ok := ReadStamp(make([]byte, 100)); ok {
+		t.Error("zero bytes read as a stamp")
+	}
+}
+
+// TestFloodStamps: a stamped flood's datagrams count, at the receiver, in
+// exactly the seconds the flood says it sent them in, even when the reader
+// takes them only after the flood: both come from the stamp.
+func TestFloodStamps(t *testing.T) {
+	conn := Listen(t, "udp4", "127.0.0.1:0")
+	src := Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
+	dst := LoopbackFor(netip.MustParseAddr("127.0.0.2"), PortOf(conn))
+	buf := make([]byte, 64)
+	buf[0] = 0xc0 // a QUIC long header byte the stamp must not touch
+	f := Flood{From: []*net.UDPConn{src}, To: dst, Rate: 500, Count: 750, Stamp: true, Next: func() []byte { return buf }}
+	sent, err := f.Run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read only now: read-time seconds would all be one.
+	r := Receive(conn)
+	r.Drain(t)
+	if got := r.Total(); got != sent.Total || sent.Total != 750 || sum(sent.PerSecond) != sent.Total {
+		t.Fatalf("sent %d (per second %v), received %d", sent.Total, sent.PerSecond, got)
+	}
+	r.Stop(t)
+	from := src.LocalAddr().(*net.UDPAddr).AddrPort()
+	if got := r.PerSecond(from); !slices.Equal(got, sent.PerSecond) || len(got) < 2 {
+		t.Errorf("received per second %v, sent %v; want the same, over at least 2 seconds", got, sent.PerSecond)
+	}
+	if buf[0] != 0xc0 {
+		t.Errorf("the stamp changed the first byte to %#x", buf[0])
+	}
+}
+
+// TestDrain: Drain returns once every datagram sent before it is counted,
+// with the reader still running.
+func TestDrain(t *testing.T) {
+	conn := Listen(t, "udp4", "127.0.0.1:0")
+	src := Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
+	r := Receive(conn)
+	const n = 2000
+	dst := LoopbackFor(netip.MustParseAddr("127.0.0.2"), PortOf(conn))
+	for range n {
+		if _, err := src.WriteToUDPAddrPort(make([]byte, 100), dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.Drain(t)
+	if got := r.Total(); got != n {
+		t.Errorf("after Drain, %d of %d counted", got, n)
+	}
+	r.Stop(t)
 }
 
 func TestHeld(t *testing.T) {
@@ -94,5 +211,43 @@ func TestHeld(t *testing.T) {
 		if got := Held(tt.sent, tt.dropped, 100); got != tt.want {
 			t.Errorf("Held(sent %d, dropped %d, limit 100) = %v, want %v", tt.sent, tt.dropped, got, tt.want)
 		}
+	}
+}
+
+// TestWaitEmpty: once WaitEmpty returns, a slow reader has taken every
+// datagram sent before it off the queue.
+func TestWaitEmpty(t *testing.T) {
+	conn := Listen(t, "udp4", "127.0.0.1:0")
+	src := Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
+	const n = 500
+	done := make(chan int)
+	go func() {
+		got, buf := 0, make([]byte, 64)
+		for {
+			if _, _, err := conn.ReadFromUDPAddrPort(buf); err != nil {
+				done <- got
+				return
+			}
+			got++
+			time.Sleep(200 * time.Microsecond) // behind the sender
+		}
+	}()
+	dst := LoopbackFor(netip.MustParseAddr("127.0.0.2"), PortOf(conn))
+	for range n {
+		if _, err := src.WriteToUDPAddrPort(make([]byte, 10), dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	WaitEmpty(t, conn)
+	conn.Close()
+	if got := <-done; got != n {
+		t.Errorf("read %d of %d before the queue was empty", got, n)
+	}
+}
+
+func TestSumSent(t *testing.T) {
+	got := SumSent(Sent{Total: 3, PerSecond: []int{1, 2}}, Sent{Total: 6, PerSecond: []int{1, 2, 3}}, Sent{})
+	if want := (Sent{Total: 9, PerSecond: []int{2, 4, 3}}); got.Total != want.Total || !slices.Equal(got.PerSecond, want.PerSecond) {
+		t.Errorf("SumSent = %+v, want %+v", got, want)
 	}
 }

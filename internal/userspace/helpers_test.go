@@ -100,7 +100,8 @@ func quicGoBatch() (ms []ipv4.Message, bufs [][]byte) {
 // readBatches reads c into tl with ReadBatch in batches of 8, as quic-go
 // does, each slot with its own buffer, until the socket is closed; it checks
 // that ReadBatch never returns 0 without an error and never swaps buffers.
-func readBatches(c *Conn, tl *testutil.Tally) <-chan error {
+// after, when not nil, runs after each batch is counted.
+func readBatches(c *Conn, tl *testutil.Tally, after func()) <-chan error {
 	done := make(chan error, 1)
 	ms, bufs := quicGoBatch()
 	go func() {
@@ -120,6 +121,9 @@ func readBatches(c *Conn, tl *testutil.Tally) <-chan error {
 					return
 				}
 				tl.Add(ms[i].Addr.(*net.UDPAddr).AddrPort())
+			}
+			if after != nil {
+				after()
 			}
 		}
 	}()

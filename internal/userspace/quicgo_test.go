@@ -148,7 +148,7 @@ func quicChild(t *testing.T, mode string) {
 // its handshake and echoes 20 small streams and one of 1 MB, the flood is
 // dropped, and quic-go reads through ReadBatch throughout.
 func TestQUICGoUnderFlood(t *testing.T) {
-	const limit, rate, seconds = 200, 5000, 3
+	const limit, rate = 200, 5000
 	serverTLS, clientTLS := egresstest.TLSConfigs(t)
 	conn := testutil.Listen(t, "udp", "[::]:0")
 	port := testutil.PortOf(conn)
@@ -157,9 +157,20 @@ func TestQUICGoUnderFlood(t *testing.T) {
 	egresstest.Serve(t, &quic.Transport{Conn: cc}, serverTLS, &quic.Config{})
 
 	floodS := sender(t, "127.0.0.1:0")
-	flooded := make(chan error, 1)
+	// The flood lasts until the exchange ends, however long a loaded
+	// machine makes it, and floodFor at the most.
+	const floodFor = 20 * time.Second
+	type result struct {
+		sent testutil.Sent
+		err  error
+	}
+	flooded := make(chan result, 1)
+	stop := make(chan struct{})
+	floodStart := time.Now()
 	go func() {
-		flooded <- testutil.Pace(floodS, loopbackTo("127.0.0.1:0", port), rate, rate*seconds, testutil.NewInitials(1).Next)
+		s, err := testutil.Flood{From: []*net.UDPConn{floodS}, To: loopbackTo("127.0.0.1:0", port), Rate: rate,
+			Count: rate * int(floodFor/time.Second), For: floodFor, Stop: stop, Next: testutil.NewInitials(1).Next}.Run()
+		flooded <- result{s, err}
 	}()
 	time.Sleep(500 * time.Millisecond) // the flood is on
 	payloads := make([][]byte, 21)
@@ -175,16 +186,20 @@ func TestQUICGoUnderFlood(t *testing.T) {
 	}
 	took := time.Since(start)
 	select {
-	case err := <-flooded:
-		if err != nil {
-			t.Fatal(err)
+	case res := <-flooded:
+		if res.err != nil {
+			t.Fatal(res.err)
 		}
 		t.Fatal("the flood ended before the exchange did: it proves nothing")
 	default:
 	}
-	if err := <-flooded; err != nil {
-		t.Fatal(err)
+	close(stop)
+	res := <-flooded
+	if res.err != nil {
+		t.Fatal(res.err)
 	}
+	floodSeconds := int(time.Since(floodStart)/time.Second) + 1
+	testutil.WaitEmpty(t, conn) // quic-go has read, so the limiter decided, the whole flood
 	st, _ := l.Stats()
 	v4, v6 := datagram.FamilyIndex(sketch.IPv4), datagram.FamilyIndex(sketch.IPv6)
 	var dropped uint64
@@ -192,8 +207,8 @@ func TestQUICGoUnderFlood(t *testing.T) {
 		dropped += d
 	}
 	passed := st.Passed[quicclass.Opening][v4]
-	if dropped < rate*seconds/2 || passed > limit*(seconds+2) {
-		t.Errorf("flood of %d Initials: %d dropped, %d passed", rate*seconds, dropped, passed)
+	if dropped < uint64(res.sent.Total/2) || passed > uint64(limit*(floodSeconds+2)) {
+		t.Errorf("flood of %d Initials in %d s: %d dropped, %d passed", res.sent.Total, floodSeconds, dropped, passed)
 	}
 	var clientDrops uint64
 	for c := range sketch.NumClasses {
