@@ -214,7 +214,7 @@ func TestSocketAllowlistValidity(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(50 * time.Millisecond)
-	r.Stop()
+	r.Stop(t)
 	inv := st.Invalid[0][fam]
 	if got := r.ReceivedFrom(src); got != 1 || st.Allowed[fam] != 1 || inv[quicclass.FixedBit] != 1 ||
 		inv[quicclass.SmallUnknownVersion] != 1 || inv[quicclass.SourcePort] != 1 {
