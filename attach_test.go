@@ -152,6 +152,7 @@ func TestAttachFailure(t *testing.T) {
 		dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))
 		d0, k0 := filterDrops(t), prefilterDrops(t, port)
 		sent := quicFlood(t, floodSrc, dst, 30*limit, time.Second)
+		waitDecided(t)
 		if dropped := filterDrops(t) - d0 + prefilterDrops(t, port).FilteredSince(k0); !held(sent, dropped, limit) {
 			t.Fatalf("a flood of %d at 30x the limit on :%d, %d dropped", sent, port, dropped)
 		}

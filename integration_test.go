@@ -650,7 +650,22 @@ func (c *testCaddy) floodDropped(limit int) (sent int, dropped uint64) {
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(c.port))
 	d0, k0 := filterDrops(c.t), prefilterDrops(c.t, c.port)
 	sent = quicFlood(c.t, floodSrc, dst, 30*limit, time.Second)
+	waitDecided(c.t)
 	return sent, filterDrops(c.t) - d0 + prefilterDrops(c.t, c.port).FilteredSince(k0)
+}
+
+// waitDecided waits until quic-go has read every datagram queued on the
+// sockets of the limiters in userspace mode: the userspace limiter decides
+// a datagram when it is read, not when it arrives.
+func waitDecided(t *testing.T) {
+	t.Helper()
+	limiters.each(func(l *engine.Limiter) {
+		if l.Mode() == engine.ModeUserspace {
+			for _, conn := range l.Sockets() {
+				testutil.WaitEmpty(t, conn)
+			}
+		}
+	})
 }
 
 // prefilterDrops reads the socket drop counters of port when a limiter runs
