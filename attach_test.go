@@ -150,10 +150,9 @@ func TestAttachFailure(t *testing.T) {
 	flood := func(t *testing.T, port int) {
 		t.Helper()
 		dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))
-		d0, k0 := filterDrops(t), prefilterDrops(t, port)
+		d0, p0 := filterDrops(t), passedUserspace(t)
 		sent := quicFlood(t, floodSrc, dst, 30*limit, time.Second)
-		waitDecided(t)
-		if dropped := filterDrops(t) - d0 + prefilterDrops(t, port).FilteredSince(k0); !held(sent, dropped, limit) {
+		if dropped := floodHeld(t, sent, d0, p0); !held(sent, dropped, limit) {
 			t.Fatalf("a flood of %d at 30x the limit on :%d, %d dropped", sent, port, dropped)
 		}
 	}

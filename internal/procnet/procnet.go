@@ -69,6 +69,52 @@ func ParseSocketDrops(r io.Reader, port int) (uint64, error) {
 	return total, sc.Err()
 }
 
+// SocketQueued sums the bytes queued for reading on the UDP sockets bound
+// to port, IPv4 and IPv6 (the rx_queue column).
+func SocketQueued(port int) (uint64, error) {
+	var total uint64
+	for _, file := range []string{udpFile, udp6File} {
+		f, err := os.Open(file)
+		if err != nil {
+			return 0, fmt.Errorf("reading socket queues: %w", err)
+		}
+		n, err := ParseSocketQueued(f, port)
+		f.Close()
+		if err != nil {
+			return 0, fmt.Errorf("reading %s: %w", file, err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// ParseSocketQueued sums the rx_queue column (hexadecimal, after the colon
+// of tx_queue:rx_queue) of the sockets whose local port is port in r.
+func ParseSocketQueued(r io.Reader, port int) (uint64, error) {
+	if port <= 0 || port > 0xffff {
+		return 0, fmt.Errorf("port %d is not a UDP port", port)
+	}
+	var total uint64
+	suffix := fmt.Sprintf(":%04X", port)
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < socketLineFields || f[0] == "sl" || !strings.HasSuffix(f[1], suffix) {
+			continue
+		}
+		_, rx, ok := strings.Cut(f[4], ":")
+		if !ok {
+			return 0, fmt.Errorf("queue column %q: want tx:rx", f[4])
+		}
+		n, err := strconv.ParseUint(rx, 16, 64)
+		if err != nil {
+			return 0, fmt.Errorf("queue column %q: %w", f[4], err)
+		}
+		total += n
+	}
+	return total, sc.Err()
+}
+
 // UDPCounters are the kernel's UDP counters, summed over every socket.
 type UDPCounters struct {
 	// InDatagrams counts IPv4 datagrams delivered to sockets (a socket

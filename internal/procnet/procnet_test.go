@@ -134,3 +134,32 @@ func TestReadDrops(t *testing.T) {
 		t.Errorf("the overflow counters went down: %+v after %d", c, d.Overflow)
 	}
 }
+
+func TestParseSocketQueued(t *testing.T) {
+	const table = `  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
+ 1234: 00000000000000000000000000000000:20FB 00000000000000000000000000000000:0000 07 00000000:00000A00 00:00000000 00000000     0        0 99 2 0000000000000000 1500
+ 1235: 0000000000000000FFFF00000100007F:D431 0000000000000000FFFF00000100007F:20FB 01 00000000:00000100 00:00000000 00000000     0        0 98 2 0000000000000000 7
+ 1237: 0100007F:20FB 00000000:0000 07 00000000:00000010 00:00000000 00000000     0        0 96 2 0000000000000000 25
+`
+	tests := []struct {
+		name    string
+		table   string
+		port    int
+		want    uint64
+		wantErr string
+	}{
+		{"bound to the port, IPv6 and IPv4", table, 8443, 0xa00 + 0x10, ""},
+		{"no socket", table, 9, 0, ""},
+		{"bad queue column", " 1: 0100007F:0009 00000000:0000 07 00000000 0:0 0 0 0 1 2 0 0\n", 9, 0, `queue column "00000000"`},
+		{"port 0", table, 0, 0, "port 0 is not a UDP port"},
+	}
+	for _, tt := range tests {
+		got, err := ParseSocketQueued(strings.NewReader(tt.table), tt.port)
+		if errorWanted(t, tt.name, err, tt.wantErr) {
+			continue
+		}
+		if got != tt.want {
+			t.Errorf("%s: %d queued, want %d", tt.name, got, tt.want)
+		}
+	}
+}
