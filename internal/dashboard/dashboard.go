@@ -11,7 +11,9 @@ package dashboard
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"time"
@@ -33,7 +35,26 @@ type Panel struct {
 	X, Y    int
 	W, H    int
 	Targets []Target
+	// Log is set when a time-series panel's axis is logarithmic (its
+	// scaleDistribution); Grafana's default is linear.
+	Log bool
+	// TextMode and ColorMode are a stat panel's options (Grafana's names:
+	// auto, value, name, value_and_name, none; background, value, none).
+	TextMode, ColorMode string
+	// Thresholds colour a stat panel's value: the last step whose Value
+	// is at most the value gives its color; the first step's Value is
+	// -Inf (Grafana's null, the base).
+	Thresholds []Threshold
 }
+
+// Threshold is one step of a panel's absolute thresholds.
+type Threshold struct {
+	Value float64
+	Color string
+}
+
+// defaultThresholds are Grafana's for a new panel: green, red from 80.
+var defaultThresholds = []Threshold{{math.Inf(-1), "green"}, {80, "red"}}
 
 // Target is one query of a panel: a PromQL expression and Grafana's legend
 // format ({{label}} stands for a label's value).
@@ -69,9 +90,29 @@ type jsonPanel struct {
 	} `json:"gridPos"`
 	FieldConfig struct {
 		Defaults struct {
-			Unit string `json:"unit"`
+			Unit   string `json:"unit"`
+			Custom struct {
+				ScaleDistribution struct {
+					Type string  `json:"type"`
+					Log  float64 `json:"log"`
+				} `json:"scaleDistribution"`
+			} `json:"custom"`
+			Thresholds *struct {
+				Mode  string `json:"mode"`
+				Steps []struct {
+					Color string   `json:"color"`
+					Value *float64 `json:"value"`
+				} `json:"steps"`
+			} `json:"thresholds"`
 		} `json:"defaults"`
 	} `json:"fieldConfig"`
+	Options struct {
+		TextMode      string `json:"textMode"`
+		ColorMode     string `json:"colorMode"`
+		ReduceOptions struct {
+			Calcs []string `json:"calcs"`
+		} `json:"reduceOptions"`
+	} `json:"options"`
 	Targets []struct {
 		Expr         string `json:"expr"`
 		LegendFormat string `json:"legendFormat"`
@@ -129,8 +170,10 @@ func Parse(b []byte) (*Dashboard, error) {
 			if p.GridPos.W <= 0 || p.GridPos.H <= 0 || p.GridPos.X < 0 || p.GridPos.Y < 0 || p.GridPos.X+p.GridPos.W > 24 {
 				return fmt.Errorf("panel %q: gridPos %+v: want x+w within 24 columns, w and h above 0", p.Title, p.GridPos)
 			}
-			pn := Panel{Title: p.Title, Type: p.Type, Unit: p.FieldConfig.Defaults.Unit,
-				X: p.GridPos.X, Y: p.GridPos.Y, W: p.GridPos.W, H: p.GridPos.H}
+			pn, err := panelOptions(p)
+			if err != nil {
+				return fmt.Errorf("panel %q: %w", p.Title, err)
+			}
 			for _, t := range p.Targets {
 				pn.Targets = append(pn.Targets, Target{Expr: t.Expr, Legend: t.LegendFormat})
 			}
@@ -145,6 +188,63 @@ func Parse(b []byte) (*Dashboard, error) {
 		return nil, fmt.Errorf("dashboard %q: no panels", d.Title)
 	}
 	return d, nil
+}
+
+// panelOptions reads the options of a panel the rendering follows; options
+// it cannot follow are an error.
+func panelOptions(p jsonPanel) (Panel, error) {
+	def := p.FieldConfig.Defaults
+	pn := Panel{Title: p.Title, Type: p.Type, Unit: def.Unit,
+		X: p.GridPos.X, Y: p.GridPos.Y, W: p.GridPos.W, H: p.GridPos.H,
+		TextMode: p.Options.TextMode, ColorMode: p.Options.ColorMode}
+	switch sd := def.Custom.ScaleDistribution; sd.Type {
+	case "", "linear":
+	case "log":
+		if sd.Log != 0 && sd.Log != 10 {
+			return pn, fmt.Errorf("scaleDistribution log %v: want base 10", sd.Log)
+		}
+		pn.Log = true
+	default:
+		return pn, fmt.Errorf("scaleDistribution %q: want linear or log", sd.Type)
+	}
+	pn.Thresholds = defaultThresholds
+	if th := def.Thresholds; th != nil {
+		if th.Mode != "" && th.Mode != "absolute" {
+			return pn, fmt.Errorf("thresholds mode %q: want absolute", th.Mode)
+		}
+		pn.Thresholds = nil
+		for i, st := range th.Steps {
+			v := math.Inf(-1)
+			if st.Value != nil {
+				v = *st.Value
+			}
+			if i > 0 && (st.Value == nil || v <= pn.Thresholds[i-1].Value) {
+				return pn, fmt.Errorf("threshold step %d: want a value above the step before", i)
+			}
+			pn.Thresholds = append(pn.Thresholds, Threshold{Value: v, Color: st.Color})
+		}
+		if len(pn.Thresholds) == 0 {
+			return pn, errors.New("thresholds: no steps")
+		}
+	}
+	if p.Type == Stat {
+		switch pn.TextMode {
+		case "", "auto", "value", "name", "value_and_name", "none":
+		default:
+			return pn, fmt.Errorf("textMode %q: want auto, value, name, value_and_name or none", pn.TextMode)
+		}
+		switch pn.ColorMode {
+		case "", "background", "value", "none":
+		default:
+			return pn, fmt.Errorf("colorMode %q: want background, value or none", pn.ColorMode)
+		}
+		for _, c := range p.Options.ReduceOptions.Calcs {
+			if c != "lastNotNull" && c != "last" {
+				return pn, fmt.Errorf("reduceOptions calcs %q: want lastNotNull or last", c)
+			}
+		}
+	}
+	return pn, nil
 }
 
 // Values returns the value of every variable the panels may use, as a

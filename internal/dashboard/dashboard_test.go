@@ -316,6 +316,10 @@ caddy_rakelimit_packets_total{limiter="l0",listener="udp/:443",family="ipv6",cla
 # TYPE caddy_rakelimit_mode gauge
 caddy_rakelimit_mode{limiter="l0",listener="udp/:443",mode="bpf"} 1
 caddy_rakelimit_mode{limiter="l0",listener="udp/:443",mode="userspace"} 0
+# TYPE caddy_rakelimit_opening_total_per_second gauge
+caddy_rakelimit_opening_total_per_second{limiter="l0",adaptive="false"} +Inf
+# TYPE caddy_rakelimit_receive_queue_fill_ratio gauge
+caddy_rakelimit_receive_queue_fill_ratio{limiter="l0"} NaN
 # TYPE caddy_rakelimit_limited_streams gauge
 caddy_rakelimit_limited_streams{limiter="l0"} %d
 `, 25*i, flood, min(flood, 1))
@@ -343,7 +347,8 @@ caddy_rakelimit_limited_streams{limiter="l0"} %d
 		}
 	}
 	for _, want := range []string{"rakelimit &amp; co", "opening passed", "opening dropped", "opening level 2",
-		"udp/:443 bpf", "flood &lt;one-source&gt;", "No data", "log scale"} {
+		"l0 cap (adaptive false) (+Inf, not drawn)", "l0 (NaN, not drawn)",
+		"udp/:443 bpf", "flood &lt;one-source&gt;", "No data"} {
 		if !strings.Contains(svg, want) {
 			t.Errorf("the SVG has no %q", want)
 		}
@@ -383,4 +388,97 @@ func TestLayoutLegend(t *testing.T) {
 	if items, lines := layoutLegend(series[:2], 0, 0, 400, 3); len(items) != 2 || lines != 1 {
 		t.Errorf("two short entries: %d items on %d lines, want 2 on 1", len(items), lines)
 	}
+}
+
+func TestPanelOptions(t *testing.T) {
+	d, err := Parse([]byte(`{"panels": [
+		{"type": "timeseries", "title": "L", "gridPos": {"w": 12, "h": 8},
+		 "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "log", "log": 10}}}}},
+		{"type": "stat", "title": "S", "gridPos": {"x": 12, "w": 12, "h": 8},
+		 "fieldConfig": {"defaults": {"thresholds": {"mode": "absolute", "steps": [{"color": "green", "value": null}, {"color": "red", "value": 1}]}}},
+		 "options": {"textMode": "name", "colorMode": "background", "reduceOptions": {"calcs": ["lastNotNull"]}}},
+		{"type": "stat", "title": "D", "gridPos": {"y": 8, "w": 12, "h": 8}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, s, def := d.Panels[0], d.Panels[1], d.Panels[2]
+	if !l.Log || s.Log || s.TextMode != "name" || s.ColorMode != "background" {
+		t.Errorf("panels %+v", d.Panels)
+	}
+	if len(s.Thresholds) != 2 || !math.IsInf(s.Thresholds[0].Value, -1) || s.Thresholds[1] != (Threshold{1, "red"}) {
+		t.Errorf("thresholds %+v", s.Thresholds)
+	}
+	if !slices.Equal(def.Thresholds, defaultThresholds) {
+		t.Errorf("default thresholds %+v, want Grafana's %+v", def.Thresholds, defaultThresholds)
+	}
+	for _, tc := range []struct{ panel, want string }{
+		{`"fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "symlog"}}}}`, `scaleDistribution "symlog"`},
+		{`"fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "log", "log": 2}}}}`, "want base 10"},
+		{`"fieldConfig": {"defaults": {"thresholds": {"mode": "percentage", "steps": [{"color": "red", "value": null}]}}}`, `mode "percentage"`},
+		{`"fieldConfig": {"defaults": {"thresholds": {"steps": [{"color": "red", "value": null}, {"color": "x", "value": null}]}}}`, "step 1"},
+		{`"fieldConfig": {"defaults": {"thresholds": {"steps": []}}}`, "no steps"},
+		{`"options": {"textMode": "big"}`, `textMode "big"`},
+		{`"options": {"colorMode": "gradient"}`, `colorMode "gradient"`},
+		{`"options": {"reduceOptions": {"calcs": ["mean"]}}`, `calcs "mean"`},
+	} {
+		_, err := Parse([]byte(`{"panels": [{"type": "stat", "title": "T", "gridPos": {"w": 1, "h": 1}, ` + tc.panel + `}]}`))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `panel "T"`) {
+			t.Errorf("%s: error %v, want one naming the panel and containing %q", tc.panel, err, tc.want)
+		}
+	}
+}
+
+// TestRenderLogAndStat draws a log-scale panel whose series falls to zero
+// (a gap, as in Grafana) and stat panels coloured by their thresholds.
+func TestRenderLogAndStat(t *testing.T) {
+	t0 := time.Unix(3_000_000, 0)
+	line := func(vs ...float64) []Point {
+		var out []Point
+		for i, v := range vs {
+			out = append(out, Point{T: t0.Add(time.Duration(i) * time.Second), V: v})
+		}
+		return out
+	}
+	steps := []Threshold{{math.Inf(-1), "green"}, {1, "red"}}
+	data := []PanelData{
+		{Panel: Panel{Title: "Log", Type: TimeSeries, Log: true, W: 24, H: 8},
+			Series: []Line{{Legend: "flood", Points: line(10, 1e5, 0, 0, 1e5)}}},
+		{Panel: Panel{Title: "Names", Type: Stat, Y: 8, W: 12, H: 6, TextMode: "name", ColorMode: "background", Thresholds: steps},
+			Series: []Line{{Legend: "ok-name", Points: line(0, 0)}, {Legend: "bad-name", Points: line(0, 3, math.NaN())}}},
+		{Panel: Panel{Title: "Values", Type: Stat, X: 12, Y: 8, W: 12, H: 6, ColorMode: "value", Thresholds: steps},
+			Series: []Line{{Legend: "one", Points: line(7)}}},
+	}
+	svg := Render(data, Page{Title: "t", Interval: time.Second})
+	if !strings.Contains(svg, "log scale") || !strings.Contains(svg, ">100k<") {
+		t.Error("no log axis up to 100k")
+	}
+	// Two runs of the series: 10, 100k, then (gap at the zeros) 100k.
+	if got := strings.Count(pathOf(t, svg, "flood"), "M"); got != 2 {
+		t.Errorf("the flood's path has %d moves, want 2 (a gap at the zeros)", got)
+	}
+	for _, want := range []string{
+		`fill="#73BF69"/>`, // ok-name's tile, 0: green
+		`fill="#F2495C"/>`, // bad-name's tile, 3 (NaN after it skipped): red
+		`fill="white">ok-name`, `fill="white">bad-name`,
+		`fill="#F2495C">7<`, // a value coloured, the name left out (one series)
+	} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("the SVG has no %q", want)
+		}
+	}
+	if strings.Contains(svg, ">one<") || strings.Contains(svg, "white\">0<") {
+		t.Error("a name or value shown against the panel's textMode")
+	}
+}
+
+// pathOf returns the d attribute of the path whose title starts with legend.
+func pathOf(t *testing.T, svg, legend string) string {
+	t.Helper()
+	i := strings.Index(svg, "<title>"+legend+":")
+	j := strings.LastIndex(svg[:max(i, 0)], `<path d="`)
+	if i < 0 || j < 0 {
+		t.Fatalf("no path for %q", legend)
+	}
+	d := svg[j+len(`<path d="`):]
+	return d[:strings.IndexByte(d, '"')]
 }

@@ -3,6 +3,7 @@ package dashboard
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,8 +42,13 @@ const (
 	minPlotH   = 80
 )
 
-// palette is the series colors, in order.
-var palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
+// palette is the series colors, in order: ten, then lighter and darker
+// shades of them, so that a panel's twenty series differ.
+var palette = []string{
+	"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+	"#9ecae1", "#fdae6b", "#a1d99b", "#fc9272", "#bcbddc", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5",
+	"#08306b", "#7f2704", "#00441b", "#67000d",
+}
 
 // unitNote is the note after a panel's title for Grafana's units.
 var unitNote = map[string]string{"pps": "per second", "percentunit": "percent"}
@@ -112,6 +118,9 @@ func dataBounds(panels []PanelData) (time.Time, time.Time) {
 
 // formatValue formats v for a unit.
 func formatValue(v float64, unit string) string {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return strconv.FormatFloat(v, 'g', -1, 64)
+	}
 	if unit == "percentunit" {
 		return svgchart.Human(v*100) + "%"
 	}
@@ -159,18 +168,29 @@ func timeSeries(b *strings.Builder, p PanelData, pg Page, x, y, w, h float64) {
 	top, bot := y+padTop, y+h-tickH-float64(lines*legendLine)-8
 	left, right := x+padL, x+w-padR
 
+	// Infinite values (a cap that is off: +Inf) have no place on an axis:
+	// Grafana leaves them out, and so does the rendering, saying so in the
+	// legend.
+	series := make([]Line, len(p.Series))
+	for i, s := range p.Series {
+		series[i] = s
+		for _, pt := range s.Points {
+			if math.IsInf(pt.V, 0) || math.IsNaN(pt.V) {
+				series[i].Legend += " (" + formatValue(pt.V, "") + ", not drawn)"
+				break
+			}
+		}
+	}
+	p.Series = series
 	lo, hi := math.Inf(1), 0.0
 	for _, s := range p.Series {
 		for _, pt := range s.Points {
-			if pt.V > 0 {
+			if pt.V > 0 && !math.IsInf(pt.V, 1) {
 				lo, hi = math.Min(lo, pt.V), math.Max(hi, pt.V)
 			}
 		}
 	}
-	if math.IsInf(lo, 1) {
-		lo = 0
-	}
-	ax := svgchart.NewAxis(lo, hi, top, bot)
+	ax := valueAxis(p.Panel.Log, lo, hi, top, bot)
 	for _, t := range ax.Ticks() {
 		py := ax.Pos(t)
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#eee"/>`, left, py, right, py)
@@ -202,18 +222,33 @@ func timeSeries(b *strings.Builder, p PanelData, pg Page, x, y, w, h float64) {
 	for i, s := range p.Series {
 		color := palette[i%len(palette)]
 		var d strings.Builder
-		for j, pt := range s.Points {
+		var prev time.Time
+		var lastDrawn Point
+		drawn := 0
+		for _, pt := range s.Points {
+			if math.IsInf(pt.V, 0) || math.IsNaN(pt.V) || ax.Log && pt.V <= 0 {
+				// Not drawable (on a log axis: zero and below, as
+				// in Grafana): a gap.
+				prev = time.Time{}
+				continue
+			}
 			cmd := "L"
-			if j == 0 || pt.T.Sub(s.Points[j-1].T) > gap {
+			if prev.IsZero() || pt.T.Sub(prev) > gap {
 				cmd = "M"
 			}
 			fmt.Fprintf(&d, "%s%.1f %.1f ", cmd, px(pt.T), ax.Pos(pt.V))
+			prev, lastDrawn = pt.T, pt
+			drawn++
+		}
+		if drawn == 0 {
+			continue
 		}
 		last := s.Points[len(s.Points)-1].V
 		fmt.Fprintf(b, `<path d="%s" fill="none" stroke="%s" stroke-width="1.6"><title>%s: last %s</title></path>`+"\n",
 			strings.TrimSpace(d.String()), color, svgchart.Esc(s.Legend), formatValue(last, p.Panel.Unit))
-		if len(s.Points) == 1 {
-			fmt.Fprintf(b, `<circle cx="%.1f" cy="%.1f" r="2" fill="%s"/>`+"\n", px(s.Points[0].T), ax.Pos(last), color)
+		if drawn == 1 {
+			// A lone point has no line: a dot.
+			fmt.Fprintf(b, `<circle cx="%.1f" cy="%.1f" r="2" fill="%s"/>`+"\n", px(lastDrawn.T), ax.Pos(lastDrawn.V), color)
 		}
 	}
 	items, _ := layoutLegend(p.Series, left, bot+tickH+12, right-left, maxLines)
@@ -225,21 +260,99 @@ func timeSeries(b *strings.Builder, p PanelData, pg Page, x, y, w, h float64) {
 	}
 }
 
-// stat draws a stat panel: one tile per series with its last value.
+// valueAxis returns the value axis of a time-series panel for positive
+// values in [lo, hi] (lo +Inf: none): by decades around them when log is
+// set, else linear from 0 to a round number above hi, as Grafana draws.
+func valueAxis(log bool, lo, hi, top, bot float64) svgchart.Axis {
+	if !log {
+		return svgchart.Axis{Hi: svgchart.NiceCeil(hi), Top: top, Bot: bot}
+	}
+	if math.IsInf(lo, 1) {
+		lo, hi = 1, 10
+	}
+	a := svgchart.Axis{Log: true, Top: top, Bot: bot,
+		Lo: math.Pow(10, math.Floor(math.Log10(lo))), Hi: math.Pow(10, math.Ceil(math.Log10(hi)))}
+	if a.Hi <= a.Lo {
+		a.Hi = a.Lo * 10
+	}
+	return a
+}
+
+// grafanaColors are the hex values of Grafana's named colors the
+// dashboard may use; other names and hex values pass through to SVG.
+var grafanaColors = map[string]string{
+	"green": "#73BF69", "red": "#F2495C", "yellow": "#FADE2A", "orange": "#FF9830",
+	"blue": "#5794F2", "purple": "#B877D9", "dark-red": "#C4162A", "dark-green": "#37872D",
+}
+
+// thresholdColor returns the color of v: the last step at or below it.
+func thresholdColor(steps []Threshold, v float64) string {
+	c := steps[0].Color
+	for _, st := range steps {
+		if v >= st.Value {
+			c = st.Color
+		}
+	}
+	if hex, ok := grafanaColors[c]; ok {
+		return hex
+	}
+	return c
+}
+
+// stat draws a stat panel as Grafana does: one tile per series with its
+// last value that is not NaN, the name and value as textMode says, colored
+// by the thresholds as colorMode says (value: the text; background: the
+// tile).
 func stat(b *strings.Builder, p PanelData, x, y, w, h float64) {
 	const padTop = 30
 	n := len(p.Series)
 	cols := max(1, min(n, int(w/170)))
 	rowsN := (n + cols - 1) / cols
 	tw, th := (w-16)/float64(cols), (h-padTop-8)/float64(rowsN)
+	showName, showValue := n > 1, true
+	switch p.Panel.TextMode {
+	case "value":
+		showName = false
+	case "name":
+		showName, showValue = true, false
+	case "value_and_name":
+		showName = true
+	case "none":
+		showName, showValue = false, false
+	}
 	for i, s := range p.Series {
 		tx, ty := x+8+float64(i%cols)*tw, y+padTop+float64(i/cols)*th
-		color := palette[i%len(palette)]
-		last := s.Points[len(s.Points)-1].V
-		fs := math.Min(28, th*0.45)
-		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" rx="2" fill="%s" fill-opacity="0.12"/>`, tx+2, ty+2, tw-4, th-4, color)
-		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" font-size="11" text-anchor="middle">%s</text>`, tx+tw/2, ty+th/2-fs/2, svgchart.Esc(s.Legend))
-		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" font-size="%.0f" font-weight="bold" text-anchor="middle" fill="%s">%s</text>`+"\n",
-			tx+tw/2, ty+th/2+fs*0.7, fs, color, formatValue(last, p.Panel.Unit))
+		last := math.NaN()
+		for _, pt := range s.Points {
+			if !math.IsNaN(pt.V) {
+				last = pt.V
+			}
+		}
+		color := thresholdColor(p.Panel.Thresholds, last)
+		text := color
+		switch p.Panel.ColorMode {
+		case "background":
+			fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" rx="2" fill="%s"/>`, tx+2, ty+2, tw-4, th-4, color)
+			text = "white"
+		case "none":
+			text = "#222"
+		}
+		fs := math.Min(28, th*0.4)
+		var lines []string
+		if showName {
+			nfs := 13.0 // under the value
+			if !showValue {
+				nfs = math.Min(20, fs*0.8)
+			}
+			lines = append(lines, fmt.Sprintf(`font-size="%.0f" fill="%s">%s`, nfs, text, svgchart.Esc(s.Legend)))
+		}
+		if showValue {
+			lines = append(lines, fmt.Sprintf(`font-size="%.0f" font-weight="bold" fill="%s">%s`, fs, text, formatValue(last, p.Panel.Unit)))
+		}
+		for j, l := range lines {
+			cy := ty + th/2 + (float64(j)-float64(len(lines)-1)/2)*fs*1.1 + fs*0.35
+			fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" %s</text>`, tx+tw/2, cy, l)
+		}
+		b.WriteString("\n")
 	}
 }
