@@ -74,6 +74,11 @@ type Options struct {
 	From string
 	// Keep keeps the temporary directory (Caddy's configurations and logs).
 	Keep bool
+	// Dashboard, when set, is the scenario whose first repetition with
+	// DashboardVariant is scraped every second and rendered through the
+	// Grafana dashboard's queries into dashboard.svg in Out.
+	Dashboard        string
+	DashboardVariant string
 	// Args is the command line, for the report.
 	Args []string
 }
@@ -173,6 +178,8 @@ func ParseFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.From, "from", "", "render results.md, the charts and -readme again from this results.json, without measuring")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the temporary directory with Caddy's configurations and logs, and print its path")
 	fs.Uint64Var(&o.FloodMax, "flood-max", 20_000_000, "most datagrams one flood sends")
+	dashboard := fs.String("dashboard", "", "SCENARIO[/VARIANT]: scrape Caddy's /metrics every second during that scenario's first repetition\n"+
+		"with VARIANT (default rakelimit) and render "+DashboardFile+"'s panels from the scrapes into dashboard.svg in -out")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(stderr, "usage: rakebench [flags]")
@@ -218,6 +225,9 @@ func ParseFlags(args []string, stderr io.Writer) (*Options, error) {
 	if o.Port != 0 && o.Port == o.AdminPort {
 		return nil, fmt.Errorf("-port and -admin-port are both %d", o.Port)
 	}
+	if o.Dashboard, o.DashboardVariant, err = selectDashboard(*dashboard, o); err != nil {
+		return nil, err
+	}
 	switch g := GtlsMode(*gtls); g {
 	case GtlsAuto, GtlsRequire, GtlsOff:
 		o.Gtls = g
@@ -245,6 +255,29 @@ func selectScenarios(list string) ([]Scenario, error) {
 		}
 	}
 	return out, nil
+}
+
+// selectDashboard resolves the -dashboard flag, SCENARIO[/VARIANT], against
+// the selected scenarios and variants; empty: no dashboard.
+func selectDashboard(flagValue string, o *Options) (string, string, error) {
+	if flagValue == "" {
+		return "", "", nil
+	}
+	scenario, variant, ok := strings.Cut(flagValue, "/")
+	if !ok {
+		variant = "rakelimit"
+	}
+	switch {
+	case o.From != "":
+		return "", "", fmt.Errorf("-dashboard %s: needs a measuring run, not -from (the scrapes are not in results.json)", flagValue)
+	case !slices.ContainsFunc(o.Scenarios, func(s Scenario) bool { return s.Name == scenario }):
+		return "", "", fmt.Errorf("-dashboard %s: scenario %q is not among the scenarios run", flagValue, scenario)
+	case variant == Plain:
+		return "", "", fmt.Errorf("-dashboard %s: plain Caddy exports no rakelimit metrics: name a variant with the directive", flagValue)
+	case !slices.ContainsFunc(o.Variants, func(v Variant) bool { return v.Name == variant }):
+		return "", "", fmt.Errorf("-dashboard %s: variant %q is not among the variants run", flagValue, variant)
+	}
+	return scenario, variant, nil
 }
 
 // selectVariants resolves the -variants list against the built-in and extra

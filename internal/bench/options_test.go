@@ -46,6 +46,14 @@ func TestParseFlags(t *testing.T) {
 		{name: "same ports", args: []string{"-port", "9000", "-admin-port", "9000"}, wantErr: "-port and -admin-port are both 9000"},
 		{name: "timeout", args: []string{"-timeout", "1ns"}, wantErr: "-timeout 1ns"},
 		{name: "unknown flag", args: []string{"-bogus"}, wantErr: "flag provided but not defined: -bogus (rakebench -h lists the flags)"},
+		{name: "dashboard", args: []string{"-scenarios", "idle,one-source", "-dashboard", "one-source"},
+			scenarios: []string{"idle", "one-source"}, variants: []string{"plain", "rakelimit"}},
+		{name: "dashboard scenario not run", args: []string{"-scenarios", "idle", "-dashboard", "one-source"},
+			wantErr: `-dashboard one-source: scenario "one-source" is not among the scenarios run`},
+		{name: "dashboard of plain", args: []string{"-dashboard", "idle/plain"}, wantErr: "plain Caddy exports no rakelimit metrics"},
+		{name: "dashboard variant not run", args: []string{"-dashboard", "idle/strict"},
+			wantErr: `-dashboard idle/strict: variant "strict" is not among the variants run`},
+		{name: "dashboard with -from", args: []string{"-from", "r.json", "-dashboard", "idle"}, wantErr: "needs a measuring run"},
 		{name: "stray argument", args: []string{"idle"}, wantErr: `unexpected argument "idle"`},
 	}
 	for _, tt := range tests {
@@ -120,6 +128,22 @@ func TestParseFlagsValues(t *testing.T) {
 	}
 	if o.Args[0] != "rakebench" || o.Args[len(o.Args)-1] != "2s" {
 		t.Errorf("args %q", o.Args)
+	}
+	if o.Dashboard != "" {
+		t.Errorf("dashboard %q by default", o.Dashboard)
+	}
+	o, err = ParseFlags([]string{"-variant", "u=rakelimit { mode userspace }", "-dashboard", "spread-1024/u"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Dashboard != "spread-1024" || o.DashboardVariant != "u" {
+		t.Errorf("-dashboard spread-1024/u: scenario %q, variant %q", o.Dashboard, o.DashboardVariant)
+	}
+	if o, err = ParseFlags([]string{"-dashboard", "idle"}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if o.Dashboard != "idle" || o.DashboardVariant != "rakelimit" {
+		t.Errorf("-dashboard idle: scenario %q, variant %q, want idle and rakelimit", o.Dashboard, o.DashboardVariant)
 	}
 }
 

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/dashboard"
 )
 
 // requestRate is each legitimate client's requests per second.
@@ -127,6 +129,10 @@ type bench struct {
 	site     site
 	sizes    transferSizes
 	backend  *uploadBackend
+	// dash is the dashboard -dashboard renders, nil without it; recorded
+	// is its scenario run's scrapes, once made.
+	dash     *dashboard.Compiled
+	recorded *recording
 }
 
 // Run runs the benchmark and writes its outputs; progress lines go to
@@ -173,8 +179,18 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 	}
 	rep.Summary = summarizeRuns(rep.Runs, o.Variants, o.Scenarios)
 	rep.Elapsed = time.Since(began).Seconds()
+	if b.recorded != nil {
+		rep.Notes = append(rep.Notes, dashboardNote(b.recorded))
+	}
 	if err := writeOutputs(rep, o.Out, o.Readme); err != nil {
 		return nil, err
+	}
+	if b.recorded != nil {
+		path, err := writeDashboard(b.dash, b.recorded, rep.Date, o.Out)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(progress, "rakebench: wrote %s\n", path)
 	}
 	fmt.Fprintf(progress, "rakebench: done in %.0f s; wrote %s\n", rep.Elapsed, filepath.Join(o.Out, "results.md"))
 	return rep, nil
@@ -208,6 +224,11 @@ func Rerender(o *Options, progress io.Writer) (*Report, error) {
 func (b *bench) setup(ctx context.Context, rep *Report) error {
 	o := b.o
 	var err error
+	if o.Dashboard != "" {
+		if b.dash, err = loadDashboard(); err != nil {
+			return err
+		}
+	}
 	if o.Caddy != "" {
 		if st, err := os.Stat(o.Caddy); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 			return fmt.Errorf("-caddy %s: not an executable file", o.Caddy)
@@ -356,6 +377,17 @@ func (b *bench) runOne(ctx context.Context, sc Scenario, v Variant, rep int) (Ru
 			c.stop(b.o.stopTimeout())
 		}
 	}()
+	var rec *recorder
+	if b.dash != nil && sc.Name == b.o.Dashboard && v.Name == b.o.DashboardVariant && rep == 1 {
+		fmt.Fprintf(b.progress, "rakebench: scraping /metrics every %v for %s, from %v before to %v after the measured window\n",
+			dashboardInterval, DashboardSVG, dashboardLead, dashboardTail)
+		rec = startRecorder(ctx, c, b.dash.Metrics())
+		defer rec.stop()
+		if err := sleepCtx(ctx, dashboardLead); err != nil {
+			return res, err
+		}
+	}
+	measured := time.Now()
 	if sc.Transfers {
 		err = b.measureTransfers(ctx, c, &res)
 	} else {
@@ -363,6 +395,15 @@ func (b *bench) runOne(ctx context.Context, sc Scenario, v Variant, rep int) (Ru
 	}
 	if err != nil {
 		return res, err
+	}
+	if rec != nil {
+		window := dashboard.Span{From: measured, To: time.Now(), Label: windowLabel(sc)}
+		if err := sleepCtx(ctx, dashboardTail); err != nil {
+			return res, err
+		}
+		r := rec.stop()
+		r.scenario, r.variant, r.window = sc, v.Name, window
+		b.recorded = &r
 	}
 	grace := b.o.floodStopTimeout()
 	if sc.Transfers {
