@@ -29,79 +29,28 @@ const socketLineFields = 13
 // SocketDrops sums the drops of the UDP sockets bound to port, IPv4 and
 // IPv6: datagrams a socket filter refused, and those a full receive queue
 // lost.
-func SocketDrops(port int) (uint64, error) {
-	var total uint64
-	for _, file := range []string{udpFile, udp6File} {
-		f, err := os.Open(file)
-		if err != nil {
-			return 0, fmt.Errorf("reading socket drops: %w", err)
-		}
-		n, err := ParseSocketDrops(f, port)
-		f.Close()
-		if err != nil {
-			return 0, fmt.Errorf("reading %s: %w", file, err)
-		}
-		total += n
-	}
-	return total, nil
-}
+func SocketDrops(port int) (uint64, error) { return sumSockets(port, "drops", ParseSocketDrops) }
 
 // ParseSocketDrops sums the drops column of the sockets whose local port is
 // port in r, a table in the format of /proc/net/udp or udp6.
 func ParseSocketDrops(r io.Reader, port int) (uint64, error) {
-	if port <= 0 || port > 0xffff {
-		return 0, fmt.Errorf("port %d is not a UDP port", port)
-	}
-	var total uint64
-	suffix := fmt.Sprintf(":%04X", port)
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < socketLineFields || f[0] == "sl" || !strings.HasSuffix(f[1], suffix) {
-			continue
-		}
+	return parseSockets(r, port, func(f []string) (uint64, error) {
 		n, err := strconv.ParseUint(f[len(f)-1], 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("drops column %q: %w", f[len(f)-1], err)
 		}
-		total += n
-	}
-	return total, sc.Err()
+		return n, nil
+	})
 }
 
 // SocketQueued sums the bytes queued for reading on the UDP sockets bound
 // to port, IPv4 and IPv6 (the rx_queue column).
-func SocketQueued(port int) (uint64, error) {
-	var total uint64
-	for _, file := range []string{udpFile, udp6File} {
-		f, err := os.Open(file)
-		if err != nil {
-			return 0, fmt.Errorf("reading socket queues: %w", err)
-		}
-		n, err := ParseSocketQueued(f, port)
-		f.Close()
-		if err != nil {
-			return 0, fmt.Errorf("reading %s: %w", file, err)
-		}
-		total += n
-	}
-	return total, nil
-}
+func SocketQueued(port int) (uint64, error) { return sumSockets(port, "queues", ParseSocketQueued) }
 
 // ParseSocketQueued sums the rx_queue column (hexadecimal, after the colon
 // of tx_queue:rx_queue) of the sockets whose local port is port in r.
 func ParseSocketQueued(r io.Reader, port int) (uint64, error) {
-	if port <= 0 || port > 0xffff {
-		return 0, fmt.Errorf("port %d is not a UDP port", port)
-	}
-	var total uint64
-	suffix := fmt.Sprintf(":%04X", port)
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < socketLineFields || f[0] == "sl" || !strings.HasSuffix(f[1], suffix) {
-			continue
-		}
+	return parseSockets(r, port, func(f []string) (uint64, error) {
 		_, rx, ok := strings.Cut(f[4], ":")
 		if !ok {
 			return 0, fmt.Errorf("queue column %q: want tx:rx", f[4])
@@ -109,6 +58,47 @@ func ParseSocketQueued(r io.Reader, port int) (uint64, error) {
 		n, err := strconv.ParseUint(rx, 16, 64)
 		if err != nil {
 			return 0, fmt.Errorf("queue column %q: %w", f[4], err)
+		}
+		return n, nil
+	})
+}
+
+// sumSockets sums what parse reads of the sockets bound to port in
+// /proc/net/udp and udp6; what names it in errors.
+func sumSockets(port int, what string, parse func(io.Reader, int) (uint64, error)) (uint64, error) {
+	var total uint64
+	for _, file := range []string{udpFile, udp6File} {
+		f, err := os.Open(file)
+		if err != nil {
+			return 0, fmt.Errorf("reading socket %s: %w", what, err)
+		}
+		n, err := parse(f, port)
+		f.Close()
+		if err != nil {
+			return 0, fmt.Errorf("reading %s: %w", file, err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// parseSockets sums column over the lines of the sockets whose local port
+// is port in r, a table in the format of /proc/net/udp or udp6.
+func parseSockets(r io.Reader, port int, column func(fields []string) (uint64, error)) (uint64, error) {
+	if port <= 0 || port > 0xffff {
+		return 0, fmt.Errorf("port %d is not a UDP port", port)
+	}
+	var total uint64
+	suffix := fmt.Sprintf(":%04X", port)
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < socketLineFields || f[0] == "sl" || !strings.HasSuffix(f[1], suffix) {
+			continue
+		}
+		n, err := column(f)
+		if err != nil {
+			return 0, err
 		}
 		total += n
 	}
