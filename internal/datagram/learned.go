@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/secondchance"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -85,7 +86,7 @@ type learned[K comparable] struct {
 	index map[K]int32
 	slots []learnedSlot[K]
 	free  []int32
-	hand  int
+	hand  secondchance.Hand
 }
 
 type learnedSlot[K comparable] struct {
@@ -133,17 +134,14 @@ func (t *learned[K]) learn(k K, now int64) {
 
 // evict frees the slot the clock hand settles on; the set is full.
 func (t *learned[K]) evict() int32 {
-	for {
-		i := t.hand
-		t.hand = (t.hand + 1) % len(t.slots)
+	i := t.hand.Victim(len(t.slots), func(i int) bool {
 		s := &t.slots[i]
-		if s.ref {
-			s.ref = false
-			continue
-		}
-		delete(t.index, s.key)
-		return int32(i)
-	}
+		spared := s.ref
+		s.ref = false
+		return spared
+	})
+	delete(t.index, t.slots[i].key)
+	return int32(i)
 }
 
 // expire forgets the keys whose time is before before and returns how many.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/secondchance"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -43,7 +44,7 @@ type streamTable struct {
 	index map[streamKey]int32
 	slots []streamSlot
 	free  []int32
-	hand  int
+	hand  secondchance.Hand
 }
 
 type streamSlot struct {
@@ -91,18 +92,15 @@ func (t *streamTable) insert(k *streamKey, init *streamState) {
 
 // evict frees the slot the clock hand settles on; the table is full.
 func (t *streamTable) evict() int32 {
-	for {
-		i := t.hand
-		t.hand = (t.hand + 1) % len(t.slots)
+	i := t.hand.Victim(len(t.slots), func(i int) bool {
 		s := &t.slots[i]
-		if s.ref {
-			s.ref = false
-			continue
-		}
-		delete(t.index, s.key)
-		s.used = false
-		return int32(i)
-	}
+		spared := s.ref
+		s.ref = false
+		return spared
+	})
+	delete(t.index, t.slots[i].key)
+	t.slots[i].used = false
+	return int32(i)
 }
 
 // remove forgets the stream in slot i.
