@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
@@ -478,4 +479,78 @@ func TestSweepConcurrent(t *testing.T) {
 	}
 	w.compareState()
 	t.Logf("swept %d cells; during the sweep packets touched %d live cells beside stale ones and %d stale cells", swept, sharing, restaled)
+}
+
+// TestTotalPerCPU runs one stream's packets on two CPUs and checks that each
+// CPU counts the socket's total in a pending cell of its own, and that the
+// shared cells gain both CPUs' counts once each has seen the epoch change:
+// what the Go twin, one CPU fed the same packets, holds in its single cell,
+// within the rounding of decaying the two CPUs' counts apart.
+func TestTotalPerCPU(t *testing.T) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	var cpus []int
+	for cpu := 0; cpu < 1024 && len(cpus) < 2; cpu++ {
+		if set.IsSet(cpu) {
+			cpus = append(cpus, cpu)
+		}
+	}
+	if len(cpus) < 2 {
+		t.Skip("needs two CPUs; this process may use one")
+	}
+	w := newTwin(t, testutil.Limits(100_000))
+	total := w.d.Limiter().Params().TotalNode
+	if total < 0 {
+		t.Fatal("no total node in the default lattice")
+	}
+	p := udp("198.51.100.7", 5000)
+	d := p.datagram(true)
+	send := func(cpu int, now int64) {
+		t.Helper()
+		ctx := skbContext{CB: [5]uint32{uint32(now), uint32(uint64(now) >> 32), 0}}
+		if _, err := runOnCPU(w.f.objs.Rakelimit, &ebpf.RunOptions{Data: p.frame(), Context: ctx}, cpu); err != nil {
+			t.Fatal(err)
+		}
+		w.d.Decide(&d, now, 0)
+	}
+	// In one epoch, 10 packets on the first CPU and 20 on the second.
+	for i := range 30 {
+		send(cpus[min(i/10, 1)], start+int64(i)*1000)
+	}
+	a, b, want := w.f.pendingOf(t, cpus[0])[0], w.f.pendingOf(t, cpus[1])[0], w.d.Limiter().Pending()[0]
+	if a.Budget[0].Offered == 0 || b.Budget[0].Offered != 2*a.Budget[0].Offered {
+		t.Fatalf("pending offered counts: first CPU %d, second %d; want the second twice the first, not 0", a.Budget[0].Offered, b.Budget[0].Offered)
+	}
+	if got := a.Budget[0].Offered + b.Budget[0].Offered; got != want.Budget[0].Offered {
+		t.Fatalf("pending offered counts sum to %d, the one-CPU twin's is %d", got, want.Budget[0].Offered)
+	}
+	// Two epochs later, one packet on each: both flush.
+	later := start + int64(2)<<sketch.EpochShift
+	send(cpus[0], later)
+	send(cpus[1], later+1000)
+	params := w.d.Limiter().Params()
+	base := int(params.Base[0][total])
+	got, twin := w.f.lines(t), w.d.Limiter().Lines()
+	for r := range sketch.Depth {
+		for c := range sketch.CellsPerLine {
+			g, x := got[base+r].Cells[c], twin[base+r].Cells[c]
+			if g.Epoch != x.Epoch || diff(g.Budget[0].Offered, x.Budget[0].Offered) > 2 || diff(g.Budget[0].Forwarded, x.Budget[0].Forwarded) > 2 {
+				t.Fatalf("row %d cell %d of the total: BPF %+v, one-CPU twin %+v", r, c, g, x)
+			}
+		}
+	}
+	if a, b := w.f.pendingOf(t, cpus[0])[0], w.f.pendingOf(t, cpus[1])[0]; a.Budget[0].Offered+b.Budget[0].Offered != w.d.Limiter().Pending()[0].Budget[0].Offered {
+		t.Fatalf("after the epoch: pending %d + %d, the one-CPU twin's %d", a.Budget[0].Offered, b.Budget[0].Offered,
+			w.d.Limiter().Pending()[0].Budget[0].Offered)
+	}
+}
+
+// diff is |a - b|.
+func diff(a, b uint32) uint32 {
+	if a > b {
+		return a - b
+	}
+	return b - a
 }

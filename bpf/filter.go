@@ -142,8 +142,8 @@ func load(c datagram.Config, o loadOptions) (_ *Filter, err error) {
 	if err := f.seedPRNG(); err != nil {
 		return nil, err
 	}
-	if err := f.objs.FairShares.Update(uint32(0), unboundedShares(), ebpf.UpdateAny); err != nil {
-		return nil, fmt.Errorf("initialising the fair shares: %w", err)
+	if err := f.initFairShares(); err != nil {
+		return nil, err
 	}
 	// Start on slot 1 so that the first write lands in slot 0.
 	f.active = 1
@@ -163,14 +163,31 @@ func compile(c *datagram.Config) (*sketch.Params, error) {
 	return sketch.Compile(c.Limiter)
 }
 
-func unboundedShares() *rakelimitFair {
+func unboundedShares() rakelimitFair {
 	var fs rakelimitFair
 	for c := range fs.Share {
 		for b := range fs.Share[c] {
 			fs.Share[c][b] = sketch.FairUnbounded
 		}
 	}
-	return &fs
+	return fs
+}
+
+// initFairShares sets every CPU's fair shares (a per-CPU map: each CPU
+// finds the share from its own packets) to unbounded.
+func (f *Filter) initFairShares() error {
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("counting CPUs: %w", err)
+	}
+	shares := make([]rakelimitFair, cpus)
+	for i := range shares {
+		shares[i] = unboundedShares()
+	}
+	if err := f.objs.FairShares.Update(uint32(0), shares, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("initialising the fair shares: %w", err)
+	}
+	return nil
 }
 
 // seedPRNG gives every CPU's xorshift generator a random non-zero state.
@@ -472,6 +489,7 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 	k.NumPrefixes = uint8(p.NumPrefixes)
 	k.PerDport = boolByte(p.PerDstPort)
 	k.FairNode, k.FairSource = nodeIndex(p.FairNode), nodeIndex(p.FairSource)
+	k.TotalNode = nodeIndex(p.TotalNode)
 	k.Classify = boolByte(c.Classify)
 	k.VerifyIds = boolByte(c.VerifyIDs)
 	if c.BlockedPorts != nil {
@@ -600,7 +618,44 @@ func (f *Filter) sweep(epoch uint32) (int, error) {
 			swept++
 		}
 	}
+	if err := f.sweepPending(epoch); err != nil {
+		return swept, err
+	}
 	return swept, nil
+}
+
+// sweepPending moves the CPUs' stale pending counts of the socket's total
+// (count_total; those of a class without packets on a CPU for the horizon)
+// to epoch, as sketch.Limiter.Sweep does, so that no pending epoch idles
+// long enough to wrap. They are not counted as swept. A per-CPU map is
+// written whole: a CPU that counted in its pending cell between the read
+// and the write loses those packets' counts (at most the packets of that
+// moment, once a day, and only when some CPU has a stale one).
+func (f *Filter) sweepPending(epoch uint32) error {
+	var all []rakelimitPending
+	if err := f.objs.Totals.Lookup(uint32(0), &all); err != nil {
+		return fmt.Errorf("reading the pending totals: %w", err)
+	}
+	changed := false
+	for i := range all {
+		for c := range all[i].Cell {
+			cl := &all[i].Cell[c]
+			if sketch.Stale(cl.Epoch, epoch) {
+				cl.Epoch = epoch
+				for b := range cl.Budget {
+					cl.Budget[b].Offered, cl.Budget[b].Forwarded = 0, 0
+				}
+				changed = true
+			}
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := f.objs.Totals.Update(uint32(0), all, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("sweeping the pending totals: %w", err)
+	}
+	return nil
 }
 
 // word is the 32-bit word at offset off of the mapped sketches. The map's

@@ -154,7 +154,8 @@ func (f *Filter) learned(t testing.TB) (map[datagram.ServerID]int64, map[datagra
 	return ids, peers
 }
 
-// compareState checks every sketch cell, the fair shares, the pacer, the
+// compareState checks every sketch cell, the fair shares and the total's
+// pending counts (of the CPU the test runs the program on), the pacer, the
 // learned server IDs and peers with their times, and the counters.
 func (w *twin) compareState() {
 	w.t.Helper()
@@ -172,12 +173,11 @@ func (w *twin) compareState() {
 			w.t.Fatalf("after packet %d: line %d differs: BPF %+v, Go %+v", w.packet, i, got[i], want[i])
 		}
 	}
-	var fs rakelimitFair
-	if err := w.f.objs.FairShares.Lookup(uint32(0), &fs); err != nil {
-		w.t.Fatal(err)
+	if fs := w.f.fairShares(w.t); fs != w.d.Limiter().FairShares() {
+		w.t.Fatalf("after packet %d: fair shares BPF %v, Go %v", w.packet, fs, w.d.Limiter().FairShares())
 	}
-	if fs.Share != w.d.Limiter().FairShares() {
-		w.t.Fatalf("after packet %d: fair shares BPF %v, Go %v", w.packet, fs.Share, w.d.Limiter().FairShares())
+	if p := w.f.pending(w.t); p != w.d.Limiter().Pending() {
+		w.t.Fatalf("after packet %d: the total's pending counts BPF %+v, Go %+v", w.packet, p, w.d.Limiter().Pending())
 	}
 	var tat uint64
 	if err := w.f.objs.Pacer.Lookup(uint32(0), &tat); err != nil {

@@ -25,7 +25,7 @@ const fuzzMaxFrame = 1500
 // (err) instead of failing, and the verdict.
 func (f *Filter) tryRun(frame []byte, now int64, rnd uint32) (rakelimitVerdict, uint32, error) {
 	ctx := skbContext{CB: [5]uint32{uint32(now), uint32(uint64(now) >> 32), rnd}}
-	ret, err := f.objs.Rakelimit.Run(&ebpf.RunOptions{Data: frame, Context: ctx})
+	ret, err := runOnTestCPU(f.objs.Rakelimit, &ebpf.RunOptions{Data: frame, Context: ctx})
 	if err != nil {
 		return rakelimitVerdict{}, 0, err
 	}

@@ -5,7 +5,9 @@ package bpf
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
@@ -47,7 +49,7 @@ type skbContext struct {
 func (f *Filter) run(t testing.TB, frame []byte, now int64, rnd uint32) rakelimitVerdict {
 	t.Helper()
 	ctx := skbContext{CB: [5]uint32{uint32(now), uint32(uint64(now) >> 32), rnd}}
-	ret, err := f.objs.Rakelimit.Run(&ebpf.RunOptions{Data: frame, Context: ctx})
+	ret, err := runOnTestCPU(f.objs.Rakelimit, &ebpf.RunOptions{Data: frame, Context: ctx})
 	if err != nil {
 		t.Fatalf("test run: %v", err)
 	}
@@ -59,6 +61,93 @@ func (f *Filter) run(t testing.TB, frame []byte, now int64, rnd uint32) rakelimi
 		t.Fatalf("program returned %d but recorded drop=%d", ret, v.Drop)
 	}
 	return v
+}
+
+// testCPU is the CPU the tests run the program on: the first this process
+// may use. The program keeps state per CPU (the socket total's pending
+// counts, the fair shares), which the Go twin, one CPU, mirrors for the CPU
+// it runs on.
+func testCPU() (int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return 0, fmt.Errorf("reading the CPU affinity: %w", err)
+	}
+	for cpu := range 1 << 10 {
+		if set.IsSet(cpu) {
+			return cpu, nil
+		}
+	}
+	return 0, errors.New("no CPU in the affinity mask")
+}
+
+// runOnTestCPU runs prog once on testCPU.
+func runOnTestCPU(prog *ebpf.Program, opts *ebpf.RunOptions) (uint32, error) {
+	cpu, err := testCPU()
+	if err != nil {
+		return 0, err
+	}
+	return runOnCPU(prog, opts, cpu)
+}
+
+// runOnCPU runs prog once on CPU cpu: the calling goroutine's thread is
+// pinned there for the run, and given back its mask after.
+func runOnCPU(prog *ebpf.Program, opts *ebpf.RunOptions, cpu int) (uint32, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var was unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		return 0, fmt.Errorf("reading the CPU affinity: %w", err)
+	}
+	var one unix.CPUSet
+	one.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		return 0, fmt.Errorf("pinning to CPU %d: %w", cpu, err)
+	}
+	defer unix.SchedSetaffinity(0, &was)
+	return prog.Run(opts)
+}
+
+// pending reads the socket total's pending counts of testCPU, as the Go
+// twin's sketch.Limiter.Pending gives them.
+func (f *Filter) pending(t testing.TB) [sketch.NumClasses]sketch.Cell {
+	t.Helper()
+	cpu, err := testCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.pendingOf(t, cpu)
+}
+
+// pendingOf reads CPU cpu's pending counts of the socket's total.
+func (f *Filter) pendingOf(t testing.TB, cpu int) [sketch.NumClasses]sketch.Cell {
+	t.Helper()
+	var all []rakelimitPending
+	if err := f.objs.Totals.Lookup(uint32(0), &all); err != nil {
+		t.Fatalf("reading the pending totals: %v", err)
+	}
+	var out [sketch.NumClasses]sketch.Cell
+	for c := range out {
+		in := all[cpu].Cell[c]
+		out[c].Epoch = in.Epoch
+		for b := range in.Budget {
+			out[c].Budget[b] = sketch.Counter{Offered: in.Budget[b].Offered, Forwarded: in.Budget[b].Forwarded}
+		}
+	}
+	return out
+}
+
+// fairShares reads testCPU's fair shares.
+func (f *Filter) fairShares(t testing.TB) [sketch.NumClasses][2]uint64 {
+	t.Helper()
+	cpu, err := testCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []rakelimitFair
+	if err := f.objs.FairShares.Lookup(uint32(0), &all); err != nil {
+		t.Fatalf("reading the fair shares: %v", err)
+	}
+	return all[cpu].Share
 }
 
 // lines reads the whole sketch map.

@@ -271,6 +271,8 @@ struct config {
 	// The fair total's node and its network node, or 0xff for none.
 	__u8 fair_node;
 	__u8 fair_source;
+	// The socket's total node, counted per CPU (count_total), or 0xff.
+	__u8 total_node;
 	// coarse_clock: read the kernel's coarse clock, whose resolution is
 	// the timer tick, when the window is long enough for it (see clock).
 	__u8 coarse_clock;
@@ -307,6 +309,12 @@ struct stats {
 // The fair share of the total, by class and budget (sketch.admitFair).
 struct fair {
 	__u64 share[NUM_CLASSES][2];
+};
+
+// A CPU's counts of the socket's total not yet added to the shared cells,
+// by class: cells of their own, scaled to the start of their epoch.
+struct pending {
+	struct cell cell[NUM_CLASSES];
 };
 
 // A stream as a lattice node sees it: the packet's key reduced to what the
@@ -433,11 +441,20 @@ struct {
 } counters SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
 	__type(value, struct fair);
 	__uint(max_entries, 1);
 } fair_shares SEC(".maps");
+
+// Each CPU's pending counts of the socket's total, by class: see
+// count_total.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct pending);
+	__uint(max_entries, 1);
+} totals SEC(".maps");
 
 // The pacers' theoretical arrival times (ns): PACER_NEGOTIATION, the
 // version negotiation cap; PACER_TRACKING, new tracked streams.
@@ -1194,17 +1211,10 @@ static __always_inline void set_verdict(struct verdict *v, int drop, __u8 n, __u
 #define JUDGE_DROP 2
 #define JUDGE_FLOOR 3
 
-// count_node (sketch countNode) counts the packet at one node: in each row,
-// the cell its hash selects is brought to this epoch and its offered count of
-// the packet's budget grows by the packet's weight; rows gets the counters.
-// Returns -1 when a cell cannot be reached.
-static __always_inline int count_node(const struct config *cfg, struct node_work *nw, struct counter *rows[DEPTH])
+// node_cells (sketch Limiter.cell) finds the node's cell in each row, by the
+// hashes visit_node computed. Returns -1 when a cell cannot be reached.
+static __always_inline int node_cells(const struct node_work *nw, struct cell *cl[DEPTH])
 {
-	struct cell *cl[DEPTH];
-	__u32 epochs[DEPTH];
-
-	// Find both rows' cells and read their epochs first: the two reads,
-	// independent, miss the cache together when the source is new.
 #pragma unroll
 	for (int r = 0; r < DEPTH; r++) {
 		__u64 t = (mix(nw->hash[r]) >> 32) * nw->lines;
@@ -1218,8 +1228,26 @@ static __always_inline int count_node(const struct config *cfg, struct node_work
 		if (c >= CELLS_PER_LINE)
 			c = CELLS_PER_LINE - 1;
 		cl[r] = &ln->cells[c];
-		epochs[r] = cl[r]->epoch;
 	}
+	return 0;
+}
+
+// count_node (sketch countNode) counts the packet at one node: in each row,
+// the cell its hash selects is brought to this epoch and its offered count of
+// the packet's budget grows by the packet's weight; rows gets the counters.
+// Returns the number of rows (DEPTH), or -1 when a cell cannot be reached.
+static __always_inline int count_node(const struct config *cfg, struct node_work *nw, struct counter *rows[DEPTH])
+{
+	struct cell *cl[DEPTH];
+	__u32 epochs[DEPTH];
+
+	if (node_cells(nw, cl) < 0)
+		return -1;
+	// Read both rows' epochs first: the two reads, independent, miss the
+	// cache together when the source is new.
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++)
+		epochs[r] = cl[r]->epoch;
 	nw->omin = U32_MAX;
 	nw->fmin = U32_MAX;
 #pragma unroll
@@ -1232,6 +1260,84 @@ static __always_inline int count_node(const struct config *cfg, struct node_work
 		nw->fmin = min32(nw->fmin, ctr->forwarded);
 		rows[r] = ctr;
 	}
+	return DEPTH;
+}
+
+// flush_pending (sketch flushPending) adds a CPU's pending counts p, counted
+// from the start of epoch p->epoch, to the shared cell s, decayed first to
+// s's epoch when another CPU has moved s on since. CPUs flush into s at
+// once, so the adds are atomic; each is bounded by the room s had when
+// read, which a concurrent add can overtake only near 2^32 (a count of
+// 16 million packets a second over a one-second window).
+static __always_inline void flush_pending(const struct config *cfg, const struct cell *p, struct cell *s)
+{
+	__u32 idle = s->epoch - p->epoch;
+	int decays = idle != 0 && idle <= SKEW_WRAP;
+	__u64 d = decays ? decay(cfg, idle) : 0;
+
+#pragma unroll
+	for (int b = 0; b < 2; b++) {
+		__u32 o = p->budget[b].offered, f = p->budget[b].forwarded;
+		if (decays) {
+			o = decay32(o, d);
+			f = decay32(f, d);
+		}
+		o = min32(o, U32_MAX - s->budget[b].offered);
+		f = min32(f, U32_MAX - s->budget[b].forwarded);
+		if (o)
+			__sync_fetch_and_add(&s->budget[b].offered, o);
+		if (f)
+			__sync_fetch_and_add(&s->budget[b].forwarded, f);
+	}
+}
+
+// count_total (sketch countTotal) is count_node for the socket's total: the
+// one stream that every packet of the class counts, whose shared cells every
+// CPU would otherwise write on every packet, moving their cache line from
+// CPU to CPU and losing increments. Each CPU counts in a pending cell of
+// its own (the per-CPU map totals) and moves the pending counts into the
+// shared cells when the epoch changes, before the shared cells are brought
+// to the new epoch; the estimate is the shared count plus the CPU's own
+// pending. So on one CPU the counts are exactly those of a single cell (a
+// saturating add is associative), and
+// on several what the other CPUs counted in the current epoch is missing:
+// at most one epoch (1.05 ms) of their packets, counted once their next
+// packet arrives. *pending gets the pending counter, where forwarded
+// packets are counted too, by this CPU alone: no atomic add is needed.
+// Returns 0, or -1 when a cell cannot be reached.
+static __always_inline int count_total(const struct config *cfg, struct node_work *nw, struct counter **pending)
+{
+	__u32 zero = 0;
+	struct pending *pd = bpf_map_lookup_elem(&totals, &zero);
+	struct cell *cl[DEPTH];
+
+	if (!pd || node_cells(nw, cl) < 0)
+		return -1;
+	struct cell *p = &pd->cell[limiter_class(nw->class)];
+	if (p->epoch != nw->epoch) {
+#pragma unroll
+		for (int r = 0; r < DEPTH; r++) {
+			flush_pending(cfg, p, cl[r]);
+			if (cl[r]->epoch != nw->epoch)
+				rescale(cl[r], cfg, nw->epoch);
+		}
+		// The shared cells' epoch, not the packet's: a reading older
+		// than the cells' epoch leaves them alone (see rescale), and
+		// the pending counts are then counted in the cells' epoch too.
+		__builtin_memset(p->budget, 0, sizeof(p->budget));
+		p->epoch = cl[0]->epoch;
+	}
+	struct counter *ctr = &p->budget[nw->budget & 1];
+	ctr->offered = sat_add(ctr->offered, nw->w);
+	nw->omin = U32_MAX;
+	nw->fmin = U32_MAX;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		const struct counter *sh = &cl[r]->budget[nw->budget & 1];
+		nw->omin = min32(nw->omin, sat_add(sh->offered, ctr->offered));
+		nw->fmin = min32(nw->fmin, sat_add(sh->forwarded, ctr->forwarded));
+	}
+	*pending = ctr;
 	return 0;
 }
 
@@ -1275,20 +1381,25 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	return fmin >= scale(thr - nw->dither, nw->g) ? JUDGE_DROP : JUDGE_OVER;
 }
 
-// forward_node (sketch forwardNode) counts a forwarded packet in the counters
-// count_node found. Over the limit the forwarded count decides, so no
-// increment may be lost to another CPU: atomic adds it atomically. It stays
+// forward_node (sketch forwardNode) counts a forwarded packet in the
+// counters count_node found (forward_one: in one counter). Over the limit the forwarded
+// count decides, so no increment may be lost to another CPU: atomic adds it
+// atomically (a CPU's own pending counter needs no atomic add). It stays
 // near the threshold then, far from overflowing, so the saturating add would
 // give the same sum.
+static __always_inline void forward_one(struct counter *c, __u32 w, int atomic)
+{
+	if (atomic)
+		__sync_fetch_and_add(&c->forwarded, w);
+	else
+		c->forwarded = sat_add(c->forwarded, w);
+}
+
 static __always_inline void forward_node(struct counter *rows[DEPTH], __u32 w, int atomic)
 {
 #pragma unroll
-	for (int r = 0; r < DEPTH; r++) {
-		if (atomic)
-			__sync_fetch_and_add(&rows[r]->forwarded, w);
-		else
-			rows[r]->forwarded = sat_add(rows[r]->forwarded, w);
-	}
+	for (int r = 0; r < DEPTH; r++)
+		forward_one(rows[r], w, atomic);
 }
 
 // visit_node (sketch visitNode) walks the packet through node i: it hashes the
@@ -1319,8 +1430,12 @@ __noinline int visit_node(const struct config *cfg, const struct key *k, struct 
 	__u32 class = limiter_class(nw->class);
 	nw->lines = cfg->lines[class][i];
 	nw->base = cfg->base[class][i];
-	struct counter *rows[DEPTH];
-	if (count_node(cfg, nw, rows) < 0)
+	// The socket's total is counted in the CPU's pending counter, the
+	// other nodes in a counter of each row.
+	struct counter *rows[DEPTH] = {};
+	struct counter *pending = NULL;
+	int counted = i == cfg->total_node ? count_total(cfg, nw, &pending) : count_node(cfg, nw, rows);
+	if (counted < 0)
 		return -1;
 	int j = judge_node(cfg, k, nw);
 	if (j == JUDGE_DROP) {
@@ -1330,7 +1445,13 @@ __noinline int visit_node(const struct config *cfg, const struct key *k, struct 
 	if (j != JUDGE_PASS && !v->limited)
 		set_verdict(v, 0, n, nw->estimate);
 	if (j != JUDGE_FLOOR)
-		forward_node(rows, nw->w, j == JUDGE_OVER);
+	{
+		// The CPU's own counter: no other CPU adds to it.
+		if (pending)
+			forward_one(pending, nw->w, 0);
+		else
+			forward_node(rows, nw->w, j == JUDGE_OVER);
+	}
 	return 0;
 }
 

@@ -59,9 +59,12 @@ type rakelimitConfig struct {
 	Classify      uint8
 	FairNode      uint8
 	FairSource    uint8
+	TotalNode     uint8
 	CoarseClock   uint8
 	VerifyIds     uint8
+	_             [3]byte
 	TrackMask     uint32
+	_             [4]byte
 }
 
 type rakelimitFair struct {
@@ -86,6 +89,19 @@ type rakelimitLine struct {
 type rakelimitPeerKey struct {
 	_     structs.HostLayout
 	Words [4]uint32
+}
+
+type rakelimitPending struct {
+	_    structs.HostLayout
+	Cell [3]struct {
+		_      structs.HostLayout
+		Epoch  uint32
+		Budget [2]struct {
+			_         structs.HostLayout
+			Offered   uint32
+			Forwarded uint32
+		}
+	}
 }
 
 type rakelimitServerId struct {
@@ -162,6 +178,7 @@ const (
 	rakelimitMapServerIds         = "server_ids"
 	rakelimitMapStreams           = "streams"
 	rakelimitMapTestVerdict       = "test_verdict"
+	rakelimitMapTotals            = "totals"
 	rakelimitMapUntracked         = "untracked"
 	rakelimitProgRakelimit        = "rakelimit"
 	rakelimitVarBenchRandomSource = "bench_random_source"
@@ -231,6 +248,7 @@ type rakelimitMapSpecs struct {
 	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
 	Streams      *ebpf.MapSpec `ebpf:"streams"`
 	TestVerdict  *ebpf.MapSpec `ebpf:"test_verdict"`
+	Totals       *ebpf.MapSpec `ebpf:"totals"`
 	Untracked    *ebpf.MapSpec `ebpf:"untracked"`
 }
 
@@ -276,6 +294,7 @@ type rakelimitMaps struct {
 	ServerIds    *ebpf.Map `ebpf:"server_ids"`
 	Streams      *ebpf.Map `ebpf:"streams"`
 	TestVerdict  *ebpf.Map `ebpf:"test_verdict"`
+	Totals       *ebpf.Map `ebpf:"totals"`
 	Untracked    *ebpf.Map `ebpf:"untracked"`
 }
 
@@ -295,6 +314,7 @@ func (m *rakelimitMaps) Close() error {
 		m.ServerIds,
 		m.Streams,
 		m.TestVerdict,
+		m.Totals,
 		m.Untracked,
 	)
 }

@@ -292,6 +292,12 @@ type Params struct {
 	// node of the level below that counts networks (/24, /48). Both are
 	// -1 when there is no such level (a single prefix).
 	FairNode, FairSource int
+	// TotalNode is the index of the socket's total, the node that counts
+	// one stream (every packet of the class) in a row of one line, or -1
+	// when no node does (a per-destination-port lattice's last node
+	// counts one stream per port). Each CPU counts it in a pending cell
+	// of its own (see Limiter.countTotal).
+	TotalNode int
 	// Prefix4 and Prefix6 are the prefix lengths by prefix slot.
 	Prefix4, Prefix6 [MaxPrefixes]uint8
 	// NumPrefixes is the number of prefix slots in use.
@@ -335,6 +341,7 @@ func Compile(c Config) (*Params, error) {
 		WindowNanos: uint64(c.Window.Nanoseconds()),
 		FairNode:    -1,
 		FairSource:  -1,
+		TotalNode:   -1,
 	}
 	copy(p.Prefix4[:], c.IPv4Prefixes)
 	copy(p.Prefix6[:], c.IPv6Prefixes)
@@ -384,6 +391,7 @@ func Compile(c Config) (*Params, error) {
 			switch {
 			case i == len(p.Nodes)-1 && (!c.PerDstPort || p.Nodes[i].DstPortAny()):
 				lines = 1 // the socket's total: one stream
+				p.TotalNode = i
 			case class == 1:
 				lines = EstablishedLines
 			case class == 2:
