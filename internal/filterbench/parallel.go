@@ -196,7 +196,8 @@ func (r *Report) parallelMarkdown() string {
 		fmt.Fprintf(&b, "\n## On all CPUs (%d)\n\n", r.CPUs)
 		b.WriteString(strings.ToUpper(r.parallelMethod()[:1]) + r.parallelMethod()[1:] +
 			": a program whose packets share no cache line across CPUs reaches the number of CPUs. " +
-			"The programs keep their maps between the runs on one CPU and on all, as in the table above.\n\n")
+			"The programs keep their maps between the runs on one CPU and on all, as in the table above. " +
+			"The floor program shares nothing: its ratio far from the number of CPUs says that other work shared them.\n\n")
 		h := r.parallelHeader()
 		b.WriteString("| " + strings.Join(h, " | ") + " |\n")
 		b.WriteString("|---|---|---:|---:|---:|\n")
