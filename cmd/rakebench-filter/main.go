@@ -6,11 +6,14 @@
 // with -cloudflare) and a trivial floor program, through BPF_PROG_TEST_RUN
 // in one process, in interleaved rounds (package internal/filterbench). It
 // prints a table of nanoseconds per packet and ratios, with the CPU model,
-// and writes it as Markdown with -out.
+// then a table "On all CPUs": packets per second of the cases of -parallel
+// on one pinned CPU and on every CPU together, and their ratio; it writes
+// both as Markdown with -out.
 //
 //	make bench-filter                                     # every case, 15 rounds, docs/bench/filter.md
 //	go run ./cmd/rakebench-filter -rounds 3 -repeat 20000 -once 500
 //	go run ./cmd/rakebench-filter -cloudflare ../rakelimit -cases ipv4-under,ipv4-random
+//	go run ./cmd/rakebench-filter -cases ipv4-over,ipv4-under -parallel ipv4-over,ipv4-under
 //
 // It needs root (or CAP_BPF and CAP_PERFMON) to load BPF programs. Nothing
 // is sent on any network.

@@ -17,11 +17,24 @@
 // path it names (pass, drop, a flood decided). Nothing is sent on any
 // network: BPF_PROG_TEST_RUN runs a program on a buffer.
 //
+// Cases that repeat one frame (by default ipv4-random-switch and
+// ipv4-over, whose every packet touches the same cells: the socket's total,
+// or the first node's) are also timed on all CPUs (-parallel): packets per
+// second of one thread pinned to one CPU, and of one thread pinned to each
+// CPU, released together behind a barrier, over the wall time from the
+// common start to the last thread's end; the ratio of the medians says how
+// the program scales with CPUs. The maps are those of the case's other
+// rows, warmed up on one CPU and on all first. With one CPU the table is
+// skipped with a line that says so.
+//
 // The files split by concern:
 //
 //   - frames.go: the Ethernet frames both programs see
 //   - cloudflare.go: fetching and extracting Cloudflare's object
 //   - stats.go: medians, the results table (text and Markdown), the CPU model
-//   - cases_linux.go: the cases and how each program is set up for them
+//   - cases.go: the cases and the configurations of this filter for them
+//   - options.go: the options and the command line
 //   - run_linux.go: loading, the interleaved rounds and the checks
+//   - parallel.go, parallel_linux.go: the runs on all CPUs (the barrier,
+//     pinning, their table)
 package filterbench

@@ -20,12 +20,12 @@ const (
 	ClockWall = "wall"
 )
 
-// Options configure a run.
 // NoPeer is the CloudflareObject that times this filter and the floor
 // alone: Cloudflare's object cannot always be had (the Go module proxy
 // refuses its module).
 const NoPeer = "none"
 
+// Options configure a run.
 type Options struct {
 	// Rounds is how many interleaved rounds run; every figure is the
 	// median over them.
@@ -42,6 +42,10 @@ type Options struct {
 	Clock string
 	// Cases are the keys of the cases to run (CaseKeys); empty, all.
 	Cases []string
+	// Parallel are the keys of the cases also timed on all CPUs, each a
+	// case that repeats one frame; those not among Cases are not run.
+	// Empty, none.
+	Parallel []string
 	// CloudflareObject is a path to Cloudflare's object, a Go file
 	// embedding it or a directory holding either (ReadObject); empty,
 	// FetchCloudflare fetches CloudflareVersion into CacheDir.
@@ -64,6 +68,7 @@ func DefaultOptions() Options {
 		Once:              5_000,
 		Warmup:            100_000,
 		Clock:             ClockKernel,
+		Parallel:          slices.Clone(DefaultParallel),
 		CacheDir:          defaultCacheDir(),
 		CloudflareVersion: CloudflareVersion,
 	}
@@ -104,6 +109,9 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("-cases %q: unknown case; the cases are %s", k, strings.Join(known, ","))
 		}
 	}
+	if err := o.validateParallel(); err != nil {
+		return err
+	}
 	if o.CloudflareObject == "" && o.CacheDir == "" {
 		return errors.New("-cache \"\": want a directory for Cloudflare's object, or give -cloudflare")
 	}
@@ -123,6 +131,7 @@ func ParseFlags(args []string, usage io.Writer) (*Options, error) {
 	fs.IntVar(&o.Warmup, "warmup", o.Warmup, "packets per program before the first round")
 	fs.StringVar(&o.Clock, "clock", o.Clock, "kernel (BPF_PROG_TEST_RUN's own time) or wall")
 	cases := fs.String("cases", "", "comma-separated case keys (default all): "+strings.Join(CaseKeys(), ","))
+	parallel := fs.String("parallel", strings.Join(o.Parallel, ","), "comma-separated keys of cases that repeat one frame, also timed on one CPU and on all CPUs together (none: no such table)")
 	fs.StringVar(&o.CloudflareObject, "cloudflare", "", "Cloudflare's object: an .o, a bpf2go .go embedding it, or a directory (default: fetch); none: this filter and the floor alone")
 	fs.StringVar(&o.CacheDir, "cache", o.CacheDir, "directory keeping the fetched object")
 	fs.StringVar(&o.CloudflareVersion, "cloudflare-version", o.CloudflareVersion, "version of "+CloudflareModule+" to fetch")
@@ -135,6 +144,22 @@ func ParseFlags(args []string, usage io.Writer) (*Options, error) {
 	}
 	if *cases != "" {
 		o.Cases = strings.Split(*cases, ",")
+	}
+	parallelSet := false
+	fs.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "parallel" })
+	switch {
+	case *parallel == "" || *parallel == "none":
+		o.Parallel = nil
+	case parallelSet:
+		o.Parallel = strings.Split(*parallel, ",")
+		for _, k := range o.Parallel {
+			if len(o.Cases) > 0 && !slices.Contains(o.Cases, k) && slices.Contains(CaseKeys(), k) {
+				return nil, fmt.Errorf("-parallel %q: not among -cases", k)
+			}
+		}
+	case len(o.Cases) > 0:
+		// The default, narrowed to the cases chosen.
+		o.Parallel = slices.DeleteFunc(o.Parallel, func(k string) bool { return !slices.Contains(o.Cases, k) })
 	}
 	if err := o.Validate(); err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,6 +42,8 @@ type running struct {
 	// onceSent and onceDropped count, by program, the packets from new
 	// sources timed and dropped.
 	onceSent, onceDropped [numProgs]int
+	// par is the case on all CPUs (Options.Parallel).
+	par parallelState
 }
 
 // floodBatch is the smallest batch of packets from new sources (-once)
@@ -80,11 +83,16 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 			r.close()
 		}
 	}()
+	cpus, skipped, err := parallelCPUs(o)
+	if err != nil {
+		return nil, err
+	}
 	for _, c := range selectCases(o.Cases) {
 		r, err := setUp(c, spec, floor)
 		if err != nil {
 			return nil, fmt.Errorf("case %s: %w", c.key, err)
 		}
+		r.par.on = len(cpus) > 1 && slices.Contains(o.Parallel, c.key)
 		runs = append(runs, r)
 	}
 	fmt.Fprintf(progress, "warming up %d cases\n", len(runs))
@@ -92,6 +100,15 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 		if err := r.warmUp(o); err != nil {
 			return nil, fmt.Errorf("case %s: warming up: %w", r.key, err)
 		}
+		if !r.par.on {
+			continue
+		}
+		if err := r.warmUpParallel(o, cpus); err != nil {
+			return nil, fmt.Errorf("case %s: warming up on all CPUs: %w", r.key, err)
+		}
+	}
+	if skipped != "" {
+		fmt.Fprintf(progress, "on all CPUs: skipped: %s\n", skipped)
 	}
 	for round := range o.Rounds {
 		if err := ctx.Err(); err != nil {
@@ -105,15 +122,25 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 			if err := r.measure(o, round); err != nil {
 				return nil, fmt.Errorf("case %s, round %d: %w", r.key, round+1, err)
 			}
+			if !r.par.on {
+				continue
+			}
+			if err := r.measureParallel(o, round, cpus); err != nil {
+				return nil, fmt.Errorf("case %s, round %d on all CPUs: %w", r.key, round+1, err)
+			}
 		}
 	}
 	rep := &Report{CPU: cpuModel(), Kernel: kernelRelease(), Cloudflare: source,
-		Rounds: o.Rounds, Repeat: o.Repeat, Once: o.Once, Clock: o.Clock}
+		Rounds: o.Rounds, Repeat: o.Repeat, Once: o.Once, Clock: o.Clock,
+		CPUs: len(cpus), ParallelSkipped: skipped}
 	for _, r := range runs {
 		if err := r.checkCounters(o); err != nil {
 			return nil, fmt.Errorf("case %s: %w", r.key, err)
 		}
 		rep.Rows = append(rep.Rows, r.row())
+		if r.par.on {
+			rep.Parallel = append(rep.Parallel, r.parallelRows()...)
+		}
 	}
 	if o.Out != "" {
 		if err := os.WriteFile(o.Out, []byte(rep.Markdown()), 0o644); err != nil {
@@ -121,6 +148,21 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// parallelCPUs returns the CPUs of the cases on all CPUs, none when
+// o.Parallel is empty; with one CPU, none and the reason.
+func parallelCPUs(o *Options) (cpus []int, skipped string, err error) {
+	if len(o.Parallel) == 0 {
+		return nil, "", nil
+	}
+	if cpus, err = usableCPUs(); err != nil {
+		return nil, "", err
+	}
+	if len(cpus) < 2 {
+		return nil, fmt.Sprintf("this process runs on one CPU (%v), so there is nothing to compare one CPU with", cpus), nil
+	}
+	return cpus, "", nil
 }
 
 // cloudflareObject reads Cloudflare's object from o.CloudflareObject, or

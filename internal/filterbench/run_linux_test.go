@@ -4,13 +4,19 @@ package filterbench
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/bpf"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -107,5 +113,105 @@ func TestRunWallClock(t *testing.T) {
 		if !finite || row.Key != "ipv4-random" && (!(row.Ours > 0) || peer && !(row.Cloudflare > 0)) {
 			t.Errorf("%s: this filter %v ns, Cloudflare's %v ns", row.Key, row.Ours, row.Cloudflare)
 		}
+	}
+}
+
+// TestTogetherFloor runs the floor program on one thread pinned to each
+// CPU, together: every thread is pinned to its CPU alone when it runs, and
+// every run returns the floor's verdict, the packet's length (the frame's
+// past its Ethernet header, which BPF_PROG_TEST_RUN takes off).
+func TestTogetherFloor(t *testing.T) {
+	testutil.RequireRoot(t)
+	floor, err := bpf.FloorProgram()
+	testutil.RequireBPF(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer floor.Close()
+	cpus, err := usableCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := selectCases([]string{"ipv4-over"})[0]
+	fr := c.frame()
+	rets := make([]uint32, len(cpus))
+	wall, err := together(cpus, pinThread, func(i, cpu int) error {
+		var set unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &set); err != nil {
+			return err
+		}
+		if set.Count() != 1 || !set.IsSet(cpu) {
+			t.Errorf("thread %d: %d CPUs in its affinity, want CPU %d alone", i, set.Count(), cpu)
+		}
+		ret, _, err := floor.Benchmark(fr, 1000, nil)
+		rets[i] = ret
+		return err
+	}, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wall <= 0 {
+		t.Errorf("wall %v", wall)
+	}
+	for i, ret := range rets {
+		if int(ret) != len(fr)-ethHdrLen {
+			t.Errorf("thread %d: the floor returned %d, want %d", i, ret, len(fr)-ethHdrLen)
+		}
+	}
+	// The test's own thread kept its affinity.
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	if set.Count() != len(cpus) {
+		t.Errorf("this thread may run on %d CPUs after the run, want %d", set.Count(), len(cpus))
+	}
+}
+
+// TestRunParallel runs the default cases on all CPUs, tiny, with this
+// filter and the floor alone: a row per program and case with both rates
+// and a ratio, or, with one CPU, the reason there is none.
+func TestRunParallel(t *testing.T) {
+	testutil.RequireRoot(t)
+	o := DefaultOptions()
+	o.CloudflareObject = NoPeer
+	o.Rounds, o.Repeat, o.Warmup = 2, 2000, 5000
+	o.Cases = slices.Concat(DefaultParallel, []string{"ipv4-under"})
+	rep, err := Run(context.Background(), &o, io.Discard)
+	testutil.RequireBPF(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpus, err := usableCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cpus) < 2 {
+		if len(rep.Parallel) != 0 || rep.ParallelSkipped == "" {
+			t.Errorf("one CPU: %d rows on all CPUs, skipped %q; want none and a reason", len(rep.Parallel), rep.ParallelSkipped)
+		}
+		return
+	}
+	if rep.CPUs != len(cpus) || rep.ParallelSkipped != "" {
+		t.Errorf("CPUs %d, skipped %q; want %d and none", rep.CPUs, rep.ParallelSkipped, len(cpus))
+	}
+	var got []string
+	for _, row := range rep.Parallel {
+		got = append(got, row.Key+"/"+row.Program)
+		if !(row.One > 0) || !(row.All > 0) || !(row.Ratio() > 0) {
+			t.Errorf("%s, %s: one CPU %v, all %v, ratio %v", row.Key, row.Program, row.One, row.All, row.Ratio())
+		}
+	}
+	want := []string{"ipv4-over/this filter", "ipv4-over/the floor program",
+		"ipv4-random-switch/this filter", "ipv4-random-switch/the floor program"}
+	if !slices.Equal(got, want) {
+		t.Errorf("rows on all CPUs %q, want %q (the table's order, not ipv4-under)", got, want)
+	}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), fmt.Sprintf("On all CPUs (%d)", len(cpus))) {
+		t.Errorf("the text lacks the table on all CPUs:\n%s", b.String())
 	}
 }

@@ -61,6 +61,12 @@ type Report struct {
 	// Clock is how time was taken (Options.Clock).
 	Clock string
 	Rows  []Row
+	// CPUs is how many CPUs the table on all CPUs ran on.
+	CPUs int
+	// Parallel is the table on all CPUs (Options.Parallel), by case and
+	// program; ParallelSkipped, when set, says why it is not there.
+	Parallel        []ParallelRow
+	ParallelSkipped string
 }
 
 // nanos formats a time per packet in whole nanoseconds with thousands
@@ -105,6 +111,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	for _, row := range r.Rows {
 		fmt.Fprintln(tw, strings.Join(row.cells(), "\t"))
 	}
+	r.writeParallelText(tw)
 	return tw.Flush()
 }
 
@@ -138,6 +145,7 @@ func (r *Report) Markdown() string {
 	for _, row := range r.Rows {
 		b.WriteString("| " + strings.Join(row.cells(), " | ") + " |\n")
 	}
+	b.WriteString(r.parallelMarkdown())
 	return b.String()
 }
 
