@@ -1291,42 +1291,58 @@ static __always_inline void flush_pending(const struct config *cfg, const struct
 	}
 }
 
+// flush_total (the flush in sketch countTotal) moves the CPU's pending counts
+// p of the socket's total into the shared cells and brings them to the
+// packet's epoch, once per epoch and CPU. A global function: verified once,
+// and kept out of the code every packet runs. Returns -1 when a cell cannot
+// be reached.
+__noinline int flush_total(const struct config *cfg, const struct node_work *nw, struct cell *p)
+{
+	struct cell *cl[DEPTH];
+
+	if (!cfg || !nw || !p || node_cells(nw, cl) < 0)
+		return -1;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		flush_pending(cfg, p, cl[r]);
+		if (cl[r]->epoch != nw->epoch)
+			rescale(cl[r], cfg, nw->epoch);
+	}
+	// The shared cells' epoch, not the packet's: a reading older than the
+	// cells' epoch leaves them alone (see rescale), and the pending counts
+	// are then counted in the cells' epoch too.
+	__builtin_memset(p->budget, 0, sizeof(p->budget));
+	p->epoch = cl[0]->epoch;
+	return 0;
+}
+
 // count_total (sketch countTotal) is count_node for the socket's total: the
 // one stream that every packet of the class counts, whose shared cells every
 // CPU would otherwise write on every packet, moving their cache line from
 // CPU to CPU and losing increments. Each CPU counts in a pending cell of
 // its own (the per-CPU map totals) and moves the pending counts into the
 // shared cells when the epoch changes, before the shared cells are brought
-// to the new epoch; the estimate is the shared count plus the CPU's own
-// pending. So on one CPU the counts are exactly those of a single cell (a
-// saturating add is associative), and
-// on several what the other CPUs counted in the current epoch is missing:
-// at most one epoch (1.05 ms) of their packets, counted once their next
-// packet arrives. *pending gets the pending counter, where forwarded
-// packets are counted too, by this CPU alone: no atomic add is needed.
-// Returns 0, or -1 when a cell cannot be reached.
+// to the new epoch (flush_total); the estimate is the shared count plus the
+// CPU's own pending. So on one CPU the counts are exactly those of a single
+// cell (a saturating add is associative), and on several what the other
+// CPUs counted in the current epoch is missing: at most one epoch (1.05 ms)
+// of their packets, counted once their next packet arrives. *pending gets
+// the pending counter, where forwarded packets are counted too, by this CPU
+// alone: no atomic add is needed. Returns 0, or -1 when a cell cannot be
+// reached.
 static __always_inline int count_total(const struct config *cfg, struct node_work *nw, struct counter **pending)
 {
 	__u32 zero = 0;
 	struct pending *pd = bpf_map_lookup_elem(&totals, &zero);
 	struct cell *cl[DEPTH];
 
-	if (!pd || node_cells(nw, cl) < 0)
+	if (!pd)
 		return -1;
 	struct cell *p = &pd->cell[limiter_class(nw->class)];
-	if (p->epoch != nw->epoch) {
-#pragma unroll
-		for (int r = 0; r < DEPTH; r++) {
-			flush_pending(cfg, p, cl[r]);
-			if (cl[r]->epoch != nw->epoch)
-				rescale(cl[r], cfg, nw->epoch);
-		}
-		// The shared cells' epoch, not the packet's: a reading older
-		// than the cells' epoch leaves them alone (see rescale), and
-		// the pending counts are then counted in the cells' epoch too.
-		__builtin_memset(p->budget, 0, sizeof(p->budget));
-		p->epoch = cl[0]->epoch;
-	}
+	if (p->epoch != nw->epoch && flush_total(cfg, nw, p) < 0)
+		return -1;
+	if (node_cells(nw, cl) < 0)
+		return -1;
 	struct counter *ctr = &p->budget[nw->budget & 1];
 	ctr->offered = sat_add(ctr->offered, nw->w);
 	nw->omin = U32_MAX;
@@ -1573,10 +1589,14 @@ static __always_inline void record(const struct config *cfg, struct stream_key *
 		bpf_ringbuf_output(&events, &ev, sizeof(ev), 0);
 }
 
-// track records a drop of the stream that node v->node saw.
-static __always_inline void track(const struct config *cfg, int class, const struct key *k,
-				  const struct verdict *v, __u64 now)
+// track records a drop of the stream that node v->node saw. A global
+// function, like track_invalid: their stream keys, states and events would
+// otherwise take room in the program's own stack frame, which the node
+// loop's functions add to.
+__noinline int track(const struct config *cfg, int class, const struct key *k, const struct verdict *v, __u64 now)
 {
+	if (!cfg || !k || !v)
+		return 0;
 	__u8 n = v->node;
 	int fi = k->family == FAMILY_IPV6;
 	int p = node_prefix(n) & (MAX_PREFIXES - 1);
@@ -1590,11 +1610,14 @@ static __always_inline void track(const struct config *cfg, int class, const str
 	struct stream_state init = {.first_ns = now, .last_ns = now, .sampled_drops = 1, .estimate = v->estimate,
 				    .level = v->level, .dry_run = cfg->dry_run};
 	record(cfg, &sk, &init, now);
+	return 0;
 }
 
 // track_invalid records an invalid datagram from the packet's source.
-static __always_inline void track_invalid(const struct config *cfg, const struct key *k, int reason, __u64 now)
+__noinline int track_invalid(const struct config *cfg, const struct key *k, int reason, __u64 now)
 {
+	if (!cfg || !k)
+		return 0;
 	struct stream_key sk = {.family = k->family, .node = INVALID_NODE, .class = CLASS_INVALID, .dport = k->dport};
 
 #pragma unroll
@@ -1603,6 +1626,7 @@ static __always_inline void track_invalid(const struct config *cfg, const struct
 	struct stream_state init = {.first_ns = now, .last_ns = now, .sampled_drops = 1, .reason = reason,
 				    .dry_run = cfg->dry_run};
 	record(cfg, &sk, &init, now);
+	return 0;
 }
 
 // clock is the time of the packet: the kernel's monotonic clock, or in test

@@ -276,6 +276,29 @@
 // (5 x 1380 + 5 x 192 + 5 x 64 + 3) x 2 x 64 = 1,047,424 bytes, under 1 MiB
 // (Params.TotalLines); the 16-node lattice takes 3.0 MiB.
 //
+// # Several CPUs
+//
+// The BPF program runs on every CPU that receives packets, and every packet
+// of a class counts at the socket's total: with one shared cell, its cache
+// line would move from CPU to CPU on every packet and concurrent increments
+// would be lost, so that N CPUs would drop little more than one. Instead each
+// CPU counts the total in a pending cell of its own (Limiter.countTotal; a
+// per-CPU map in the C program) and adds the pending counts to the shared
+// cells when it sees the epoch change, before the cells are brought to the
+// new epoch; a CPU's estimate of the total is the shared count plus its own
+// pending. On one CPU that is exactly the count of a single cell (a
+// saturating add is associative, and the pending counts join the shared
+// ones in the same epoch, before the decay). On several, a CPU's estimate
+// lacks what the others counted since their last flush: at most one epoch
+// (1.05 ms) of their packets, which they add with their next packet; an
+// epoch is a thousandth of a one-second window. The fair shares are per CPU
+// too: each CPU finds the share from its own packets, which admits the same
+// fraction of them. The other nodes' cells are per stream, shared by the
+// CPUs whose packets come from that stream: one source's datagrams usually
+// arrive on one CPU (receive-side scaling hashes the addresses and ports).
+// This limiter is one CPU; the differential tests run the BPF program on one
+// CPU and compare its pending cells with Limiter.Pending.
+//
 // # Determinism
 //
 // Decide takes the time and a random number as arguments and allocates
