@@ -66,6 +66,9 @@ type Filter struct {
 	// cells and resetting them.
 	sweepHook func()
 
+	// quick is the quick-reject filters' map, mapped (see quickFilters).
+	quick []byte
+
 	mu     sync.Mutex
 	cfg    datagram.Config
 	params *sketch.Params
@@ -136,10 +139,13 @@ func load(c datagram.Config, o loadOptions) (_ *Filter, err error) {
 	}
 	defer func() {
 		if err != nil {
-			f.objs.Close()
+			f.Close()
 		}
 	}()
 	if err := f.seedPRNG(); err != nil {
+		return nil, err
+	}
+	if err := f.mapQuick(); err != nil {
 		return nil, err
 	}
 	if err := f.initFairShares(); err != nil {
@@ -731,5 +737,11 @@ func (f *Filter) Info() (Info, error) {
 // Close releases the filter's file descriptors. Sockets it is attached to
 // keep the program and maps alive until they close or detach it.
 func (f *Filter) Close() error {
+	if f.quick != nil {
+		if err := unix.Munmap(f.quick); err != nil {
+			return fmt.Errorf("unmapping the quick-reject filters: %w", err)
+		}
+		f.quick = nil
+	}
 	return f.objs.Close()
 }

@@ -3,10 +3,13 @@
 package bpf
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -26,6 +29,7 @@ func (f *Filter) learnServerID(id datagram.ServerID, at uint64) error {
 	if err := f.objs.ServerIds.Update(rakelimitServerId{B: id}, at, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("learning server connection ID %x: %w", id[:], err)
 	}
+	f.setQuick(quickIDs, f.idHash(id))
 	return nil
 }
 
@@ -43,6 +47,7 @@ func (f *Filter) learnPeer(addr netip.Addr, at uint64) error {
 	if err := f.objs.Peers.Update(rakelimitPeerKey{Words: k}, at, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("learning peer %v: %w", addr, err)
 	}
+	f.setQuick(quickPeers, f.peerHash(k))
 	return nil
 }
 
@@ -61,11 +66,29 @@ func (f *Filter) ExpireLearned(lifetime time.Duration) (ids, peers int, err erro
 }
 
 func (f *Filter) expireLearned(cutoff uint64) (ids, peers int, err error) {
-	if ids, err = expireBefore[rakelimitServerId](f.objs.ServerIds, cutoff); err != nil {
+	snap := f.snapQuick(quickIDs)
+	ids, kept, err := expireBefore[rakelimitServerId](f.objs.ServerIds, cutoff)
+	if err != nil {
 		return ids, 0, fmt.Errorf("expiring server connection IDs: %w", err)
 	}
-	if peers, err = expireBefore[rakelimitPeerKey](f.objs.Peers, cutoff); err != nil {
+	if ids > 0 {
+		hashes := make([]uint64, len(kept))
+		for i, k := range kept {
+			hashes[i] = f.idHash(k.B)
+		}
+		f.rebuildQuick(quickIDs, snap, hashes)
+	}
+	snap = f.snapQuick(quickPeers)
+	peers, keptPeers, err := expireBefore[rakelimitPeerKey](f.objs.Peers, cutoff)
+	if err != nil {
 		return ids, peers, fmt.Errorf("expiring peers: %w", err)
+	}
+	if peers > 0 {
+		hashes := make([]uint64, len(keptPeers))
+		for i, k := range keptPeers {
+			hashes[i] = f.peerHash(k.Words)
+		}
+		f.rebuildQuick(quickPeers, snap, hashes)
 	}
 	return ids, peers, nil
 }
@@ -76,23 +99,26 @@ const expireChunk = 4096
 // expireBefore deletes the entries of m, a hash of K to a time, whose time
 // is before cutoff, and returns how many. It reads the map in batches, and
 // checks each candidate's time again just before deleting it, so that only
-// a refresh in the moment between the two is lost.
-func expireBefore[K comparable](m *ebpf.Map, cutoff uint64) (int, error) {
+// a refresh in the moment between the two is lost. It also returns the keys
+// it read and kept (for the quick-reject filters).
+func expireBefore[K comparable](m *ebpf.Map, cutoff uint64) (int, []K, error) {
 	keys, times := make([]K, expireChunk), make([]uint64, expireChunk)
-	var old []K
+	var old, kept []K
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys, times, nil)
 		for i := range n {
 			if times[i] < cutoff {
 				old = append(old, keys[i])
+			} else {
+				kept = append(kept, keys[i])
 			}
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			break
 		}
 		if err != nil {
-			return 0, fmt.Errorf("reading: %w", err)
+			return 0, kept, fmt.Errorf("reading: %w", err)
 		}
 	}
 	deleted := 0
@@ -102,20 +128,21 @@ func expireBefore[K comparable](m *ebpf.Map, cutoff uint64) (int, error) {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				continue
 			}
-			return deleted, fmt.Errorf("reading: %w", err)
+			return deleted, kept, fmt.Errorf("reading: %w", err)
 		}
 		if t >= cutoff {
+			kept = append(kept, k)
 			continue
 		}
 		if err := m.Delete(k); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				continue
 			}
-			return deleted, fmt.Errorf("deleting: %w", err)
+			return deleted, kept, fmt.Errorf("deleting: %w", err)
 		}
 		deleted++
 	}
-	return deleted, nil
+	return deleted, kept, nil
 }
 
 // monoNow reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns (and, at
@@ -124,4 +151,105 @@ func monoNow() uint64 {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return uint64(ts.Nano())
+}
+
+// The quick-reject filters of the learned sets (struct quick in
+// rakelimit.c): a bit per bucket of a member's hash, set for every member, so
+// that the program looks a source up in the hash map of peers (or a
+// connection ID in the server IDs) only when its bit is set. A new source,
+// every packet of a spoofed flood, then costs a read of a 32 KiB bitmap
+// rather than of a hash bucket in megabytes that no cache holds.
+const (
+	quickShift = 18
+	quickWords = 1 << quickShift / 64
+	quickBytes = quickWords * 8
+	quickPeers = 0
+	quickIDs   = 1
+	numQuick   = 2
+)
+
+// mapQuick maps the quick-reject filters, which userspace sets bits of with
+// atomic operations.
+func (f *Filter) mapQuick() error {
+	if n := f.objs.Quick.MaxEntries(); n != numQuick || f.objs.Quick.ValueSize() != quickBytes {
+		return fmt.Errorf("the BPF object's quick map holds %d values of %d bytes, want %d of %d", n,
+			f.objs.Quick.ValueSize(), numQuick, quickBytes)
+	}
+	mem, err := unix.Mmap(f.objs.Quick.FD(), 0, numQuick*quickBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mapping the quick-reject filters: %w", err)
+	}
+	f.quick = mem
+	return nil
+}
+
+// quickWord is word i of learned set which's filter. The memory is the
+// mapping's, not Go's; it outlives every use (Close unmaps it).
+func (f *Filter) quickWord(which, i int) *uint64 {
+	return (*uint64)(unsafe.Pointer(&f.quick[which*quickBytes+i*8]))
+}
+
+// quickBit is the bit of hash h: its word and its mask.
+func quickBit(h uint64) (int, uint64) {
+	b := h >> (64 - quickShift)
+	return int(b / 64), 1 << (b % 64)
+}
+
+// setQuick sets the bit of hash h in learned set which's filter.
+func (f *Filter) setQuick(which int, h uint64) {
+	i, m := quickBit(h)
+	atomic.OrUint64(f.quickWord(which, i), m)
+}
+
+// quickSet reports whether the bit of hash h is set in learned set which's
+// filter.
+func (f *Filter) quickSet(which int, h uint64) bool {
+	i, m := quickBit(h)
+	return atomic.LoadUint64(f.quickWord(which, i))&m != 0
+}
+
+// peerHash is a peer's hash for its filter (peer_hash in rakelimit.c).
+func (f *Filter) peerHash(k datagram.PeerKey) uint64 {
+	var h uint64
+	for i, w := range k {
+		h += f.hk.A[0][1+i] * uint64(w)
+	}
+	return h
+}
+
+// idHash is a server ID's hash for its filter (id_hash in rakelimit.c).
+func (f *Filter) idHash(id datagram.ServerID) uint64 {
+	return f.hk.A[1][1] * uint64(binary.BigEndian.Uint32(id[:]))
+}
+
+// rebuildQuick sets learned set which's filter to the bits of the members
+// in live (their hashes), keeping the bits set since snap was taken, before
+// the members were read: a member learned meanwhile keeps its bit, unless
+// its bit was set already in snap and the read of the members missed it
+// (it is then found again when it is next learned, as a live peer or ID is
+// every second or so).
+func (f *Filter) rebuildQuick(which int, snap []uint64, live []uint64) {
+	next := make([]uint64, quickWords)
+	for _, h := range live {
+		i, m := quickBit(h)
+		next[i] |= m
+	}
+	for i := range next {
+		w := f.quickWord(which, i)
+		for {
+			old := atomic.LoadUint64(w)
+			if atomic.CompareAndSwapUint64(w, old, next[i]|old&^snap[i]) {
+				break
+			}
+		}
+	}
+}
+
+// snapQuick reads learned set which's filter.
+func (f *Filter) snapQuick(which int) []uint64 {
+	snap := make([]uint64, quickWords)
+	for i := range snap {
+		snap[i] = atomic.LoadUint64(f.quickWord(which, i))
+	}
+	return snap
 }

@@ -134,3 +134,73 @@ func TestLearnedDimensions(t *testing.T) {
 		t.Errorf("peers keyed by %d bytes", k)
 	}
 }
+
+// TestQuickFilters checks the learned sets' quick-reject filters: learning
+// a peer or an ID sets its bit, expiring it clears the bit unless a kept
+// member shares it, and a rebuild keeps the bits set after its snapshot.
+// (That a set bit lets the program find a member, and a clear one spares it
+// the lookup, is what the differential tests' learned peers and IDs show:
+// a member whose bit were clear would not verify.)
+func TestQuickFilters(t *testing.T) {
+	f := loadTest(t, testutil.QUICLimits(100, 1000), loadOptions{})
+	peer := func(s string) datagram.PeerKey {
+		k, err := datagram.PeerKeyOf(netip.MustParseAddr(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	old, kept := peer("198.51.100.7"), peer("2001:db8::1")
+	oldID, keptID := datagram.ServerID{1, 2, 3, 4}, datagram.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
+	for _, tt := range []struct {
+		name      string
+		which     int
+		old, kept uint64
+		learn     func(at uint64, kept bool) error
+	}{
+		{"peers", quickPeers, f.peerHash(old), f.peerHash(kept), func(at uint64, k bool) error {
+			return f.learnPeer(netip.MustParseAddr(map[bool]string{false: "198.51.100.7", true: "2001:db8::1"}[k]), at)
+		}},
+		{"server IDs", quickIDs, f.idHash(oldID), f.idHash(keptID), func(at uint64, k bool) error {
+			return f.learnServerID(map[bool]datagram.ServerID{false: oldID, true: keptID}[k], at)
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if oi, om := quickBit(tt.old); func() bool { ki, km := quickBit(tt.kept); return oi == ki && om == km }() {
+				t.Fatalf("the two members share bit %d/%x: pick others", oi, om)
+			}
+			if f.quickSet(tt.which, tt.old) || f.quickSet(tt.which, tt.kept) {
+				t.Fatal("bits set before anything was learned")
+			}
+			if err := tt.learn(100, false); err != nil {
+				t.Fatal(err)
+			}
+			if err := tt.learn(200, true); err != nil {
+				t.Fatal(err)
+			}
+			if !f.quickSet(tt.which, tt.old) || !f.quickSet(tt.which, tt.kept) {
+				t.Fatal("a learned member's bit is clear")
+			}
+		})
+	}
+	if ids, peers, err := f.expireLearned(150); err != nil || ids != 1 || peers != 1 {
+		t.Fatalf("expired %d IDs and %d peers (%v), want 1 and 1", ids, peers, err)
+	}
+	for _, c := range []struct {
+		which     int
+		old, kept uint64
+	}{{quickPeers, f.peerHash(old), f.peerHash(kept)}, {quickIDs, f.idHash(oldID), f.idHash(keptID)}} {
+		if f.quickSet(c.which, c.old) || !f.quickSet(c.which, c.kept) {
+			t.Fatalf("filter %d after expiry: expired member's bit %v (want clear), kept member's %v (want set)", c.which,
+				f.quickSet(c.which, c.old), f.quickSet(c.which, c.kept))
+		}
+	}
+	// A member learned during a rebuild, after its snapshot, keeps its bit.
+	snap := f.snapQuick(quickPeers)
+	during := f.peerHash(peer("203.0.113.9"))
+	f.setQuick(quickPeers, during)
+	f.rebuildQuick(quickPeers, snap, []uint64{f.peerHash(kept)})
+	if !f.quickSet(quickPeers, during) || !f.quickSet(quickPeers, f.peerHash(kept)) {
+		t.Fatal("a rebuild cleared the bit of a member learned during it, or of a kept member")
+	}
+}

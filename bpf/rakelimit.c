@@ -150,6 +150,13 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define MAX_SERVER_IDS (1 << 17)
 #define MAX_PEERS (1 << 17)
 #define ID_REFRESH_NS 1000000000ULL
+// The quick-reject filters of the learned sets (map quick): a bit per hash
+// bucket, 2^QUICK_SHIFT of them, set for every learned member.
+#define QUICK_SHIFT 18
+#define QUICK_WORDS ((1 << QUICK_SHIFT) / 64)
+#define QUICK_PEERS 0
+#define QUICK_IDS 1
+#define NUM_QUICK 2
 #define IPV4_MAPPED_WORD 0xffff
 
 // Stream tracking: only a sample of drops (config.track_mask) looks up the
@@ -407,6 +414,13 @@ struct peer_key {
 	__u32 words[4];
 };
 
+// A learned set's quick-reject filter: bit h of a member's hash (peer_hash,
+// id_hash) is set. Userspace sets a member's bit after adding it to the set,
+// and rebuilds the bits when members expire (bpf.Filter.expireLearned).
+struct quick {
+	__u64 words[QUICK_WORDS];
+};
+
 // Sized by the loader: the lines of every node's rows, for every class.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -425,6 +439,17 @@ struct {
 	__type(value, struct config);
 	__uint(max_entries, 2);
 } configs SEC(".maps");
+
+// The quick-reject filters of the learned peers (QUICK_PEERS) and server
+// IDs (QUICK_IDS). Mapped into userspace, which sets bits with atomic
+// operations.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct quick);
+	__uint(max_entries, NUM_QUICK);
+	__uint(map_flags, BPF_F_MMAPABLE);
+} quick SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -936,7 +961,39 @@ static __always_inline void server_id_of(const struct key *k, int check, struct 
 }
 
 // known_peer: whether the source address is a peer (datagram.peerKey).
-static __always_inline int known_peer(const struct key *k)
+// maybe_in consults learned set which's quick-reject filter for a member's
+// hash h: 0 means h is certainly not a member's, and the set's hash map,
+// whose buckets a new source's lookup finds in no cache, is not looked up.
+static __always_inline int maybe_in(__u32 which, __u64 h)
+{
+	struct quick *q = bpf_map_lookup_elem(&quick, &which);
+	__u32 b = h >> (64 - QUICK_SHIFT);
+
+	if (!q)
+		return 1;
+	return (q->words[b / 64] >> (b % 64)) & 1;
+}
+
+// peer_hash (bpf.peerHash) is a peer's hash for its quick-reject filter.
+static __always_inline __u64 peer_hash(const struct config *cfg, const struct peer_key *pk)
+{
+	__u64 h = 0;
+
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		h += cfg->hash_a[0][1 + i] * (__u64)pk->words[i];
+	return h;
+}
+
+// id_hash (bpf.idHash) is a server ID's hash for its quick-reject filter.
+static __always_inline __u64 id_hash(const struct config *cfg, const struct server_id *id)
+{
+	__u32 w = (__u32)id->b[0] << 24 | (__u32)id->b[1] << 16 | (__u32)id->b[2] << 8 | id->b[3];
+
+	return cfg->hash_a[1][1] * (__u64)w;
+}
+
+static __always_inline int known_peer(const struct config *cfg, const struct key *k)
 {
 	struct peer_key pk = {};
 
@@ -950,6 +1007,8 @@ static __always_inline int known_peer(const struct key *k)
 	} else {
 		return 0;
 	}
+	if (!maybe_in(QUICK_PEERS, peer_hash(cfg, &pk)))
+		return 0;
 	return bpf_map_lookup_elem(&peers, &pk) != NULL;
 }
 
@@ -1688,9 +1747,10 @@ int rakelimit(struct __sk_buff *skb)
 		if (has_id) {
 			struct server_id id;
 			server_id_of(&k, check, &id);
-			id_last = bpf_map_lookup_elem(&server_ids, &id);
+			if (maybe_in(QUICK_IDS, id_hash(cfg, &id)))
+				id_last = bpf_map_lookup_elem(&server_ids, &id);
 		}
-		int peer = needs_peer(check, id_last != NULL) && known_peer(&k);
+		int peer = needs_peer(check, id_last != NULL) && known_peer(cfg, &k);
 		int r = resolve(check, id_last != NULL, peer);
 		class = r & 0xff;
 		v.reason = r >> HDR_REASON_SHIFT;

@@ -104,6 +104,11 @@ type rakelimitPending struct {
 	}
 }
 
+type rakelimitQuick struct {
+	_     structs.HostLayout
+	Words [4096]uint64
+}
+
 type rakelimitServerId struct {
 	_ structs.HostLayout
 	B [4]uint8
@@ -175,6 +180,7 @@ const (
 	rakelimitMapPacer             = "pacer"
 	rakelimitMapPeers             = "peers"
 	rakelimitMapPrng              = "prng"
+	rakelimitMapQuick             = "quick"
 	rakelimitMapServerIds         = "server_ids"
 	rakelimitMapStreams           = "streams"
 	rakelimitMapTestVerdict       = "test_verdict"
@@ -245,6 +251,7 @@ type rakelimitMapSpecs struct {
 	Pacer        *ebpf.MapSpec `ebpf:"pacer"`
 	Peers        *ebpf.MapSpec `ebpf:"peers"`
 	Prng         *ebpf.MapSpec `ebpf:"prng"`
+	Quick        *ebpf.MapSpec `ebpf:"quick"`
 	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
 	Streams      *ebpf.MapSpec `ebpf:"streams"`
 	TestVerdict  *ebpf.MapSpec `ebpf:"test_verdict"`
@@ -291,6 +298,7 @@ type rakelimitMaps struct {
 	Pacer        *ebpf.Map `ebpf:"pacer"`
 	Peers        *ebpf.Map `ebpf:"peers"`
 	Prng         *ebpf.Map `ebpf:"prng"`
+	Quick        *ebpf.Map `ebpf:"quick"`
 	ServerIds    *ebpf.Map `ebpf:"server_ids"`
 	Streams      *ebpf.Map `ebpf:"streams"`
 	TestVerdict  *ebpf.Map `ebpf:"test_verdict"`
@@ -311,6 +319,7 @@ func (m *rakelimitMaps) Close() error {
 		m.Pacer,
 		m.Peers,
 		m.Prng,
+		m.Quick,
 		m.ServerIds,
 		m.Streams,
 		m.TestVerdict,
