@@ -198,3 +198,66 @@ func TestPrefilterAttachFails(t *testing.T) {
 		t.Errorf("pre-filter stats %+v, want no socket and an attach error", st)
 	}
 }
+
+// TestPrefilterDropsNegotiation runs the userspace limiter on a real socket
+// under a flood of unknown-version datagrams (each would earn a Version
+// Negotiation reply) at 50 times the cap: after the first periods the
+// kernel drops all but about Headroom times the cap, while the userspace
+// limiter still paces what reaches quic-go to the cap.
+func TestPrefilterDropsNegotiation(t *testing.T) {
+	c := testutil.QUICLimits(200, 1000)
+	c.Negotiation = 100
+	eng, err := OpenUserspace(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ln := testutil.Listen(t, "udp", "[::]:0")
+	pc, err := userspace.NewConn(ln, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Protect(ln, pc); err != nil {
+		t.Fatal(err)
+	}
+	pf := eng.(Prefiltered)
+	if err := pf.PrefilterError(); err != nil {
+		t.Fatalf("attaching the pre-filter: %v", err)
+	}
+	var long, other atomic.Int64
+	done := drain(pc, &long, &other)
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
+	flooder := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.4:0"))
+	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+	const rate, seconds = 5_000, 3
+	sent, err := testutil.Flood{From: []*net.UDPConn{flooder}, To: dst, Rate: rate, Count: rate * seconds,
+		For: seconds * time.Second, Next: func() []byte { return unknown }}.Send()
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	_, _, drops, err := backlog.ReadSockets([]*net.UDPConn{ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.SetReadDeadline(time.Now())
+	ln.Close()
+	<-done
+	st := pf.Prefilter()
+	t.Logf("flood %d: kernel drops %d, estimated %d at p %v; %d reached quic-go", sent, drops, st.NegotiationDropped,
+		st.Negotiation, long.Load())
+	// The first period passes everything to the userspace limiter; the
+	// kernel drops most of the rest.
+	if want := uint64(sent / 2); drops < want {
+		t.Errorf("the kernel dropped %d of %d unknown-version datagrams, want at least %d", drops, sent, want)
+	}
+	if st.Negotiation < 0.9 {
+		t.Errorf("drop probability %v at 50 times the cap, want 0.9 at least", st.Negotiation)
+	}
+	if est := st.NegotiationDropped; est < drops/2 || est > drops*2 {
+		t.Errorf("estimated %d kernel drops, the socket counted %d", est, drops)
+	}
+	if n := long.Load(); n > 2*100*seconds+100 {
+		t.Errorf("%d unknown-version datagrams reached quic-go, over the cap of 100/s", n)
+	}
+}

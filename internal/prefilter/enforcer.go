@@ -29,6 +29,32 @@ const (
 	MinDrop = 0.05
 )
 
+// passSteps is how many quantization steps of the pass fraction there are
+// per halving: 2^(1/8), about 9% apart.
+const passSteps = 8
+
+// DropFor is the drop probability that leaves Headroom times limit of a
+// stream arriving at rate (both per the same time), capped at MaxDrop, or 0
+// under MinDrop. It is quantized so that noise in the estimate does not
+// replace the program every period: the pass fraction 1-p is rounded up to
+// a power of 2^(1/passSteps), which never drops more than asked and, unlike
+// steps of p, keeps its precision near MaxDrop, where a step of 1/64 would
+// pass three times what MaxDrop allows.
+func DropFor(rate, limit float64) float64 {
+	if rate <= 0 || math.IsNaN(rate) {
+		return 0
+	}
+	pass := max(Headroom*limit/rate, 1-MaxDrop)
+	if pass >= 1 {
+		return 0
+	}
+	pass = math.Exp2(math.Ceil(math.Log2(pass)*passSteps) / passSteps)
+	if p := 1 - pass; p >= MinDrop {
+		return p
+	}
+	return 0
+}
+
 // ruleKey is a rule without its probability.
 type ruleKey struct {
 	family         sketch.Family
@@ -61,6 +87,12 @@ type Stats struct {
 	// dropped, by class: the rate the userspace limiter still sees of each
 	// stream times p/(1-p).
 	StreamDropped [sketch.NumClasses]uint64
+	// NegotiationDropped estimates the datagrams of the negotiation class
+	// (unknown versions) the kernel dropped: what the userspace limiter
+	// still sees of them times p/(1-p). Negotiation is the drop
+	// probability in force.
+	NegotiationDropped uint64
+	Negotiation        float64
 	// Updates counts programs attached; AttachErrors attaches that failed.
 	Updates, AttachErrors uint64
 }
@@ -91,6 +123,13 @@ type Enforcer struct {
 	// the last update.
 	invalid [quicclass.NumReasons]uint64
 	carry   [sketch.NumClasses]float64
+	// neg is the negotiation class's drop probability in force; negSeen
+	// the userspace limiter's count of the class at negAt; negCarry the
+	// fraction of an estimated kernel drop.
+	neg      float64
+	negSeen  uint64
+	negAt    time.Time
+	negCarry float64
 }
 
 // NewEnforcer returns an Enforcer with no socket.
@@ -156,12 +195,14 @@ func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams []datagra
 	now time.Time) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.estimate(st, p, now)
+	e.estimate(c, st, p, now)
 	var rules []Rule
 	if !c.DryRun {
 		rules = RulesOf(c, p, streams, rate, e.peff)
 	}
-	prog, err := Build(specOf(c, rules))
+	spec := specOf(c, rules)
+	spec.Negotiation = e.neg
+	prog, err := Build(spec)
 	if err != nil {
 		return err
 	}
@@ -202,7 +243,7 @@ func (e *Enforcer) peff(k ruleKey) float64 {
 
 // estimate adds the kernel's drops since the last update to the stats and
 // moves each rule's average probability on.
-func (e *Enforcer) estimate(st datagram.Stats, p *sketch.Params, now time.Time) {
+func (e *Enforcer) estimate(c datagram.Config, st datagram.Stats, p *sketch.Params, now time.Time) {
 	var invalid [quicclass.NumReasons]uint64
 	for fam := range datagram.Families {
 		for r := range invalid {
@@ -219,6 +260,7 @@ func (e *Enforcer) estimate(st datagram.Stats, p *sketch.Params, now time.Time) 
 		}
 	}
 	e.invalid = invalid
+	e.negotiation(c, st, attached, now)
 	if e.last.IsZero() {
 		e.last = now
 		return
@@ -240,6 +282,46 @@ func (e *Enforcer) estimate(st datagram.Stats, p *sketch.Params, now time.Time) 
 	}
 }
 
+// negotiation measures, at most every Period/2, the rate of the
+// negotiation class the userspace limiter sees, corrects it for the
+// kernel's drops (the counts are exact, so the probability in force over
+// the period is the one to divide by), adds those drops to the stats, and
+// sets the probability that leaves the limiter Headroom times the
+// configured rate of Version Negotiation replies (DropFor); dry runs and
+// programs that do not classify drop none.
+func (e *Enforcer) negotiation(c datagram.Config, st datagram.Stats, attached bool, now time.Time) {
+	var seen uint64
+	for fam := range datagram.Families {
+		for _, n := range st.Negotiation[fam] {
+			seen += n
+		}
+	}
+	if e.negAt.IsZero() || seen < e.negSeen {
+		e.negSeen, e.negAt = seen, now
+		return
+	}
+	dt := now.Sub(e.negAt).Seconds()
+	if dt < Period.Seconds()/2 {
+		return
+	}
+	inForce := 0.0
+	if attached {
+		inForce = e.neg
+	}
+	arrival := float64(seen-e.negSeen) / dt / (1 - inForce)
+	if inForce > 0 {
+		e.negCarry += arrival * dt * inForce
+		whole := math.Floor(e.negCarry)
+		e.stats.NegotiationDropped += uint64(whole)
+		e.negCarry -= whole
+	}
+	e.negSeen, e.negAt = seen, now
+	e.neg = 0
+	if c.Classify && !c.DryRun {
+		e.neg = DropFor(arrival, float64(c.Negotiation))
+	}
+}
+
 // Stats returns what the pre-filter does.
 func (e *Enforcer) Stats() Stats {
 	e.mu.Lock()
@@ -247,7 +329,7 @@ func (e *Enforcer) Stats() Stats {
 	s := e.stats
 	s.Sockets = len(e.conns)
 	if e.prog != nil {
-		s.Instructions, s.Rules, s.Stateless = e.prog.Len(), e.prog.Rules, e.prog.Stateless
+		s.Instructions, s.Rules, s.Stateless, s.Negotiation = e.prog.Len(), e.prog.Rules, e.prog.Stateless, e.prog.Negotiation
 	}
 	return s
 }
@@ -261,7 +343,7 @@ func (s Stats) Dropped() uint64 {
 	for _, v := range s.StreamDropped {
 		n += v
 	}
-	return n
+	return n + s.NegotiationDropped
 }
 
 // RulesOf turns the streams the userspace limiter drops into rules,
@@ -323,10 +405,8 @@ func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rat
 			continue
 		}
 		r.rate = observed / (1 - peff(k))
-		// Quantized to 1/64, so that noise in the estimate does not
-		// replace the program every period.
-		r.Drop = math.Floor(min(1-Headroom*float64(thresh)/r.rate, MaxDrop)*64) / 64
-		if r.Drop < MinDrop {
+		r.Drop = DropFor(r.rate, float64(thresh))
+		if r.Drop == 0 {
 			continue
 		}
 		r.arrival = p.PPS(uint64(r.rate))

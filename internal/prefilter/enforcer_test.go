@@ -17,6 +17,50 @@ func streamAt(p *sketch.Params, i int, class quicclass.Class, src string) datagr
 	return datagram.Stream{Class: class, Node: p.Nodes[i], Level: p.Nodes[i].Level(), Key: k, Estimate: 1}
 }
 
+// quantized is p as DropFor quantizes it: the pass fraction 1-p rounded up
+// to a power of 2^(1/8).
+func quantized(p float64) float64 {
+	return 1 - math.Pow(2, math.Ceil(8*math.Log2(1-p))/8)
+}
+
+// TestDropFor checks the drop probability of a stream: none under Headroom
+// times its limit, never more than leaves Headroom times it, less by one
+// step of 2^(1/8) at most, and capped near MaxDrop, not at the 63/64 a
+// step of 1/64 gave, which let three times as much through.
+func TestDropFor(t *testing.T) {
+	tests := []struct {
+		name        string
+		rate, limit float64
+		want        float64 // the exact probability before quantizing; 0: none
+	}{
+		{"no traffic", 0, 100, 0},
+		{"at the limit", 100, 100, 0},
+		{"at twice the limit", 200, 100, 0},
+		{"just over MinDrop", 200 / (1 - 2*MinDrop), 100, 2 * MinDrop},
+		{"ten times the limit", 1000, 100, 0.8},
+		{"a hundred times", 10_000, 100, 0.98},
+		{"capped", 1e9, 100, MaxDrop},
+		{"a limit of 0", 1000, 0, MaxDrop},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := DropFor(tt.rate, tt.limit)
+			if tt.want == 0 {
+				if got != 0 {
+					t.Fatalf("DropFor(%v, %v) = %v, want 0", tt.rate, tt.limit, got)
+				}
+				return
+			}
+			if got > tt.want+1e-12 || 1-got > (1-tt.want)*math.Pow(2, 1.0/8)+1e-12 {
+				t.Fatalf("DropFor(%v, %v) = %v, want at most %v and within a step of it", tt.rate, tt.limit, got, tt.want)
+			}
+		})
+	}
+	if got := DropFor(1e9, 1); got <= 0.99 {
+		t.Errorf("capped probability %v, want over 0.99", got)
+	}
+}
+
 // TestRulesOf checks which streams become rules, with what probability,
 // form and match, and in which order.
 func TestRulesOf(t *testing.T) {
@@ -45,17 +89,17 @@ func TestRulesOf(t *testing.T) {
 		form    Form
 	}{
 		{"ten times the limit", c, []datagram.Stream{streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000")}, rates(10), none,
-			[]float64{math.Floor(0.8*64) / 64}, LongForm},
+			[]float64{quantized(0.8)}, LongForm},
 		{"the same stream, 80% dropped in the kernel", c, []datagram.Stream{streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000")},
-			rates(2), func(ruleKey) float64 { return 0.8 }, []float64{math.Floor(0.8*64) / 64}, LongForm},
+			rates(2), func(ruleKey) float64 { return 0.8 }, []float64{quantized(0.8)}, LongForm},
 		{"under twice the limit", c, []datagram.Stream{streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000")}, rates(1.5), none, nil, 0},
 		{"capped", c, []datagram.Stream{streamAt(p, 0, quicclass.Established, "[::1]:40000")}, rates(1e6), none,
-			[]float64{math.Floor(MaxDrop*64) / 64}, ShortForm},
+			[]float64{quantized(MaxDrop)}, ShortForm},
 		{"largest first", c, []datagram.Stream{streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000"),
 			streamAt(p, 0, quicclass.Opening, "127.0.0.3:40001")}, rates(4, 40), none,
-			[]float64{math.Floor((1-2.0/40)*64) / 64, math.Floor(0.5*64) / 64}, LongForm},
+			[]float64{quantized(1 - 2.0/40), quantized(0.5)}, LongForm},
 		{"not classifying", testutil.Limits(200), []datagram.Stream{streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000")},
-			rates(10), none, []float64{math.Floor(0.8*64) / 64}, AnyForm},
+			rates(10), none, []float64{quantized(0.8)}, AnyForm},
 		{"dry run", c, []datagram.Stream{dry}, rates(10), none, nil, 0},
 		{"invalid", c, []datagram.Stream{invalid}, rates(10), none, nil, 0},
 		{"the whole socket", c, []datagram.Stream{streamAt(p, last, quicclass.Opening, "127.0.0.2:40000")}, rates(10), none, nil, 0},

@@ -136,6 +136,11 @@ type Spec struct {
 	// SampleShift: one invalid datagram in 2^SampleShift passes, for the
 	// userspace limiter to count; 0 samples none.
 	SampleShift uint8
+	// Negotiation is the probability of dropping a datagram of the
+	// negotiation class (an unknown version, 1200 bytes or more), in [0,
+	// 1], when classifying: the userspace limiter paces what passes to the
+	// configured rate of Version Negotiation replies.
+	Negotiation float64
 }
 
 // Stateless lists the invalid reasons the program drops: every rule of
@@ -156,6 +161,9 @@ type Program struct {
 	Stateless bool
 	// SampleShift is Spec.SampleShift when Stateless.
 	SampleShift uint8
+	// Negotiation is the drop probability of the negotiation class in
+	// force (Spec.Negotiation when Stateless, else 0).
+	Negotiation float64
 }
 
 // Len is the program's length in instructions.
@@ -181,7 +189,7 @@ func Build(s Spec) (*Program, error) {
 	a.emit(bpf.LoadConstant{Dst: bpf.RegA, Val: uint32(AnyForm)}, bpf.StoreScratch{Src: bpf.RegA, N: mForm})
 	if s.Classify {
 		a.ports(s.BlockedPorts, invalidL)
-		a.classify(invalidL, rulesL)
+		a.classify(invalidL, rulesL, s.Negotiation)
 		a.mark(invalidL)
 		a.invalid(s.SampleShift)
 	}
@@ -196,7 +204,11 @@ func Build(s Spec) (*Program, error) {
 	}
 	a.mark(acceptL)
 	a.emit(bpf.RetConstant{Val: accept})
-	return finish(a, n, s.Classify, s.SampleShift)
+	p, err := finish(a, n, s.Classify, s.SampleShift)
+	if err == nil && s.Classify {
+		p.Negotiation = min(max(s.Negotiation, 0), 1)
+	}
+	return p, err
 }
 
 func finish(a *asm, rules int, stateless bool, shift uint8) (*Program, error) {
@@ -381,9 +393,10 @@ func (a *asm) ports(s *quicclass.Ports, invalidL label) {
 
 // classify is quicclass.Inspect without verification, for what it calls
 // invalid: an invalid datagram goes to invalidL, one with an unknown
-// version (the negotiation class, paced in userspace) is kept, and the
-// others go to rulesL with their Form stored.
-func (a *asm) classify(invalidL, rulesL label) {
+// version (the negotiation class, paced in userspace) is dropped with
+// probability negotiation and otherwise kept, and the others go to rulesL
+// with their Form stored.
+func (a *asm) classify(invalidL, rulesL label, negotiation float64) {
 	long, known, notInitial, sameType := a.newLabel(), a.newLabel(), a.newLabel(), a.newLabel()
 	// Empty.
 	a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mLen})
@@ -407,6 +420,13 @@ func (a *asm) classify(invalidL, rulesL label) {
 	// An unknown version: too small to answer, or the negotiation class.
 	a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mLen})
 	a.jump(bpf.JumpLessThan, quicclass.MinInitialDatagram, invalidL, next)
+	if t := dropThreshold(negotiation); t > 0 {
+		a.emit(
+			bpf.LoadExtension{Num: bpf.ExtRand},
+			bpf.JumpIf{Cond: bpf.JumpLessThan, Val: t, SkipFalse: 1},
+			bpf.RetConstant{Val: 0},
+		)
+	}
 	a.emit(bpf.RetConstant{Val: accept})
 
 	a.mark(known)

@@ -232,3 +232,45 @@ func TestBudget(t *testing.T) {
 		t.Error("an allowlist of 200 IPv6 addresses fits, want it refused")
 	}
 }
+
+// TestNegotiationDrop checks the negotiation class's drop probability: an
+// unknown version of 1200 bytes is dropped under the threshold and kept at
+// it, never without a probability, without classification or from an
+// allowlisted source; known versions and invalid datagrams are unaffected.
+func TestNegotiationDrop(t *testing.T) {
+	src := netip.MustParseAddrPort("127.1.2.3:40000")
+	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	small := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1199)
+	half := uint32(1 << 31)
+	spec := Spec{Classify: true, SampleShift: DefaultSampleShift, Negotiation: 0.5}
+	allowed := spec
+	allowed.Allow = []netip.Prefix{netip.MustParsePrefix("127.1.0.0/16")}
+	tests := []struct {
+		name    string
+		spec    Spec
+		payload []byte
+		rnd     uint32
+		kept    bool
+	}{
+		{"under the threshold", spec, unknown, half - 1, false},
+		{"at the threshold", spec, unknown, half, true},
+		{"no probability", Spec{Classify: true, SampleShift: DefaultSampleShift}, unknown, 0, true},
+		{"not classifying", Spec{Negotiation: 1}, unknown, 0, true},
+		{"allowlisted", allowed, unknown, 0, true},
+		{"version 1", spec, initial, 0, true},
+		{"too small to answer: invalid, sampled", spec, small, 0, true},
+		{"too small to answer: invalid", spec, small, half, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Build(tt.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := run(t, p, packet{src: src, dport: 443, payload: tt.payload, rnd: tt.rnd}); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+		})
+	}
+}
