@@ -18,6 +18,7 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
@@ -259,5 +260,107 @@ func TestPrefilterDropsNegotiation(t *testing.T) {
 	}
 	if n := long.Load(); n > 2*100*seconds+100 {
 		t.Errorf("%d unknown-version datagrams reached quic-go, over the cap of 100/s", n)
+	}
+}
+
+// TestPrefilterDropsFairTotal runs the userspace limiter on a real socket
+// with only the socket's total limited (the fair total) under a flood from
+// 16 networks of 4 sources and a quiet network beside it: the pre-filter
+// gets rules for the flooding networks and the kernel drops most of the
+// flood, while every datagram of the quiet network reaches quic-go.
+func TestPrefilterDropsFairTotal(t *testing.T) {
+	c := testutil.QUICLimits(1000, 1000)
+	c.Limiter.LevelLimits = map[int]uint32{0: sketch.Unlimited, 1: sketch.Unlimited, 2: sketch.Unlimited, 3: 1000}
+	eng, err := OpenUserspace(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ln := testutil.Listen(t, "udp", "[::]:0")
+	pc, err := userspace.NewConn(ln, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Protect(ln, pc); err != nil {
+		t.Fatal(err)
+	}
+	pf := eng.(Prefiltered)
+	if err := pf.PrefilterError(); err != nil {
+		t.Fatalf("attaching the pre-filter: %v", err)
+	}
+	quietSrc := netip.MustParseAddr("127.93.0.1")
+	var quietGot atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		for {
+			_, src, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if src.Addr().Unmap() == quietSrc {
+				quietGot.Add(1)
+			}
+		}
+	}()
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
+	var from []*net.UDPConn
+	for n := range 16 {
+		for h := range 4 {
+			from = append(from, testutil.Sender(t, netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 92, byte(n), byte(h + 1)}), 0)))
+		}
+	}
+	quiet := testutil.Sender(t, netip.AddrPortFrom(quietSrc, 0))
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	const rate, seconds, quietRate = 20_000, 3, 20
+	var rules atomic.Int64
+	watch := make(chan struct{})
+	go func() {
+		defer close(watch)
+		for range 4 * seconds {
+			time.Sleep(prefilter.Period)
+			rules.Store(max(rules.Load(), int64(pf.Prefilter().Rules)))
+		}
+	}()
+	errs := make(chan error, 1)
+	quietSent := make(chan int, 1)
+	go func() {
+		n, err := testutil.Flood{From: []*net.UDPConn{quiet}, To: dst, Rate: quietRate, Count: quietRate * seconds,
+			For: seconds * time.Second, Next: func() []byte { return initial }}.Send()
+		quietSent <- n
+		errs <- err
+	}()
+	sent, err := testutil.Flood{From: from, To: dst, Rate: rate, Count: rate * seconds, For: seconds * time.Second,
+		Next: func() []byte { return initial }}.Send()
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs := <-quietSent
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	<-watch
+	time.Sleep(300 * time.Millisecond)
+	_, _, drops, err := backlog.ReadSockets([]*net.UDPConn{ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.SetReadDeadline(time.Now())
+	ln.Close()
+	<-done
+	st := pf.Prefilter()
+	t.Logf("flood %d from 16 networks: kernel drops %d, %d rules at most; quiet network %d of %d; pre-filter %+v",
+		sent, drops, rules.Load(), quietGot.Load(), qs, st)
+	if rules.Load() < 8 {
+		t.Errorf("the pre-filter had %d rules at most, want one for each of most of the 16 flooding networks", rules.Load())
+	}
+	// After the first periods, the kernel leaves each network twice its
+	// share of the total: most of the flood at 20 times the total.
+	if want := uint64(sent / 2); drops < want {
+		t.Errorf("the kernel dropped %d of the flood's %d, want at least %d", drops, sent, want)
+	}
+	if got := quietGot.Load(); got != int64(qs) {
+		t.Errorf("the quiet network got %d of its %d datagrams through", got, qs)
 	}
 }

@@ -186,19 +186,20 @@ func specOf(c datagram.Config, rules []Rule) Spec {
 // (userspace.Limiter.Rate).
 type RateFunc func(*datagram.Stream) uint64
 
-// Update compiles c and the streams the userspace limiter tracks (with its
+// Update compiles c, the streams the userspace limiter tracks and the
+// networks its fair total drops packets of (RulesOf, FairRulesOf; with its
 // compiled configuration p, the current rate of each stream, and its
 // counters st, now) and puts the program on every socket if it changed. It
 // returns the first attach error; a socket whose update fails keeps its
 // previous program.
-func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, st datagram.Stats,
-	now time.Time) error {
+func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams, fair []datagram.Stream, rate RateFunc,
+	st datagram.Stats, now time.Time) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.estimate(c, st, p, now)
 	var rules []Rule
 	if !c.DryRun {
-		rules = RulesOf(c, p, streams, rate, e.peff)
+		rules = mergeRules(RulesOf(c, p, streams, rate, e.peff), FairRulesOf(c, p, fair, rate, e.peff))
 	}
 	spec := specOf(c, rules)
 	spec.Negotiation = e.neg
@@ -351,67 +352,159 @@ func (s Stats) Dropped() uint64 {
 // now (rate) corrected for what the kernel drops: observed/(1-peff), where
 // peff(k) is rule k's drop probability averaged as the limiter's decayed
 // count averages (0 for a new rule). Its probability p = 1 -
-// Headroom*limit/rate leaves the limiter Headroom times the stream's limit.
-// Left out: dry runs, invalid streams (the stateless part drops what it can
-// of them), streams of the whole socket (prefix length 0: the fair total
-// chooses whom to drop, which a uniform probability cannot), unlimited
-// nodes, and probabilities under MinDrop.
+// Headroom*limit/rate leaves the limiter Headroom times the stream's limit
+// (DropFor). Left out: dry runs, invalid streams (the stateless part drops
+// what it can of them), streams of the whole socket (prefix length 0: the
+// fair total chooses whom to drop, which a uniform probability cannot; see
+// FairRulesOf), unlimited nodes, and probabilities under MinDrop.
 func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, peff func(ruleKey) float64) []Rule {
 	var rules []Rule
 	seen := map[ruleKey]bool{}
 	for i := range streams {
 		s := &streams[i]
-		if s.DryRun || s.Class >= quicclass.LimiterClasses || s.Level < 0 {
-			continue
-		}
-		if s.Key.Family != sketch.IPv4 && s.Key.Family != sketch.IPv6 {
-			continue
-		}
-		idx := slices.Index(p.Nodes, s.Node)
-		if idx < 0 {
+		r, idx, ok := baseRule(c, p, s)
+		if !ok || seen[r.key()] {
 			continue
 		}
 		thresh := p.Thresh[s.Class][idx]
-		bits := p.PrefixLen(s.Key.Family, s.Node.Prefix())
-		if thresh == sketch.ThreshUnlimited || thresh == 0 || bits == 0 {
+		if thresh == sketch.ThreshUnlimited || thresh == 0 || r.Bits == 0 {
 			continue
 		}
-		r := Rule{Family: s.Key.Family, Bits: bits, Form: AnyForm, class: s.Class}
-		for w := range r.Words {
-			r.Words[w] = s.Key.Words[w] & prefixMask(bits, w)
-		}
-		if s.Key.Family == sketch.IPv4 {
-			r.Words = [4]uint32{s.Key.Words[0] & prefixMask(bits, 0)}
-		}
-		if !s.Node.SrcPortAny() {
-			r.SrcPort, r.MatchSrcPort = s.Key.SrcPort, true
-		}
-		if p.PerDstPort && !s.Node.DstPortAny() {
-			r.DstPort, r.MatchDstPort = s.Key.DstPort, true
-		}
-		if c.Classify {
-			r.Form = ShortForm
-			if s.Class == quicclass.Opening {
-				r.Form = LongForm
-			}
-		}
-		k := r.key()
-		if seen[k] {
-			continue
-		}
-		seen[k] = true
+		seen[r.key()] = true
 		observed := float64(rate(s))
 		if observed == 0 {
 			continue
 		}
-		r.rate = observed / (1 - peff(k))
-		r.Drop = DropFor(r.rate, float64(thresh))
-		if r.Drop == 0 {
+		r.rate = observed / (1 - peff(r.key()))
+		if r.Drop = DropFor(r.rate, float64(thresh)); r.Drop == 0 {
 			continue
 		}
 		r.arrival = p.PPS(uint64(r.rate))
 		rules = append(rules, r)
 	}
+	sortRules(rules)
+	return rules
+}
+
+// sortRules puts the largest streams first.
+func sortRules(rules []Rule) {
 	slices.SortStableFunc(rules, func(a, b Rule) int { return cmp.Compare(b.rate, a.rate) })
+}
+
+// baseRule is the rule of stream s without its probability, and the index
+// of its node; false for a stream that cannot have one: a dry run's, an
+// invalid one, of another family or of a node the configuration lacks.
+func baseRule(c datagram.Config, p *sketch.Params, s *datagram.Stream) (Rule, int, bool) {
+	if s.DryRun || s.Class >= quicclass.LimiterClasses || s.Level < 0 {
+		return Rule{}, 0, false
+	}
+	if s.Key.Family != sketch.IPv4 && s.Key.Family != sketch.IPv6 {
+		return Rule{}, 0, false
+	}
+	idx := slices.Index(p.Nodes, s.Node)
+	if idx < 0 {
+		return Rule{}, 0, false
+	}
+	bits := p.PrefixLen(s.Key.Family, s.Node.Prefix())
+	r := Rule{Family: s.Key.Family, Bits: bits, Form: AnyForm, class: s.Class}
+	for w := range r.Words {
+		r.Words[w] = s.Key.Words[w] & prefixMask(bits, w)
+	}
+	if s.Key.Family == sketch.IPv4 {
+		r.Words = [4]uint32{s.Key.Words[0] & prefixMask(bits, 0)}
+	}
+	if !s.Node.SrcPortAny() {
+		r.SrcPort, r.MatchSrcPort = s.Key.SrcPort, true
+	}
+	if p.PerDstPort && !s.Node.DstPortAny() {
+		r.DstPort, r.MatchDstPort = s.Key.DstPort, true
+	}
+	if c.Classify {
+		r.Form = ShortForm
+		if s.Class == quicclass.Opening {
+			r.Form = LongForm
+		}
+	}
+	return r, idx, true
+}
+
+// FairRulesOf turns the networks the fair total drops packets of
+// (userspace.Limiter.FairStreams: streams of p.FairSource, the node below
+// the total that counts networks) into rules. The total shares its limit
+// thr among networks max-min fairly: each keeps min(rate, share), and at
+// least the proportional floor thr/total of its rate. The kernel leaves
+// each Headroom times the larger of its floor and an equal split of thr
+// among the networks dropped, so a network under either never loses a
+// packet in the kernel, and the userspace limiter still picks among the
+// rest. Rates are corrected for the kernel's drops as in RulesOf, and so
+// is the total (rate at the total node): what the limiter sees of it plus
+// what the kernel dropped of the networks.
+func FairRulesOf(c datagram.Config, p *sketch.Params, fair []datagram.Stream, rate RateFunc, peff func(ruleKey) float64) []Rule {
+	if p.FairNode < 0 || p.FairSource < 0 {
+		return nil
+	}
+	type network struct {
+		r               Rule
+		observed, total float64
+		thr             float64
+		group           [2]int // class and family
+	}
+	var nets []network
+	seen := map[ruleKey]bool{}
+	dropped := map[[2]int]float64{}
+	counted := map[[2]int]int{}
+	for i := range fair {
+		s := &fair[i]
+		if s.Node != p.Nodes[p.FairSource] {
+			continue
+		}
+		r, _, ok := baseRule(c, p, s)
+		if !ok || r.Bits == 0 || seen[r.key()] {
+			continue
+		}
+		thr := p.Thresh[s.Class][p.FairNode]
+		if thr == sketch.ThreshUnlimited || thr == 0 {
+			continue
+		}
+		seen[r.key()] = true
+		observed := float64(rate(s))
+		total := datagram.Stream{Class: s.Class, Node: p.Nodes[p.FairNode], Key: s.Key}
+		n := network{r: r, observed: observed, total: float64(rate(&total)), thr: float64(thr),
+			group: [2]int{int(s.Class), int(s.Key.Family)}}
+		if observed == 0 || n.total == 0 {
+			continue
+		}
+		n.r.rate = observed / (1 - peff(r.key()))
+		dropped[n.group] += n.r.rate - observed
+		counted[n.group]++
+		nets = append(nets, n)
+	}
+	var rules []Rule
+	for _, n := range nets {
+		total := n.total + dropped[n.group]
+		limit := max(n.thr*n.r.rate/total, n.thr/float64(counted[n.group]))
+		if n.r.Drop = DropFor(n.r.rate, limit); n.r.Drop == 0 {
+			continue
+		}
+		n.r.arrival = p.PPS(uint64(n.r.rate))
+		rules = append(rules, n.r)
+	}
+	sortRules(rules)
+	return rules
+}
+
+// mergeRules adds to rules those of more whose streams have no rule yet,
+// largest first.
+func mergeRules(rules, more []Rule) []Rule {
+	seen := map[ruleKey]bool{}
+	for i := range rules {
+		seen[rules[i].key()] = true
+	}
+	for _, r := range more {
+		if !seen[r.key()] {
+			rules = append(rules, r)
+		}
+	}
+	sortRules(rules)
 	return rules
 }

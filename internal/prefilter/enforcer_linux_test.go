@@ -31,14 +31,14 @@ func TestEstimates(t *testing.T) {
 	rate := func(*datagram.Stream) uint64 { return 10 * uint64(thresh) }
 	var st datagram.Stats
 	now := time.Now()
-	if err := e.Update(c, p, streams, rate, st, now); err != nil {
+	if err := e.Update(c, p, streams, nil, rate, st, now); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.Stats(); s.Rules != 1 || s.Sockets != 1 || !s.Stateless {
 		t.Fatalf("stats %+v, want one rule on one socket", s)
 	}
 	st.Invalid[0][1][quicclass.FixedBit] = 10
-	if err := e.Update(c, p, streams, rate, st, now.Add(time.Second)); err != nil {
+	if err := e.Update(c, p, streams, nil, rate, st, now.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.Stats()
@@ -52,12 +52,12 @@ func TestEstimates(t *testing.T) {
 	// Unchanged streams, rates and configuration leave the program in
 	// place; a dry run replaces it with one that drops nothing.
 	updates := s.Updates
-	if err := e.Update(c, p, streams, rate, st, now.Add(time.Second)); err != nil {
+	if err := e.Update(c, p, streams, nil, rate, st, now.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	dry := c
 	dry.DryRun = true
-	if err := e.Update(dry, p, streams, rate, st, now.Add(3*time.Second)); err != nil {
+	if err := e.Update(dry, p, streams, nil, rate, st, now.Add(3*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.Stats(); s.Updates != updates+1 || s.Rules != 0 || s.Stateless || s.Instructions != 1 {
@@ -106,7 +106,7 @@ func TestNegotiationEstimates(t *testing.T) {
 			for i := range 2 {
 				st.Negotiation[1][0] += 100
 				st.Negotiation[1][1] += 9_900
-				if err := e.Update(tt.c, p, nil, rate, st, now.Add(time.Duration(i)*time.Second)); err != nil {
+				if err := e.Update(tt.c, p, nil, nil, rate, st, now.Add(time.Duration(i)*time.Second)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -126,7 +126,7 @@ func TestNegotiationEstimates(t *testing.T) {
 			seen := uint64(math.Round(10_000 * (1 - want)))
 			st.Negotiation[1][0] += 100
 			st.Negotiation[1][1] += seen - 100
-			if err := e.Update(tt.c, p, nil, rate, st, now.Add(2*time.Second)); err != nil {
+			if err := e.Update(tt.c, p, nil, nil, rate, st, now.Add(2*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			s = e.Stats()

@@ -122,3 +122,79 @@ func TestRulesOf(t *testing.T) {
 		})
 	}
 }
+
+// TestFairRulesOf checks the rules of the networks the fair total drops
+// packets of: each keeps Headroom times the larger of its proportional
+// floor and an equal split of the total's limit, corrected for the kernel's
+// drops; a quiet network, a stream of another node and a lattice without a
+// fair total get none.
+func TestFairRulesOf(t *testing.T) {
+	c := testutil.QUICLimits(200, 1000)
+	p, err := sketch.Compile(c.Limiter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	thr := float64(p.Thresh[0][p.FairNode])
+	network := func(addr string) datagram.Stream { return streamAt(p, p.FairSource, quicclass.Opening, addr) }
+	flood := []datagram.Stream{network("127.90.0.1:1"), network("127.90.1.1:1"), network("127.90.2.1:1"),
+		network("127.90.3.1:1")}
+	quiet := network("127.91.0.1:1")
+	// rates gives each network mult times thr (the quiet one a hundredth)
+	// and the total the sum, each seen through the kernel's drop
+	// probability kernel.
+	rates := func(mult, kernel float64) RateFunc {
+		return func(s *datagram.Stream) uint64 {
+			switch {
+			case s.Node == p.Nodes[p.FairNode]:
+				return uint64(4*mult*thr*(1-kernel) + thr/100)
+			case s.Key.Words[0]>>16&0xff == 91:
+				return uint64(thr / 100)
+			}
+			return uint64(mult * thr * (1 - kernel))
+		}
+	}
+	none := func(ruleKey) float64 { return 0 }
+	half := func(k ruleKey) float64 {
+		if k.words[0]>>16&0xff == 91 {
+			return 0
+		}
+		return 0.5
+	}
+	proportional := c
+	proportional.Limiter.ProportionalTotal = true
+	pp, err := sketch.Compile(proportional.Limiter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		p       *sketch.Params
+		streams []datagram.Stream
+		rate    RateFunc
+		peff    func(ruleKey) float64
+		want    float64 // every rule's probability
+		rules   int
+	}{
+		{"four networks at ten times the limit", p, append(flood, quiet), rates(10, 0), none, quantized(1 - 2*0.25/10), 4},
+		{"the same, half dropped in the kernel", p, append(flood, quiet), rates(10, 0.5), half, quantized(1 - 2*0.25/10), 4},
+		{"under twice an equal split", p, flood, rates(0.4, 0), none, 0, 0},
+		{"a stream of another node", p, []datagram.Stream{streamAt(p, 0, quicclass.Opening, "127.90.0.1:1")}, rates(10, 0), none, 0, 0},
+		{"no fair total", pp, append(flood, quiet), rates(10, 0), none, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rules := FairRulesOf(c, tt.p, tt.streams, tt.rate, tt.peff)
+			if len(rules) != tt.rules {
+				t.Fatalf("%d rules %+v, want %d", len(rules), rules, tt.rules)
+			}
+			for i, r := range rules {
+				if math.Abs(r.Drop-tt.want) > 1e-9 || r.Bits != 24 || r.MatchSrcPort || r.Form != LongForm {
+					t.Errorf("rule %d: %+v, want /24, any port, long headers, drop %v", i, r, tt.want)
+				}
+				if r.Words[0]>>16&0xff == 91 {
+					t.Errorf("rule %d drops the quiet network", i)
+				}
+			}
+		})
+	}
+}

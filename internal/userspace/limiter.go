@@ -32,6 +32,9 @@ type Limiter struct {
 	shift uint8
 	mask  uint32
 	tab   streamTable
+	// fair holds the networks the fair total drops packets of (see
+	// trackFair), for the kernel pre-filter; no events are reported.
+	fair streamTable
 	// trackPacing paces new tracked streams from trackTAT; untracked
 	// counts the sampled drops it refused.
 	trackPacing datagram.Pacing
@@ -95,6 +98,7 @@ func newLimiter(c datagram.Config, o options) (*Limiter, error) {
 		clock:       clock{base: time.Now(), test: o.now},
 		shift:       datagram.DefaultTrackShift,
 		tab:         newStreamTable(datagram.MaxTrackedStreams),
+		fair:        newStreamTable(MaxFairNetworks),
 		trackPacing: datagram.TrackPacing(),
 		events:      make(chan datagram.Stream, eventQueue),
 		closed:      make(chan struct{}),
@@ -242,6 +246,7 @@ func (l *Limiter) decide(d *datagram.Datagram, now int64) datagram.Outcome {
 		l.trackInvalid(&d.Key, out.Reason, now)
 	case out.Verdict.Drop:
 		l.track(&d.Key, &out, now)
+		l.trackFair(&d.Key, &out, now)
 	}
 	return out
 }
