@@ -364,3 +364,92 @@ func TestPrefilterDropsFairTotal(t *testing.T) {
 		t.Errorf("the quiet network got %d of its %d datagrams through", got, qs)
 	}
 }
+
+// TestOnset checks when a flood begins and how often the pre-filter is
+// updated then: at OnsetPeriod for OnsetTime after a stream is tracked
+// following a quiet of 2*Period, at Period otherwise.
+func TestOnset(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	var o onset
+	steps := []struct {
+		name    string
+		tracked time.Duration // -1: no stream tracked
+		began   bool
+		next    time.Time
+		period  time.Duration
+	}{
+		{"before any stream", -1, false, at(0), prefilter.Period},
+		{"the first stream", 0, true, at(0), prefilter.OnsetPeriod},
+		{"another soon after", 100 * time.Millisecond, false, at(100 * time.Millisecond), prefilter.OnsetPeriod},
+		{"another", 500 * time.Millisecond, false, at(500 * time.Millisecond), prefilter.OnsetPeriod},
+		{"and another", 900 * time.Millisecond, false, at(900 * time.Millisecond), prefilter.OnsetPeriod},
+		{"the onset is over", -1, false, at(prefilter.OnsetTime), prefilter.Period},
+		{"streams keep coming", 1300 * time.Millisecond, false, at(1300 * time.Millisecond), prefilter.Period},
+		{"after a quiet", 5 * time.Second, true, at(5 * time.Second), prefilter.OnsetPeriod},
+	}
+	for _, s := range steps {
+		if s.tracked >= 0 {
+			if got := o.tracked(at(s.tracked)); got != s.began {
+				t.Errorf("%s: began = %v, want %v", s.name, got, s.began)
+			}
+		}
+		if got := o.period(s.next); got != s.period {
+			t.Errorf("%s: period %v, want %v", s.name, got, s.period)
+		}
+	}
+}
+
+// TestPrefilterOnset: a flood from one source gets its rule within a few
+// OnsetPeriods of its start, not a Period later.
+func TestPrefilterOnset(t *testing.T) {
+	eng, err := OpenUserspace(testutil.QUICLimits(200, 1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ln := testutil.Listen(t, "udp", "[::]:0")
+	pc, err := userspace.NewConn(ln, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Protect(ln, pc); err != nil {
+		t.Fatal(err)
+	}
+	pf := eng.(Prefiltered)
+	var long, other atomic.Int64
+	done := drain(pc, &long, &other)
+	defer func() {
+		pc.SetReadDeadline(time.Now())
+		ln.Close()
+		<-done
+	}()
+	// Let the first periodic update pass, so that the flood starts
+	// right after one.
+	time.Sleep(prefilter.Period + 20*time.Millisecond)
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
+	flooder := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.7:0"))
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	stop := make(chan struct{})
+	flooded := make(chan error, 1)
+	go func() {
+		_, err := testutil.Flood{From: []*net.UDPConn{flooder}, To: dst, Rate: 20_000, Count: 40_000, For: 2 * time.Second,
+			Stop: stop, Next: func() []byte { return initial }}.Send()
+		flooded <- err
+	}()
+	start := time.Now()
+	for pf.Prefilter().Rules == 0 && time.Since(start) < 2*time.Second {
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(start)
+	close(stop)
+	if err := <-flooded; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the flood's rule came after %v", took)
+	// Generous: the bound catches an update that waits for the period
+	// (250 ms), not a figure.
+	if took > prefilter.Period-50*time.Millisecond {
+		t.Errorf("the flood's rule came after %v, want well under the period %v", took, prefilter.Period)
+	}
+}

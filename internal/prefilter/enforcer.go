@@ -17,6 +17,13 @@ import (
 const (
 	// Period is how often an Enforcer's owner calls Update.
 	Period = 250 * time.Millisecond
+	// OnsetPeriod is how often it calls it for OnsetTime after a stream
+	// starts being tracked when none had for 2*Period (a flood begins):
+	// the unprotected start of a flood fills the socket's receive queue,
+	// where legitimate packets are lost with the flood's, and the rates
+	// the rules follow are still rising.
+	OnsetPeriod = 50 * time.Millisecond
+	OnsetTime   = time.Second
 	// Headroom is how much more than its limit a limited stream still
 	// delivers to the userspace limiter: p = 1 - Headroom*limit/rate. The
 	// userspace limiter so keeps dropping (and tracking) the stream, and

@@ -59,6 +59,20 @@ func TestFairStreams(t *testing.T) {
 	if len(networks) != 16 {
 		t.Errorf("tracked %d networks %v, want the 16 that flood", len(networks), networks)
 	}
+	select {
+	case <-l.Tracked():
+	default:
+		t.Error("no signal on Tracked after streams and networks started being tracked")
+	}
+	for ms := range 10 { // the same networks: no new signal
+		d := dgram(fmt.Sprintf("127.90.%d.1:5000", ms), initial())
+		l.Decide(&d)
+	}
+	select {
+	case <-l.Tracked():
+		t.Error("a signal on Tracked without a new stream or network")
+	default:
+	}
 	streams, _ := l.Streams()
 	for _, s := range streams {
 		if s.Node == p.Nodes[p.FairSource] {

@@ -41,6 +41,9 @@ type Limiter struct {
 	trackTAT    uint64
 	untracked   uint64
 	events      chan datagram.Stream
+	// tracked receives, without blocking, when a stream or a network
+	// starts being tracked (Tracked).
+	tracked chan struct{}
 	// reader is the open event reader, if any.
 	reader *EventReader
 	closed chan struct{}
@@ -101,6 +104,7 @@ func newLimiter(c datagram.Config, o options) (*Limiter, error) {
 		fair:        newStreamTable(MaxFairNetworks),
 		trackPacing: datagram.TrackPacing(),
 		events:      make(chan datagram.Stream, eventQueue),
+		tracked:     make(chan struct{}, 1),
 		closed:      make(chan struct{}),
 	}
 	if o.trackShift != nil {

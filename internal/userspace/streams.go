@@ -161,6 +161,7 @@ func (l *Limiter) trackFair(k *sketch.Key, out *datagram.Outcome, now int64) {
 	st := streamState{first: now, last: now, sampled: 1, level: n.Level(), dryRun: l.cfg.DryRun}
 	if !l.fair.update(&sk, &st) {
 		l.fair.insert(&sk, &st)
+		l.signalTracked()
 	}
 }
 
@@ -206,7 +207,22 @@ func (l *Limiter) record(sk *streamKey, st *streamState) {
 	case l.events <- l.stream(sk, st):
 	default:
 	}
+	l.signalTracked()
 }
+
+// signalTracked tells the receiver of Tracked, if it is not told already.
+func (l *Limiter) signalTracked() {
+	select {
+	case l.tracked <- struct{}{}:
+	default:
+	}
+}
+
+// Tracked receives when the limiter starts tracking a stream (Streams) or a
+// network (FairStreams), once for any number since the last receive, so
+// that the owner of the kernel pre-filter can put a new flood in it without
+// waiting for its next period.
+func (l *Limiter) Tracked() <-chan struct{} { return l.tracked }
 
 // stream converts a record (as bpf.Filter.stream converts the kernel's).
 func (l *Limiter) stream(k *streamKey, st *streamState) datagram.Stream {
