@@ -206,7 +206,7 @@ func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams, fair []d
 	e.estimate(c, st, p, now)
 	var rules []Rule
 	if !c.DryRun {
-		rules = mergeRules(RulesOf(c, p, streams, rate, e.peff), FairRulesOf(c, p, fair, rate, e.peff))
+		rules = mergeRules(RulesOf(c, p, streams, rate, e.peff, now), FairRulesOf(c, p, fair, rate, e.peff, now))
 	}
 	spec := specOf(c, rules)
 	spec.Negotiation = e.neg
@@ -364,7 +364,8 @@ func (s Stats) Dropped() uint64 {
 // what it can of them), streams of the whole socket (prefix length 0: the
 // fair total chooses whom to drop, which a uniform probability cannot; see
 // FairRulesOf), unlimited nodes, and probabilities under MinDrop.
-func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, peff func(ruleKey) float64) []Rule {
+func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, peff func(ruleKey) float64,
+	now time.Time) []Rule {
 	var rules []Rule
 	seen := map[ruleKey]bool{}
 	for i := range streams {
@@ -382,7 +383,7 @@ func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rat
 		if observed == 0 {
 			continue
 		}
-		r.rate = observed / (1 - peff(r.key()))
+		r.rate = arrivalOf(p, s, observed, peff(r.key()), now)
 		if r.Drop = DropFor(r.rate, float64(thresh)); r.Drop == 0 {
 			continue
 		}
@@ -391,6 +392,31 @@ func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rat
 	}
 	sortRules(rules)
 	return rules
+}
+
+// Onset is the least a stream's sampled drops must span, and how many
+// there must be, for their rate to count (arrivalOf).
+const (
+	onsetSpan    = 10 * time.Millisecond
+	onsetSamples = 8
+)
+
+// arrivalOf is the arrival rate of stream s, as a count per window: what
+// the limiter sees of it (observed, its decayed count) over 1-peff, the
+// share the kernel leaves of it. For a stream without a rule that began
+// less than a window ago, the decayed count is still rising towards the
+// rate (it is about rate*age): then the rate of its drops so far, a
+// measured lower bound of its arrival rate, is taken when it is higher, so
+// that a new flood gets its rule in its first milliseconds, not its first
+// window.
+func arrivalOf(p *sketch.Params, s *datagram.Stream, observed, peff float64, now time.Time) float64 {
+	rate := observed / (1 - peff)
+	span := s.Last.Sub(s.First)
+	young := now.Sub(s.First) < time.Duration(p.WindowNanos)
+	if peff > 0 || !young || span < onsetSpan || s.Drops < onsetSamples<<datagram.DefaultTrackShift {
+		return rate
+	}
+	return max(rate, float64(s.Drops)*float64(p.WindowNanos)/float64(span.Nanoseconds()))
 }
 
 // sortRules puts the largest streams first.
@@ -446,7 +472,8 @@ func baseRule(c datagram.Config, p *sketch.Params, s *datagram.Stream) (Rule, in
 // rest. Rates are corrected for the kernel's drops as in RulesOf, and so
 // is the total (rate at the total node): what the limiter sees of it plus
 // what the kernel dropped of the networks.
-func FairRulesOf(c datagram.Config, p *sketch.Params, fair []datagram.Stream, rate RateFunc, peff func(ruleKey) float64) []Rule {
+func FairRulesOf(c datagram.Config, p *sketch.Params, fair []datagram.Stream, rate RateFunc, peff func(ruleKey) float64,
+	now time.Time) []Rule {
 	if p.FairNode < 0 || p.FairSource < 0 {
 		return nil
 	}
@@ -481,7 +508,7 @@ func FairRulesOf(c datagram.Config, p *sketch.Params, fair []datagram.Stream, ra
 		if observed == 0 || n.total == 0 {
 			continue
 		}
-		n.r.rate = observed / (1 - peff(r.key()))
+		n.r.rate = arrivalOf(p, s, observed, peff(r.key()), now)
 		dropped[n.group] += n.r.rate - observed
 		counted[n.group]++
 		nets = append(nets, n)

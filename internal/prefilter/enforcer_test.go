@@ -4,6 +4,7 @@ import (
 	"math"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
@@ -106,7 +107,7 @@ func TestRulesOf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rules := RulesOf(tt.c, p, tt.streams, tt.rate, tt.peff)
+			rules := RulesOf(tt.c, p, tt.streams, tt.rate, tt.peff, time.Now())
 			if len(rules) != len(tt.want) {
 				t.Fatalf("%d rules %+v, want %d", len(rules), rules, len(tt.want))
 			}
@@ -183,7 +184,7 @@ func TestFairRulesOf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rules := FairRulesOf(c, tt.p, tt.streams, tt.rate, tt.peff)
+			rules := FairRulesOf(c, tt.p, tt.streams, tt.rate, tt.peff, time.Now())
 			if len(rules) != tt.rules {
 				t.Fatalf("%d rules %+v, want %d", len(rules), rules, tt.rules)
 			}
@@ -194,6 +195,47 @@ func TestFairRulesOf(t *testing.T) {
 				if r.Words[0]>>16&0xff == 91 {
 					t.Errorf("rule %d drops the quiet network", i)
 				}
+			}
+		})
+	}
+}
+
+// TestArrivalOf checks a stream's arrival rate: its decayed count over the
+// share the kernel leaves, or, for a young stream without a rule whose
+// decayed count still rises, the rate of its drops when that is higher.
+func TestArrivalOf(t *testing.T) {
+	c := testutil.QUICLimits(200, 1000)
+	p, err := sketch.Compile(c.Limiter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	window := time.Duration(p.WindowNanos)
+	// 20,000 drops in 100 ms: 200,000 a second, as a count per window.
+	perWindow := 200_000 * window.Seconds()
+	stream := func(age, span time.Duration, drops uint64) *datagram.Stream {
+		return &datagram.Stream{First: now.Add(-age), Last: now.Add(-age + span), Drops: drops}
+	}
+	tests := []struct {
+		name     string
+		s        *datagram.Stream
+		observed float64
+		peff     float64
+		want     float64
+	}{
+		{"young, rising count: the drop rate", stream(100*time.Millisecond, 100*time.Millisecond, 20_000), 500, 0, perWindow},
+		{"young, count above the drop rate", stream(100*time.Millisecond, 100*time.Millisecond, 20_000), 2 * perWindow, 0,
+			2 * perWindow},
+		{"young, with a rule", stream(100*time.Millisecond, 100*time.Millisecond, 20_000), 500, 0.5, 1000},
+		{"old", stream(2*window, 2*window, 20_000), 500, 0, 500},
+		{"drops too close together", stream(100*time.Millisecond, 5*time.Millisecond, 20_000), 500, 0, 500},
+		{"too few drops", stream(100*time.Millisecond, 100*time.Millisecond, onsetSamples<<datagram.DefaultTrackShift-1), 500, 0,
+			500},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := arrivalOf(p, tt.s, tt.observed, tt.peff, now); math.Abs(got-tt.want) > 1e-6*tt.want {
+				t.Errorf("arrivalOf = %v, want %v", got, tt.want)
 			}
 		})
 	}
