@@ -130,6 +130,9 @@ type Enforcer struct {
 	// the last update.
 	invalid [quicclass.NumReasons]uint64
 	carry   [sketch.NumClasses]float64
+	// counts are the candidate streams' drop counts at the last update
+	// (see Counted).
+	counts map[ruleKey]count
 	// neg is the negotiation class's drop probability in force; negSeen
 	// the userspace limiter's count of the class at negAt; negCarry the
 	// fraction of an estimated kernel drop.
@@ -141,7 +144,7 @@ type Enforcer struct {
 
 // NewEnforcer returns an Enforcer with no socket.
 func NewEnforcer() *Enforcer {
-	return &Enforcer{state: map[ruleKey]*ruleState{}}
+	return &Enforcer{state: map[ruleKey]*ruleState{}, counts: map[ruleKey]count{}}
 }
 
 // Attach puts the program in force on conn (the stateless part, until the
@@ -206,7 +209,9 @@ func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams, fair []d
 	e.estimate(c, st, p, now)
 	var rules []Rule
 	if !c.DryRun {
-		rules = mergeRules(RulesOf(c, p, streams, rate, e.peff, now), FairRulesOf(c, p, fair, rate, e.peff, now))
+		h := history{e, now, map[ruleKey]count{}}
+		rules = mergeRules(RulesOf(c, p, streams, rate, h), FairRulesOf(c, p, fair, rate, h))
+		e.counts = h.next
 	}
 	spec := specOf(c, rules)
 	spec.Negotiation = e.neg
@@ -240,13 +245,66 @@ func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams, fair []d
 	return first
 }
 
-// peff returns the decayed average drop probability of rule k (0 for a new
-// one).
-func (e *Enforcer) peff(k ruleKey) float64 {
-	if s := e.state[k]; s != nil {
+// History is what earlier updates tell of a stream, for its arrival rate.
+type History interface {
+	// Peff is rule k's drop probability averaged as the limiter's
+	// decayed count averages (0 for a new rule).
+	Peff(k ruleKey) float64
+	// Counted is the rate, in packets per second, of the drops the
+	// userspace limiter counted of stream s (key k) since the last update,
+	// or, for a stream new since, since it was first dropped; and the
+	// drop probability the kernel applied meanwhile. ok is false when too
+	// few drops or too short a time tell nothing.
+	Counted(k ruleKey, s *datagram.Stream) (pps, kernel float64, ok bool)
+}
+
+// count is a stream's drop count at an update.
+type count struct {
+	first time.Time
+	drops uint64
+	at    time.Time
+}
+
+// history is the Enforcer's History during an update at now; next
+// collects the counts to remember.
+type history struct {
+	e    *Enforcer
+	now  time.Time
+	next map[ruleKey]count
+}
+
+func (h history) Peff(k ruleKey) float64 {
+	if s := h.e.state[k]; s != nil {
 		return s.peff
 	}
 	return 0
+}
+
+// Least drops and time for Counted to tell a rate.
+const (
+	countSpan    = 10 * time.Millisecond
+	countSamples = 8 << datagram.DefaultTrackShift
+)
+
+func (h history) Counted(k ruleKey, s *datagram.Stream) (pps, kernel float64, ok bool) {
+	h.next[k] = count{first: s.First, drops: s.Drops, at: h.now}
+	base := count{first: s.First, at: s.First}
+	if c, seen := h.e.counts[k]; seen && c.first.Equal(s.First) && c.drops <= s.Drops {
+		base = c
+	}
+	if st := h.e.state[k]; st != nil && len(h.e.conns) > 0 {
+		kernel = st.p
+	}
+	// A new stream's drops span its first to its last; a known one's
+	// the time since the last update.
+	span, drops := s.Last.Sub(s.First), s.Drops-base.drops
+	if base.at != s.First {
+		span = h.now.Sub(base.at)
+	}
+	if span < countSpan || drops < countSamples {
+		return 0, kernel, false
+	}
+	return float64(drops) / span.Seconds(), kernel, true
 }
 
 // estimate adds the kernel's drops since the last update to the stats and
@@ -364,8 +422,7 @@ func (s Stats) Dropped() uint64 {
 // what it can of them), streams of the whole socket (prefix length 0: the
 // fair total chooses whom to drop, which a uniform probability cannot; see
 // FairRulesOf), unlimited nodes, and probabilities under MinDrop.
-func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, peff func(ruleKey) float64,
-	now time.Time) []Rule {
+func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, h History) []Rule {
 	var rules []Rule
 	seen := map[ruleKey]bool{}
 	for i := range streams {
@@ -383,7 +440,7 @@ func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rat
 		if observed == 0 {
 			continue
 		}
-		r.rate = arrivalOf(p, s, observed, peff(r.key()), now)
+		r.rate = arrivalOf(p, r.key(), s, observed, float64(thresh), h)
 		if r.Drop = DropFor(r.rate, float64(thresh)); r.Drop == 0 {
 			continue
 		}
@@ -394,29 +451,24 @@ func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rat
 	return rules
 }
 
-// Onset is the least a stream's sampled drops must span, and how many
-// there must be, for their rate to count (arrivalOf).
-const (
-	onsetSpan    = 10 * time.Millisecond
-	onsetSamples = 8
-)
-
-// arrivalOf is the arrival rate of stream s, as a count per window: what
-// the limiter sees of it (observed, its decayed count) over 1-peff, the
-// share the kernel leaves of it. For a stream without a rule that began
-// less than a window ago, the decayed count is still rising towards the
-// rate (it is about rate*age): then the rate of its drops so far, a
-// measured lower bound of its arrival rate, is taken when it is higher, so
-// that a new flood gets its rule in its first milliseconds, not its first
-// window.
-func arrivalOf(p *sketch.Params, s *datagram.Stream, observed, peff float64, now time.Time) float64 {
-	rate := observed / (1 - peff)
-	span := s.Last.Sub(s.First)
-	young := now.Sub(s.First) < time.Duration(p.WindowNanos)
-	if peff > 0 || !young || span < onsetSpan || s.Drops < onsetSamples<<datagram.DefaultTrackShift {
+// arrivalOf is the arrival rate of stream s (key k), as a count per
+// window, the larger of two estimates that each fall short in their own
+// way. One is what the limiter sees of it (observed, its decayed count)
+// over 1-peff, the share the kernel leaves of it: while a flood is young
+// the decayed count still rises (it is about rate*age for an age under
+// the window), and it falls short for several windows. The other counts:
+// the drops the limiter counted since the last update (History.Counted),
+// plus what it passes, at most pass (a count per window; 0 when unknown),
+// over the share the kernel left meanwhile, exact when the counts are; it
+// knows nothing of a stream too little dropped.
+func arrivalOf(p *sketch.Params, k ruleKey, s *datagram.Stream, observed, pass float64, h History) float64 {
+	rate := observed / (1 - h.Peff(k))
+	pps, kernel, ok := h.Counted(k, s)
+	if !ok {
 		return rate
 	}
-	return max(rate, float64(s.Drops)*float64(p.WindowNanos)/float64(span.Nanoseconds()))
+	perWindow := pps*float64(p.WindowNanos)/1e9*(1<<sketch.FracBits) + pass
+	return max(rate, perWindow/(1-kernel))
 }
 
 // sortRules puts the largest streams first.
@@ -472,8 +524,7 @@ func baseRule(c datagram.Config, p *sketch.Params, s *datagram.Stream) (Rule, in
 // rest. Rates are corrected for the kernel's drops as in RulesOf, and so
 // is the total (rate at the total node): what the limiter sees of it plus
 // what the kernel dropped of the networks.
-func FairRulesOf(c datagram.Config, p *sketch.Params, fair []datagram.Stream, rate RateFunc, peff func(ruleKey) float64,
-	now time.Time) []Rule {
+func FairRulesOf(c datagram.Config, p *sketch.Params, fair []datagram.Stream, rate RateFunc, h History) []Rule {
 	if p.FairNode < 0 || p.FairSource < 0 {
 		return nil
 	}
@@ -508,7 +559,7 @@ func FairRulesOf(c datagram.Config, p *sketch.Params, fair []datagram.Stream, ra
 		if observed == 0 || n.total == 0 {
 			continue
 		}
-		n.r.rate = arrivalOf(p, s, observed, peff(r.key()), now)
+		n.r.rate = arrivalOf(p, r.key(), s, observed, 0, h)
 		dropped[n.group] += n.r.rate - observed
 		counted[n.group]++
 		nets = append(nets, n)

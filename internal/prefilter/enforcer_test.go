@@ -74,7 +74,7 @@ func TestRulesOf(t *testing.T) {
 	rates := func(mult ...float64) RateFunc {
 		return func(s *datagram.Stream) uint64 { return uint64(mult[s.Key.SrcPort%uint16(len(mult))] * thresh) }
 	}
-	none := func(ruleKey) float64 { return 0 }
+	none := fakeHistory{}
 	last := len(p.Nodes) - 1
 	dry := streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000")
 	dry.DryRun = true
@@ -85,14 +85,14 @@ func TestRulesOf(t *testing.T) {
 		c       datagram.Config
 		streams []datagram.Stream
 		rate    RateFunc
-		peff    func(ruleKey) float64
+		peff    History
 		want    []float64 // drop probabilities, in order
 		form    Form
 	}{
 		{"ten times the limit", c, []datagram.Stream{streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000")}, rates(10), none,
 			[]float64{quantized(0.8)}, LongForm},
 		{"the same stream, 80% dropped in the kernel", c, []datagram.Stream{streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000")},
-			rates(2), func(ruleKey) float64 { return 0.8 }, []float64{quantized(0.8)}, LongForm},
+			rates(2), fakeHistory{peff: 0.8}, []float64{quantized(0.8)}, LongForm},
 		{"under twice the limit", c, []datagram.Stream{streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000")}, rates(1.5), none, nil, 0},
 		{"capped", c, []datagram.Stream{streamAt(p, 0, quicclass.Established, "[::1]:40000")}, rates(1e6), none,
 			[]float64{quantized(MaxDrop)}, ShortForm},
@@ -107,7 +107,7 @@ func TestRulesOf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rules := RulesOf(tt.c, p, tt.streams, tt.rate, tt.peff, time.Now())
+			rules := RulesOf(tt.c, p, tt.streams, tt.rate, tt.peff)
 			if len(rules) != len(tt.want) {
 				t.Fatalf("%d rules %+v, want %d", len(rules), rules, len(tt.want))
 			}
@@ -154,13 +154,13 @@ func TestFairRulesOf(t *testing.T) {
 			return uint64(mult * thr * (1 - kernel))
 		}
 	}
-	none := func(ruleKey) float64 { return 0 }
-	half := func(k ruleKey) float64 {
+	none := fakeHistory{}
+	half := fakeHistory{peffOf: func(k ruleKey) float64 {
 		if k.words[0]>>16&0xff == 91 {
 			return 0
 		}
 		return 0.5
-	}
+	}}
 	proportional := c
 	proportional.Limiter.ProportionalTotal = true
 	pp, err := sketch.Compile(proportional.Limiter)
@@ -172,7 +172,7 @@ func TestFairRulesOf(t *testing.T) {
 		p       *sketch.Params
 		streams []datagram.Stream
 		rate    RateFunc
-		peff    func(ruleKey) float64
+		peff    History
 		want    float64 // every rule's probability
 		rules   int
 	}{
@@ -184,7 +184,7 @@ func TestFairRulesOf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rules := FairRulesOf(c, tt.p, tt.streams, tt.rate, tt.peff, time.Now())
+			rules := FairRulesOf(c, tt.p, tt.streams, tt.rate, tt.peff)
 			if len(rules) != tt.rules {
 				t.Fatalf("%d rules %+v, want %d", len(rules), rules, tt.rules)
 			}
@@ -200,43 +200,90 @@ func TestFairRulesOf(t *testing.T) {
 	}
 }
 
-// TestArrivalOf checks a stream's arrival rate: its decayed count over the
-// share the kernel leaves, or, for a young stream without a rule whose
-// decayed count still rises, the rate of its drops when that is higher.
+// fakeHistory is a History with a fixed averaged probability (or one by
+// rule, peffOf) and, when counted is set, a drop rate and the kernel's
+// probability.
+type fakeHistory struct {
+	peff    float64
+	peffOf  func(ruleKey) float64
+	counted bool
+	pps, k  float64
+}
+
+func (f fakeHistory) Peff(k ruleKey) float64 {
+	if f.peffOf != nil {
+		return f.peffOf(k)
+	}
+	return f.peff
+}
+
+func (f fakeHistory) Counted(ruleKey, *datagram.Stream) (float64, float64, bool) {
+	return f.pps, f.k, f.counted
+}
+
+// TestArrivalOf checks a stream's arrival rate: the larger of its decayed
+// count over the share the kernel leaves on average, and its counted drops
+// and passes over the share the kernel left.
 func TestArrivalOf(t *testing.T) {
 	c := testutil.QUICLimits(200, 1000)
 	p, err := sketch.Compile(c.Limiter)
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := time.Unix(1000, 0)
-	window := time.Duration(p.WindowNanos)
-	// 20,000 drops in 100 ms: 200,000 a second, as a count per window.
-	perWindow := 200_000 * window.Seconds()
-	stream := func(age, span time.Duration, drops uint64) *datagram.Stream {
-		return &datagram.Stream{First: now.Add(-age), Last: now.Add(-age + span), Drops: drops}
-	}
+	// perWindow converts packets per second to a count per window.
+	perWindow := func(pps float64) float64 { return pps * float64(p.WindowNanos) / 1e9 * (1 << sketch.FracBits) }
+	s := &datagram.Stream{}
 	tests := []struct {
-		name     string
-		s        *datagram.Stream
-		observed float64
-		peff     float64
-		want     float64
+		name           string
+		observed, pass float64
+		h              fakeHistory
+		want           float64
 	}{
-		{"young, rising count: the drop rate", stream(100*time.Millisecond, 100*time.Millisecond, 20_000), 500, 0, perWindow},
-		{"young, count above the drop rate", stream(100*time.Millisecond, 100*time.Millisecond, 20_000), 2 * perWindow, 0,
-			2 * perWindow},
-		{"young, with a rule", stream(100*time.Millisecond, 100*time.Millisecond, 20_000), 500, 0.5, 1000},
-		{"old", stream(2*window, 2*window, 20_000), 500, 0, 500},
-		{"drops too close together", stream(100*time.Millisecond, 5*time.Millisecond, 20_000), 500, 0, 500},
-		{"too few drops", stream(100*time.Millisecond, 100*time.Millisecond, onsetSamples<<datagram.DefaultTrackShift-1), 500, 0,
-			500},
+		{"nothing counted", 500, 0, fakeHistory{peff: 0.5}, 1000},
+		{"a rising count: the drops", 500, 0, fakeHistory{counted: true, pps: 10_000}, perWindow(10_000)},
+		{"drops and passes, through the kernel", 500, perWindow(1000), fakeHistory{peff: 0.2, counted: true, pps: 1000, k: 0.9},
+			perWindow(2000) / 0.1},
+		{"the count above the drops", perWindow(50_000), 0, fakeHistory{counted: true, pps: 10_000}, perWindow(50_000)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := arrivalOf(p, tt.s, tt.observed, tt.peff, now); math.Abs(got-tt.want) > 1e-6*tt.want {
+			if got := arrivalOf(p, ruleKey{}, s, tt.observed, tt.pass, tt.h); math.Abs(got-tt.want) > 1e-6*tt.want {
 				t.Errorf("arrivalOf = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestCounted checks the drop rate the Enforcer counts: a new stream's
+// from its first to its last drop, a known one's since the last update, with
+// the probability the kernel applied meanwhile; nothing from too few drops
+// or a stream tracked anew.
+func TestCounted(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	k := ruleKey{bits: 32}
+	e := NewEnforcer()
+	h := history{e, t0.Add(100 * time.Millisecond), map[ruleKey]count{}}
+	s := &datagram.Stream{First: t0, Last: t0.Add(80 * time.Millisecond), Drops: 800}
+	if pps, kernel, ok := h.Counted(k, s); !ok || math.Abs(pps-10_000) > 1e-6 || kernel != 0 {
+		t.Errorf("new stream: %v, %v, %v; want 10,000/s and no kernel drops", pps, kernel, ok)
+	}
+	e.counts = h.next
+	e.state[k] = &ruleState{p: 0.5}
+	e.conns = append(e.conns, nil) // attached: the probability applies
+	h = history{e, t0.Add(600 * time.Millisecond), map[ruleKey]count{}}
+	s.Drops, s.Last = 1800, t0.Add(590*time.Millisecond)
+	if pps, kernel, ok := h.Counted(k, s); !ok || math.Abs(pps-2000) > 1e-6 || kernel != 0.5 {
+		t.Errorf("known stream: %v, %v, %v; want 2,000/s under 0.5", pps, kernel, ok)
+	}
+	e.counts = h.next
+	h = history{e, t0.Add(700 * time.Millisecond), map[ruleKey]count{}}
+	s.Drops = 1810
+	if _, _, ok := h.Counted(k, s); ok {
+		t.Error("10 drops counted as a rate")
+	}
+	h = history{e, t0.Add(800 * time.Millisecond), map[ruleKey]count{}}
+	anew := &datagram.Stream{First: t0.Add(750 * time.Millisecond), Last: t0.Add(790 * time.Millisecond), Drops: 400}
+	if pps, _, ok := h.Counted(k, anew); !ok || math.Abs(pps-10_000) > 1e-6 {
+		t.Errorf("stream tracked anew: %v, %v; want 10,000/s from its own first drop", pps, ok)
 	}
 }
