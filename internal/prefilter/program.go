@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 
 	"golang.org/x/net/bpf"
 
@@ -194,14 +195,18 @@ func Build(s Spec) (*Program, error) {
 		a.invalid(s.SampleShift)
 	}
 	a.mark(rulesL)
-	n := 0
+	// The rules that fit: ruleLen counts a check of the form per rule,
+	// which rules makes once per group, in 3 instructions (groupGuards
+	// for all the forms at most).
+	n, used := 0, len(a.ins)+groupGuards
 	for _, r := range s.Rules {
-		if len(a.ins)+ruleLen(&r)+2 > MaxInstructions {
+		if used+ruleLen(&r)+2 > MaxInstructions {
 			break
 		}
-		a.rule(&r)
+		used += ruleLen(&r)
 		n++
 	}
+	a.rules(s.Rules[:n])
 	a.mark(acceptL)
 	a.emit(bpf.RetConstant{Val: accept})
 	p, err := finish(a, n, s.Classify, s.SampleShift)
@@ -526,6 +531,42 @@ func ruleLen(r *Rule) int {
 		n += 2
 	}
 	return n
+}
+
+// groupGuards bounds the instructions of the groups' checks of the form.
+const groupGuards = 3 * 3
+
+// rules emits rs grouped by header form, each group in the order of rs and
+// the groups in the order of their first rule, behind one check of the
+// form: a datagram walks only the rules of its form (a short header, most
+// of an established connection's traffic, skips the opening class's rules
+// of a flood from many networks). The form is checked once per group
+// rather than per rule, so the program is no longer than ruleLen counts.
+func (a *asm) rules(rs []Rule) {
+	var forms []Form
+	for i := range rs {
+		if !slices.Contains(forms, rs[i].Form) {
+			forms = append(forms, rs[i].Form)
+		}
+	}
+	for _, f := range forms {
+		end := a.newLabel()
+		if f != AnyForm {
+			in := a.newLabel()
+			a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mForm})
+			a.jump(bpf.JumpEqual, uint32(f), in, next)
+			a.ja(end) // the group may be beyond a conditional jump's reach
+			a.mark(in)
+		}
+		for i := range rs {
+			if rs[i].Form == f {
+				r := rs[i]
+				r.Form = AnyForm // checked for the group
+				a.rule(&r)
+			}
+		}
+		a.mark(end)
+	}
 }
 
 // rule drops a datagram of r's stream with probability r.Drop; any other

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"golang.org/x/net/bpf"
+
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -269,6 +271,59 @@ func TestNegotiationDrop(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got := run(t, p, packet{src: src, dport: 443, payload: tt.payload, rnd: tt.rnd}); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+		})
+	}
+}
+
+// TestRuleGroups: rules of both forms, interleaved, each drop only their
+// form's datagrams of their source, and the program checks the form once
+// per group, not once per rule.
+func TestRuleGroups(t *testing.T) {
+	rule := func(addr uint32, f Form) Rule {
+		return Rule{Family: sketch.IPv4, Words: [4]uint32{addr}, Bits: 32, Form: f, Drop: 1}
+	}
+	a, b, c := uint32(0x7f010001), uint32(0x7f010002), uint32(0x7f010003)
+	p, err := Build(Spec{Classify: true, SampleShift: DefaultSampleShift,
+		Rules: []Rule{rule(a, LongForm), rule(b, ShortForm), rule(c, LongForm), rule(a, ShortForm)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Rules != 4 {
+		t.Fatalf("compiled %d rules, want 4", p.Rules)
+	}
+	checks := 0
+	for _, in := range p.Instructions {
+		if in == (bpf.LoadScratch{Dst: bpf.RegA, N: mForm}) {
+			checks++
+		}
+	}
+	if checks != 2 {
+		t.Errorf("the form is loaded %d times, want once for each of the 2 groups", checks)
+	}
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	shortPkt := quicclass.ShortHeader(100)
+	src := func(addr uint32) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(addr >> 24), byte(addr >> 16), byte(addr >> 8), byte(addr)}), 40000)
+	}
+	tests := []struct {
+		name    string
+		addr    uint32
+		payload []byte
+		kept    bool
+	}{
+		{"long from a", a, initial, false},
+		{"short from a", a, shortPkt, false},
+		{"long from b", b, initial, true},
+		{"short from b", b, shortPkt, false},
+		{"long from c", c, initial, false},
+		{"short from c", c, shortPkt, true},
+		{"long from elsewhere", 0x7f010004, initial, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := run(t, p, packet{src: src(tt.addr), dport: 443, payload: tt.payload}); got != tt.kept {
 				t.Errorf("kept = %v, want %v", got, tt.kept)
 			}
 		})
