@@ -85,8 +85,13 @@ type viewPrefilter struct {
 	// class, the packets of limited streams.
 	InvalidDroppedEstimated map[string]uint64 `json:"invalid_dropped_estimated"`
 	StreamDroppedEstimated  map[string]uint64 `json:"stream_dropped_estimated"`
-	Updates                 uint64            `json:"updates"`
-	AttachErrors            uint64            `json:"attach_errors"`
+	// NegotiationDroppedEstimated counts unknown-version datagrams over
+	// the Version Negotiation cap; Negotiation is their drop probability
+	// in force.
+	NegotiationDroppedEstimated uint64  `json:"negotiation_dropped_estimated"`
+	Negotiation                 float64 `json:"negotiation_drop_probability"`
+	Updates                     uint64  `json:"updates"`
+	AttachErrors                uint64  `json:"attach_errors"`
 }
 
 // viewVerification is the state of connection ID verification.
@@ -247,6 +252,7 @@ func viewOf(l *engine.Limiter) (viewLimiter, error) {
 		ps := pf.Prefilter()
 		vp := &viewPrefilter{Sockets: ps.Sockets, Instructions: ps.Instructions, Streams: ps.Rules, Invalid: ps.Stateless,
 			InvalidDroppedEstimated: map[string]uint64{}, StreamDroppedEstimated: map[string]uint64{},
+			NegotiationDroppedEstimated: ps.NegotiationDropped, Negotiation: ps.Negotiation,
 			Updates: ps.Updates, AttachErrors: ps.AttachErrors}
 		for _, r := range prefilter.Stateless {
 			vp.InvalidDroppedEstimated[r.String()] = ps.InvalidDropped[r]

@@ -76,7 +76,8 @@ var (
 		"Userspace mode: datagrams the kernel pre-filter (classic BPF, no capability needed) dropped before quic-go "+
 			"received them, ESTIMATED (classic BPF cannot count): class invalid by reason, from the one in 64 the "+
 			"pre-filter lets through for the userspace limiter to count; a limiter class (opening, established, unverified, or all) with reason "+
-			"limited_stream, from each limited stream's arrival rate and the drop probability set for it. The "+
+			"limited_stream, from each limited stream's arrival rate and the drop probability set for it; class "+
+			"negotiation with reason over_cap, unknown versions over the Version Negotiation cap, from their rate. The "+
 			"socket's drop counter counts them exactly, together with receive queue overflows.",
 		[]string{"limiter", "class", "reason"}, nil)
 	prefilterDesc = prometheus.NewDesc("caddy_rakelimit_prefilter",
@@ -238,6 +239,8 @@ func collectPrefilter(name string, set datagram.Config, st prefilter.Stats, ch c
 		ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.StreamDropped[class]),
 			name, engine.ClassName(set, class), "limited_stream")
 	}
+	ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.NegotiationDropped),
+		name, quicclass.Negotiation.String(), "over_cap")
 	for what, v := range map[string]float64{"sockets": float64(st.Sockets), "instructions": float64(st.Instructions),
 		"streams": float64(st.Rules), "updates": float64(st.Updates), "attach_errors": float64(st.AttachErrors)} {
 		ch <- prometheus.MustNewConstMetric(prefilterDesc, prometheus.GaugeValue, v, name, what)

@@ -18,6 +18,7 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
@@ -196,5 +197,259 @@ func TestPrefilterAttachFails(t *testing.T) {
 	}
 	if st := l.Engine().(Prefiltered).Prefilter(); st.Sockets != 0 || st.AttachErrors == 0 {
 		t.Errorf("pre-filter stats %+v, want no socket and an attach error", st)
+	}
+}
+
+// TestPrefilterDropsNegotiation runs the userspace limiter on a real socket
+// under a flood of unknown-version datagrams (each would earn a Version
+// Negotiation reply) at 50 times the cap: after the first periods the
+// kernel drops all but about Headroom times the cap, while the userspace
+// limiter still paces what reaches quic-go to the cap.
+func TestPrefilterDropsNegotiation(t *testing.T) {
+	c := testutil.QUICLimits(200, 1000)
+	c.Negotiation = 100
+	eng, err := OpenUserspace(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ln := testutil.Listen(t, "udp", "[::]:0")
+	pc, err := userspace.NewConn(ln, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Protect(ln, pc); err != nil {
+		t.Fatal(err)
+	}
+	pf := eng.(Prefiltered)
+	if err := pf.PrefilterError(); err != nil {
+		t.Fatalf("attaching the pre-filter: %v", err)
+	}
+	var long, other atomic.Int64
+	done := drain(pc, &long, &other)
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
+	flooder := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.4:0"))
+	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+	const rate, seconds = 5_000, 3
+	sent, err := testutil.Flood{From: []*net.UDPConn{flooder}, To: dst, Rate: rate, Count: rate * seconds,
+		For: seconds * time.Second, Next: func() []byte { return unknown }}.Send()
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	_, _, drops, err := backlog.ReadSockets([]*net.UDPConn{ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.SetReadDeadline(time.Now())
+	ln.Close()
+	<-done
+	st := pf.Prefilter()
+	t.Logf("flood %d: kernel drops %d, estimated %d at p %v; %d reached quic-go", sent, drops, st.NegotiationDropped,
+		st.Negotiation, long.Load())
+	// The first period passes everything to the userspace limiter; the
+	// kernel drops most of the rest.
+	if want := uint64(sent / 2); drops < want {
+		t.Errorf("the kernel dropped %d of %d unknown-version datagrams, want at least %d", drops, sent, want)
+	}
+	if st.Negotiation < 0.9 {
+		t.Errorf("drop probability %v at 50 times the cap, want 0.9 at least", st.Negotiation)
+	}
+	if est := st.NegotiationDropped; est < drops/2 || est > drops*2 {
+		t.Errorf("estimated %d kernel drops, the socket counted %d", est, drops)
+	}
+	if n := long.Load(); n > 2*100*seconds+100 {
+		t.Errorf("%d unknown-version datagrams reached quic-go, over the cap of 100/s", n)
+	}
+}
+
+// TestPrefilterDropsFairTotal runs the userspace limiter on a real socket
+// with only the socket's total limited (the fair total) under a flood from
+// 16 networks of 4 sources and a quiet network beside it: the pre-filter
+// gets rules for the flooding networks and the kernel drops most of the
+// flood, while every datagram of the quiet network reaches quic-go.
+func TestPrefilterDropsFairTotal(t *testing.T) {
+	c := testutil.QUICLimits(1000, 1000)
+	c.Limiter.LevelLimits = map[int]uint32{0: sketch.Unlimited, 1: sketch.Unlimited, 2: sketch.Unlimited, 3: 1000}
+	eng, err := OpenUserspace(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ln := testutil.Listen(t, "udp", "[::]:0")
+	pc, err := userspace.NewConn(ln, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Protect(ln, pc); err != nil {
+		t.Fatal(err)
+	}
+	pf := eng.(Prefiltered)
+	if err := pf.PrefilterError(); err != nil {
+		t.Fatalf("attaching the pre-filter: %v", err)
+	}
+	quietSrc := netip.MustParseAddr("127.93.0.1")
+	var quietGot atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		for {
+			_, src, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if src.Addr().Unmap() == quietSrc {
+				quietGot.Add(1)
+			}
+		}
+	}()
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
+	var from []*net.UDPConn
+	for n := range 16 {
+		for h := range 4 {
+			from = append(from, testutil.Sender(t, netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 92, byte(n), byte(h + 1)}), 0)))
+		}
+	}
+	quiet := testutil.Sender(t, netip.AddrPortFrom(quietSrc, 0))
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	const rate, seconds, quietRate = 20_000, 3, 20
+	var rules atomic.Int64
+	watch := make(chan struct{})
+	go func() {
+		defer close(watch)
+		for range 4 * seconds {
+			time.Sleep(prefilter.Period)
+			rules.Store(max(rules.Load(), int64(pf.Prefilter().Rules)))
+		}
+	}()
+	errs := make(chan error, 1)
+	quietSent := make(chan int, 1)
+	go func() {
+		n, err := testutil.Flood{From: []*net.UDPConn{quiet}, To: dst, Rate: quietRate, Count: quietRate * seconds,
+			For: seconds * time.Second, Next: func() []byte { return initial }}.Send()
+		quietSent <- n
+		errs <- err
+	}()
+	sent, err := testutil.Flood{From: from, To: dst, Rate: rate, Count: rate * seconds, For: seconds * time.Second,
+		Next: func() []byte { return initial }}.Send()
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs := <-quietSent
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	<-watch
+	time.Sleep(300 * time.Millisecond)
+	_, _, drops, err := backlog.ReadSockets([]*net.UDPConn{ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.SetReadDeadline(time.Now())
+	ln.Close()
+	<-done
+	st := pf.Prefilter()
+	t.Logf("flood %d from 16 networks: kernel drops %d, %d rules at most; quiet network %d of %d; pre-filter %+v",
+		sent, drops, rules.Load(), quietGot.Load(), qs, st)
+	if rules.Load() < 8 {
+		t.Errorf("the pre-filter had %d rules at most, want one for each of most of the 16 flooding networks", rules.Load())
+	}
+	// After the first periods, the kernel leaves each network twice its
+	// share of the total: most of the flood at 20 times the total.
+	if want := uint64(sent / 2); drops < want {
+		t.Errorf("the kernel dropped %d of the flood's %d, want at least %d", drops, sent, want)
+	}
+	if got := quietGot.Load(); got != int64(qs) {
+		t.Errorf("the quiet network got %d of its %d datagrams through", got, qs)
+	}
+}
+
+// TestOnset checks when a flood begins and how often the pre-filter is
+// updated then: at OnsetPeriod for OnsetTime after a stream is tracked
+// following a quiet of 2*Period, at Period otherwise.
+func TestOnset(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	var o onset
+	steps := []struct {
+		name    string
+		tracked time.Duration // -1: no stream tracked
+		began   bool
+		next    time.Time
+		period  time.Duration
+	}{
+		{"before any stream", -1, false, at(0), prefilter.Period},
+		{"the first stream", 0, true, at(0), prefilter.OnsetPeriod},
+		{"another soon after", 100 * time.Millisecond, false, at(100 * time.Millisecond), prefilter.OnsetPeriod},
+		{"another", 500 * time.Millisecond, false, at(500 * time.Millisecond), prefilter.OnsetPeriod},
+		{"and another", 900 * time.Millisecond, false, at(900 * time.Millisecond), prefilter.OnsetPeriod},
+		{"the onset is over", -1, false, at(prefilter.OnsetTime), prefilter.Period},
+		{"streams keep coming", 1300 * time.Millisecond, false, at(1300 * time.Millisecond), prefilter.Period},
+		{"after a quiet", 5 * time.Second, true, at(5 * time.Second), prefilter.OnsetPeriod},
+	}
+	for _, s := range steps {
+		if s.tracked >= 0 {
+			if got := o.tracked(at(s.tracked)); got != s.began {
+				t.Errorf("%s: began = %v, want %v", s.name, got, s.began)
+			}
+		}
+		if got := o.period(s.next); got != s.period {
+			t.Errorf("%s: period %v, want %v", s.name, got, s.period)
+		}
+	}
+}
+
+// TestPrefilterOnset: a flood from one source gets its rule within a few
+// OnsetPeriods of its start, not a Period later.
+func TestPrefilterOnset(t *testing.T) {
+	eng, err := OpenUserspace(testutil.QUICLimits(200, 1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ln := testutil.Listen(t, "udp", "[::]:0")
+	pc, err := userspace.NewConn(ln, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Protect(ln, pc); err != nil {
+		t.Fatal(err)
+	}
+	pf := eng.(Prefiltered)
+	var long, other atomic.Int64
+	done := drain(pc, &long, &other)
+	defer func() {
+		pc.SetReadDeadline(time.Now())
+		ln.Close()
+		<-done
+	}()
+	// Let the first periodic update pass, so that the flood starts
+	// right after one.
+	time.Sleep(prefilter.Period + 20*time.Millisecond)
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
+	flooder := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.7:0"))
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	stop := make(chan struct{})
+	flooded := make(chan error, 1)
+	go func() {
+		_, err := testutil.Flood{From: []*net.UDPConn{flooder}, To: dst, Rate: 20_000, Count: 40_000, For: 2 * time.Second,
+			Stop: stop, Next: func() []byte { return initial }}.Send()
+		flooded <- err
+	}()
+	start := time.Now()
+	for pf.Prefilter().Rules == 0 && time.Since(start) < 2*time.Second {
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(start)
+	close(stop)
+	if err := <-flooded; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the flood's rule came after %v", took)
+	// Generous: the bound catches an update that waits for the period
+	// (250 ms), not a figure.
+	if took > prefilter.Period-50*time.Millisecond {
+		t.Errorf("the flood's rule came after %v, want well under the period %v", took, prefilter.Period)
 	}
 }

@@ -87,19 +87,59 @@ func (e *userEngine) PrefilterError() error {
 func (e *userEngine) Prefilter() prefilter.Stats { return e.pre.Stats() }
 
 // enforce updates the pre-filter every prefilter.Period from the streams
-// the limiter drops.
+// the limiter drops, and every prefilter.OnsetPeriod while a flood begins
+// (onset).
 func (e *userEngine) enforce() {
 	defer close(e.done)
-	tk := time.NewTicker(prefilter.Period)
-	defer tk.Stop()
+	var o onset
+	tm := time.NewTimer(prefilter.Period)
+	defer tm.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-e.stop:
 			return
-		case <-tk.C:
+		case <-e.Limiter.Tracked():
+			if !o.tracked(time.Now()) {
+				continue
+			}
+			// A flood begins: update at once, unless just done,
+			// and then every OnsetPeriod.
+			if wait := prefilter.OnsetPeriod - time.Since(last); wait > 0 {
+				tm.Reset(wait)
+				continue
+			}
+		case <-tm.C:
 		}
 		e.updatePrefilter()
+		last = time.Now()
+		tm.Reset(o.period(last))
 	}
+}
+
+// onset tells when a flood begins: a stream starts being tracked after none
+// did for 2*prefilter.Period.
+type onset struct {
+	lastTracked, began time.Time
+}
+
+// tracked records that a stream started being tracked at now and reports
+// whether a flood began then.
+func (o *onset) tracked(now time.Time) bool {
+	began := o.lastTracked.IsZero() || now.Sub(o.lastTracked) > 2*prefilter.Period
+	o.lastTracked = now
+	if began {
+		o.began = now
+	}
+	return began
+}
+
+// period is the time to the next update after one at now.
+func (o *onset) period(now time.Time) time.Duration {
+	if !o.began.IsZero() && now.Sub(o.began) < prefilter.OnsetTime {
+		return prefilter.OnsetPeriod
+	}
+	return prefilter.Period
 }
 
 // updatePrefilter compiles the configuration and the limited streams into
@@ -107,7 +147,8 @@ func (e *userEngine) enforce() {
 func (e *userEngine) updatePrefilter() {
 	streams, _ := e.Limiter.Streams()
 	st, _ := e.Limiter.Stats()
-	if err := e.pre.Update(e.Limiter.Config(), e.Limiter.Params(), streams, e.Limiter.Rate, st, time.Now()); err != nil {
+	fair := e.Limiter.FairStreams()
+	if err := e.pre.Update(e.Limiter.Config(), e.Limiter.Params(), streams, fair, e.Limiter.Rate, st, time.Now()); err != nil {
 		e.mu.Lock()
 		e.preErr = err
 		e.mu.Unlock()

@@ -2,9 +2,10 @@
 // drops, in the kernel, before the socket's receive queue and without any
 // capability, part of what the userspace limiter (package userspace) would
 // drop after receiving it: the datagrams quicclass calls invalid that a
-// stateless program can recognise (Stateless), and packets of the streams the
-// userspace limiter is dropping, each with a drop probability from its rate
-// and limit (Enforcer).
+// stateless program can recognise (Stateless), packets of the streams the
+// userspace limiter is dropping and of the networks its fair total drops,
+// each with a drop probability from its rate and limit, and unknown versions
+// over the Version Negotiation cap (Enforcer).
 //
 // Classic BPF has no maps and no counters: what the program drops is
 // estimated. One invalid datagram in 2^SampleShift passes, for the userspace

@@ -17,6 +17,13 @@ import (
 const (
 	// Period is how often an Enforcer's owner calls Update.
 	Period = 250 * time.Millisecond
+	// OnsetPeriod is how often it calls it for OnsetTime after a stream
+	// starts being tracked when none had for 2*Period (a flood begins):
+	// the unprotected start of a flood fills the socket's receive queue,
+	// where legitimate packets are lost with the flood's, and the rates
+	// the rules follow are still rising.
+	OnsetPeriod = 50 * time.Millisecond
+	OnsetTime   = time.Second
 	// Headroom is how much more than its limit a limited stream still
 	// delivers to the userspace limiter: p = 1 - Headroom*limit/rate. The
 	// userspace limiter so keeps dropping (and tracking) the stream, and
@@ -28,6 +35,32 @@ const (
 	// MinDrop is the smallest drop probability worth a rule.
 	MinDrop = 0.05
 )
+
+// passSteps is how many quantization steps of the pass fraction there are
+// per halving: 2^(1/8), about 9% apart.
+const passSteps = 8
+
+// DropFor is the drop probability that leaves Headroom times limit of a
+// stream arriving at rate (both per the same time), capped at MaxDrop, or 0
+// under MinDrop. It is quantized so that noise in the estimate does not
+// replace the program every period: the pass fraction 1-p is rounded up to
+// a power of 2^(1/passSteps), which never drops more than asked and, unlike
+// steps of p, keeps its precision near MaxDrop, where a step of 1/64 would
+// pass three times what MaxDrop allows.
+func DropFor(rate, limit float64) float64 {
+	if rate <= 0 || math.IsNaN(rate) {
+		return 0
+	}
+	pass := max(Headroom*limit/rate, 1-MaxDrop)
+	if pass >= 1 {
+		return 0
+	}
+	pass = math.Exp2(math.Ceil(math.Log2(pass)*passSteps) / passSteps)
+	if p := 1 - pass; p >= MinDrop {
+		return p
+	}
+	return 0
+}
 
 // ruleKey is a rule without its probability.
 type ruleKey struct {
@@ -61,6 +94,12 @@ type Stats struct {
 	// dropped, by class: the rate the userspace limiter still sees of each
 	// stream times p/(1-p).
 	StreamDropped [sketch.NumClasses]uint64
+	// NegotiationDropped estimates the datagrams of the negotiation class
+	// (unknown versions) the kernel dropped: what the userspace limiter
+	// still sees of them times p/(1-p). Negotiation is the drop
+	// probability in force.
+	NegotiationDropped uint64
+	Negotiation        float64
 	// Updates counts programs attached; AttachErrors attaches that failed.
 	Updates, AttachErrors uint64
 }
@@ -91,11 +130,21 @@ type Enforcer struct {
 	// the last update.
 	invalid [quicclass.NumReasons]uint64
 	carry   [sketch.NumClasses]float64
+	// counts are the candidate streams' drop counts at the last update
+	// (see Counted).
+	counts map[ruleKey]count
+	// neg is the negotiation class's drop probability in force; negSeen
+	// the userspace limiter's count of the class at negAt; negCarry the
+	// fraction of an estimated kernel drop.
+	neg      float64
+	negSeen  uint64
+	negAt    time.Time
+	negCarry float64
 }
 
 // NewEnforcer returns an Enforcer with no socket.
 func NewEnforcer() *Enforcer {
-	return &Enforcer{state: map[ruleKey]*ruleState{}}
+	return &Enforcer{state: map[ruleKey]*ruleState{}, counts: map[ruleKey]count{}}
 }
 
 // Attach puts the program in force on conn (the stateless part, until the
@@ -147,21 +196,26 @@ func specOf(c datagram.Config, rules []Rule) Spec {
 // (userspace.Limiter.Rate).
 type RateFunc func(*datagram.Stream) uint64
 
-// Update compiles c and the streams the userspace limiter tracks (with its
+// Update compiles c, the streams the userspace limiter tracks and the
+// networks its fair total drops packets of (RulesOf, FairRulesOf; with its
 // compiled configuration p, the current rate of each stream, and its
 // counters st, now) and puts the program on every socket if it changed. It
 // returns the first attach error; a socket whose update fails keeps its
 // previous program.
-func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, st datagram.Stats,
-	now time.Time) error {
+func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams, fair []datagram.Stream, rate RateFunc,
+	st datagram.Stats, now time.Time) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.estimate(st, p, now)
+	e.estimate(c, st, p, now)
 	var rules []Rule
 	if !c.DryRun {
-		rules = RulesOf(c, p, streams, rate, e.peff)
+		h := history{e, now, map[ruleKey]count{}}
+		rules = mergeRules(RulesOf(c, p, streams, rate, h), FairRulesOf(c, p, fair, rate, h))
+		e.counts = h.next
 	}
-	prog, err := Build(specOf(c, rules))
+	spec := specOf(c, rules)
+	spec.Negotiation = e.neg
+	prog, err := Build(spec)
 	if err != nil {
 		return err
 	}
@@ -191,18 +245,71 @@ func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams []datagra
 	return first
 }
 
-// peff returns the decayed average drop probability of rule k (0 for a new
-// one).
-func (e *Enforcer) peff(k ruleKey) float64 {
-	if s := e.state[k]; s != nil {
+// History is what earlier updates tell of a stream, for its arrival rate.
+type History interface {
+	// Peff is rule k's drop probability averaged as the limiter's
+	// decayed count averages (0 for a new rule).
+	Peff(k ruleKey) float64
+	// Counted is the rate, in packets per second, of the drops the
+	// userspace limiter counted of stream s (key k) since the last update,
+	// or, for a stream new since, since it was first dropped; and the
+	// drop probability the kernel applied meanwhile. ok is false when too
+	// few drops or too short a time tell nothing.
+	Counted(k ruleKey, s *datagram.Stream) (pps, kernel float64, ok bool)
+}
+
+// count is a stream's drop count at an update.
+type count struct {
+	first time.Time
+	drops uint64
+	at    time.Time
+}
+
+// history is the Enforcer's History during an update at now; next
+// collects the counts to remember.
+type history struct {
+	e    *Enforcer
+	now  time.Time
+	next map[ruleKey]count
+}
+
+func (h history) Peff(k ruleKey) float64 {
+	if s := h.e.state[k]; s != nil {
 		return s.peff
 	}
 	return 0
 }
 
+// Least drops and time for Counted to tell a rate.
+const (
+	countSpan    = 10 * time.Millisecond
+	countSamples = 8 << datagram.DefaultTrackShift
+)
+
+func (h history) Counted(k ruleKey, s *datagram.Stream) (pps, kernel float64, ok bool) {
+	h.next[k] = count{first: s.First, drops: s.Drops, at: h.now}
+	base := count{first: s.First, at: s.First}
+	if c, seen := h.e.counts[k]; seen && c.first.Equal(s.First) && c.drops <= s.Drops {
+		base = c
+	}
+	if st := h.e.state[k]; st != nil && len(h.e.conns) > 0 {
+		kernel = st.p
+	}
+	// A new stream's drops span its first to its last; a known one's
+	// the time since the last update.
+	span, drops := s.Last.Sub(s.First), s.Drops-base.drops
+	if base.at != s.First {
+		span = h.now.Sub(base.at)
+	}
+	if span < countSpan || drops < countSamples {
+		return 0, kernel, false
+	}
+	return float64(drops) / span.Seconds(), kernel, true
+}
+
 // estimate adds the kernel's drops since the last update to the stats and
 // moves each rule's average probability on.
-func (e *Enforcer) estimate(st datagram.Stats, p *sketch.Params, now time.Time) {
+func (e *Enforcer) estimate(c datagram.Config, st datagram.Stats, p *sketch.Params, now time.Time) {
 	var invalid [quicclass.NumReasons]uint64
 	for fam := range datagram.Families {
 		for r := range invalid {
@@ -219,6 +326,7 @@ func (e *Enforcer) estimate(st datagram.Stats, p *sketch.Params, now time.Time) 
 		}
 	}
 	e.invalid = invalid
+	e.negotiation(c, st, attached, now)
 	if e.last.IsZero() {
 		e.last = now
 		return
@@ -240,6 +348,46 @@ func (e *Enforcer) estimate(st datagram.Stats, p *sketch.Params, now time.Time) 
 	}
 }
 
+// negotiation measures, at most every Period/2, the rate of the
+// negotiation class the userspace limiter sees, corrects it for the
+// kernel's drops (the counts are exact, so the probability in force over
+// the period is the one to divide by), adds those drops to the stats, and
+// sets the probability that leaves the limiter Headroom times the
+// configured rate of Version Negotiation replies (DropFor); dry runs and
+// programs that do not classify drop none.
+func (e *Enforcer) negotiation(c datagram.Config, st datagram.Stats, attached bool, now time.Time) {
+	var seen uint64
+	for fam := range datagram.Families {
+		for _, n := range st.Negotiation[fam] {
+			seen += n
+		}
+	}
+	if e.negAt.IsZero() || seen < e.negSeen {
+		e.negSeen, e.negAt = seen, now
+		return
+	}
+	dt := now.Sub(e.negAt).Seconds()
+	if dt < Period.Seconds()/2 {
+		return
+	}
+	inForce := 0.0
+	if attached {
+		inForce = e.neg
+	}
+	arrival := float64(seen-e.negSeen) / dt / (1 - inForce)
+	if inForce > 0 {
+		e.negCarry += arrival * dt * inForce
+		whole := math.Floor(e.negCarry)
+		e.stats.NegotiationDropped += uint64(whole)
+		e.negCarry -= whole
+	}
+	e.negSeen, e.negAt = seen, now
+	e.neg = 0
+	if c.Classify && !c.DryRun {
+		e.neg = DropFor(arrival, float64(c.Negotiation))
+	}
+}
+
 // Stats returns what the pre-filter does.
 func (e *Enforcer) Stats() Stats {
 	e.mu.Lock()
@@ -247,7 +395,7 @@ func (e *Enforcer) Stats() Stats {
 	s := e.stats
 	s.Sockets = len(e.conns)
 	if e.prog != nil {
-		s.Instructions, s.Rules, s.Stateless = e.prog.Len(), e.prog.Rules, e.prog.Stateless
+		s.Instructions, s.Rules, s.Stateless, s.Negotiation = e.prog.Len(), e.prog.Rules, e.prog.Stateless, e.prog.Negotiation
 	}
 	return s
 }
@@ -261,7 +409,7 @@ func (s Stats) Dropped() uint64 {
 	for _, v := range s.StreamDropped {
 		n += v
 	}
-	return n
+	return n + s.NegotiationDropped
 }
 
 // RulesOf turns the streams the userspace limiter drops into rules,
@@ -269,69 +417,179 @@ func (s Stats) Dropped() uint64 {
 // now (rate) corrected for what the kernel drops: observed/(1-peff), where
 // peff(k) is rule k's drop probability averaged as the limiter's decayed
 // count averages (0 for a new rule). Its probability p = 1 -
-// Headroom*limit/rate leaves the limiter Headroom times the stream's limit.
-// Left out: dry runs, invalid streams (the stateless part drops what it can
-// of them), streams of the whole socket (prefix length 0: the fair total
-// chooses whom to drop, which a uniform probability cannot), unlimited
-// nodes, and probabilities under MinDrop.
-func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, peff func(ruleKey) float64) []Rule {
+// Headroom*limit/rate leaves the limiter Headroom times the stream's limit
+// (DropFor). Left out: dry runs, invalid streams (the stateless part drops
+// what it can of them), streams of the whole socket (prefix length 0: the
+// fair total chooses whom to drop, which a uniform probability cannot; see
+// FairRulesOf), unlimited nodes, and probabilities under MinDrop.
+func RulesOf(c datagram.Config, p *sketch.Params, streams []datagram.Stream, rate RateFunc, h History) []Rule {
 	var rules []Rule
 	seen := map[ruleKey]bool{}
 	for i := range streams {
 		s := &streams[i]
-		if s.DryRun || s.Class >= quicclass.LimiterClasses || s.Level < 0 {
-			continue
-		}
-		if s.Key.Family != sketch.IPv4 && s.Key.Family != sketch.IPv6 {
-			continue
-		}
-		idx := slices.Index(p.Nodes, s.Node)
-		if idx < 0 {
+		r, idx, ok := baseRule(c, p, s)
+		if !ok || seen[r.key()] {
 			continue
 		}
 		thresh := p.Thresh[s.Class][idx]
-		bits := p.PrefixLen(s.Key.Family, s.Node.Prefix())
-		if thresh == sketch.ThreshUnlimited || thresh == 0 || bits == 0 {
+		if thresh == sketch.ThreshUnlimited || thresh == 0 || r.Bits == 0 {
 			continue
 		}
-		r := Rule{Family: s.Key.Family, Bits: bits, Form: AnyForm, class: s.Class}
-		for w := range r.Words {
-			r.Words[w] = s.Key.Words[w] & prefixMask(bits, w)
-		}
-		if s.Key.Family == sketch.IPv4 {
-			r.Words = [4]uint32{s.Key.Words[0] & prefixMask(bits, 0)}
-		}
-		if !s.Node.SrcPortAny() {
-			r.SrcPort, r.MatchSrcPort = s.Key.SrcPort, true
-		}
-		if p.PerDstPort && !s.Node.DstPortAny() {
-			r.DstPort, r.MatchDstPort = s.Key.DstPort, true
-		}
-		if c.Classify {
-			r.Form = ShortForm
-			if s.Class == quicclass.Opening {
-				r.Form = LongForm
-			}
-		}
-		k := r.key()
-		if seen[k] {
-			continue
-		}
-		seen[k] = true
+		seen[r.key()] = true
 		observed := float64(rate(s))
 		if observed == 0 {
 			continue
 		}
-		r.rate = observed / (1 - peff(k))
-		// Quantized to 1/64, so that noise in the estimate does not
-		// replace the program every period.
-		r.Drop = math.Floor(min(1-Headroom*float64(thresh)/r.rate, MaxDrop)*64) / 64
-		if r.Drop < MinDrop {
+		r.rate = arrivalOf(p, r.key(), s, observed, float64(thresh), h)
+		if r.Drop = DropFor(r.rate, float64(thresh)); r.Drop == 0 {
 			continue
 		}
 		r.arrival = p.PPS(uint64(r.rate))
 		rules = append(rules, r)
 	}
+	sortRules(rules)
+	return rules
+}
+
+// arrivalOf is the arrival rate of stream s (key k), as a count per
+// window, the larger of two estimates that each fall short in their own
+// way. One is what the limiter sees of it (observed, its decayed count)
+// over 1-peff, the share the kernel leaves of it: while a flood is young
+// the decayed count still rises (it is about rate*age for an age under
+// the window), and it falls short for several windows. The other counts:
+// the drops the limiter counted since the last update (History.Counted),
+// plus what it passes, at most pass (a count per window; 0 when unknown),
+// over the share the kernel left meanwhile, exact when the counts are; it
+// knows nothing of a stream too little dropped.
+func arrivalOf(p *sketch.Params, k ruleKey, s *datagram.Stream, observed, pass float64, h History) float64 {
+	rate := observed / (1 - h.Peff(k))
+	pps, kernel, ok := h.Counted(k, s)
+	if !ok {
+		return rate
+	}
+	perWindow := pps*float64(p.WindowNanos)/1e9*(1<<sketch.FracBits) + pass
+	return max(rate, perWindow/(1-kernel))
+}
+
+// sortRules puts the largest streams first.
+func sortRules(rules []Rule) {
 	slices.SortStableFunc(rules, func(a, b Rule) int { return cmp.Compare(b.rate, a.rate) })
+}
+
+// baseRule is the rule of stream s without its probability, and the index
+// of its node; false for a stream that cannot have one: a dry run's, an
+// invalid one, of another family or of a node the configuration lacks.
+func baseRule(c datagram.Config, p *sketch.Params, s *datagram.Stream) (Rule, int, bool) {
+	if s.DryRun || s.Class >= quicclass.LimiterClasses || s.Level < 0 {
+		return Rule{}, 0, false
+	}
+	if s.Key.Family != sketch.IPv4 && s.Key.Family != sketch.IPv6 {
+		return Rule{}, 0, false
+	}
+	idx := slices.Index(p.Nodes, s.Node)
+	if idx < 0 {
+		return Rule{}, 0, false
+	}
+	bits := p.PrefixLen(s.Key.Family, s.Node.Prefix())
+	r := Rule{Family: s.Key.Family, Bits: bits, Form: AnyForm, class: s.Class}
+	for w := range r.Words {
+		r.Words[w] = s.Key.Words[w] & prefixMask(bits, w)
+	}
+	if s.Key.Family == sketch.IPv4 {
+		r.Words = [4]uint32{s.Key.Words[0] & prefixMask(bits, 0)}
+	}
+	if !s.Node.SrcPortAny() {
+		r.SrcPort, r.MatchSrcPort = s.Key.SrcPort, true
+	}
+	if p.PerDstPort && !s.Node.DstPortAny() {
+		r.DstPort, r.MatchDstPort = s.Key.DstPort, true
+	}
+	if c.Classify {
+		r.Form = ShortForm
+		if s.Class == quicclass.Opening {
+			r.Form = LongForm
+		}
+	}
+	return r, idx, true
+}
+
+// FairRulesOf turns the networks the fair total drops packets of
+// (userspace.Limiter.FairStreams: streams of p.FairSource, the node below
+// the total that counts networks) into rules. The total shares its limit
+// thr among networks max-min fairly: each keeps min(rate, share), and at
+// least the proportional floor thr/total of its rate. The kernel leaves
+// each Headroom times the larger of its floor and an equal split of thr
+// among the networks dropped, so a network under either never loses a
+// packet in the kernel, and the userspace limiter still picks among the
+// rest. Rates are corrected for the kernel's drops as in RulesOf, and so
+// is the total (rate at the total node): what the limiter sees of it plus
+// what the kernel dropped of the networks.
+func FairRulesOf(c datagram.Config, p *sketch.Params, fair []datagram.Stream, rate RateFunc, h History) []Rule {
+	if p.FairNode < 0 || p.FairSource < 0 {
+		return nil
+	}
+	type network struct {
+		r               Rule
+		observed, total float64
+		thr             float64
+		group           [2]int // class and family
+	}
+	var nets []network
+	seen := map[ruleKey]bool{}
+	dropped := map[[2]int]float64{}
+	counted := map[[2]int]int{}
+	for i := range fair {
+		s := &fair[i]
+		if s.Node != p.Nodes[p.FairSource] {
+			continue
+		}
+		r, _, ok := baseRule(c, p, s)
+		if !ok || r.Bits == 0 || seen[r.key()] {
+			continue
+		}
+		thr := p.Thresh[s.Class][p.FairNode]
+		if thr == sketch.ThreshUnlimited || thr == 0 {
+			continue
+		}
+		seen[r.key()] = true
+		observed := float64(rate(s))
+		total := datagram.Stream{Class: s.Class, Node: p.Nodes[p.FairNode], Key: s.Key}
+		n := network{r: r, observed: observed, total: float64(rate(&total)), thr: float64(thr),
+			group: [2]int{int(s.Class), int(s.Key.Family)}}
+		if observed == 0 || n.total == 0 {
+			continue
+		}
+		n.r.rate = arrivalOf(p, r.key(), s, observed, 0, h)
+		dropped[n.group] += n.r.rate - observed
+		counted[n.group]++
+		nets = append(nets, n)
+	}
+	var rules []Rule
+	for _, n := range nets {
+		total := n.total + dropped[n.group]
+		limit := max(n.thr*n.r.rate/total, n.thr/float64(counted[n.group]))
+		if n.r.Drop = DropFor(n.r.rate, limit); n.r.Drop == 0 {
+			continue
+		}
+		n.r.arrival = p.PPS(uint64(n.r.rate))
+		rules = append(rules, n.r)
+	}
+	sortRules(rules)
+	return rules
+}
+
+// mergeRules adds to rules those of more whose streams have no rule yet,
+// largest first.
+func mergeRules(rules, more []Rule) []Rule {
+	seen := map[ruleKey]bool{}
+	for i := range rules {
+		seen[rules[i].key()] = true
+	}
+	for _, r := range more {
+		if !seen[r.key()] {
+			rules = append(rules, r)
+		}
+	}
+	sortRules(rules)
 	return rules
 }

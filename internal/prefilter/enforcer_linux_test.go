@@ -31,33 +31,33 @@ func TestEstimates(t *testing.T) {
 	rate := func(*datagram.Stream) uint64 { return 10 * uint64(thresh) }
 	var st datagram.Stats
 	now := time.Now()
-	if err := e.Update(c, p, streams, rate, st, now); err != nil {
+	if err := e.Update(c, p, streams, nil, rate, st, now); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.Stats(); s.Rules != 1 || s.Sockets != 1 || !s.Stateless {
 		t.Fatalf("stats %+v, want one rule on one socket", s)
 	}
 	st.Invalid[0][1][quicclass.FixedBit] = 10
-	if err := e.Update(c, p, streams, rate, st, now.Add(time.Second)); err != nil {
+	if err := e.Update(c, p, streams, nil, rate, st, now.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.Stats()
 	if got, want := s.InvalidDropped[quicclass.FixedBit], uint64(10*63); got != want {
 		t.Errorf("invalid drops %d, want %d", got, want)
 	}
-	want := p.PPS(10*uint64(thresh)) * math.Floor(0.8*64) / 64
+	want := p.PPS(10*uint64(thresh)) * quantized(0.8)
 	if got := float64(s.StreamDropped[quicclass.Opening]); math.Abs(got-want) > 1 {
 		t.Errorf("stream drops %v, want %v", got, want)
 	}
 	// Unchanged streams, rates and configuration leave the program in
 	// place; a dry run replaces it with one that drops nothing.
 	updates := s.Updates
-	if err := e.Update(c, p, streams, rate, st, now.Add(time.Second)); err != nil {
+	if err := e.Update(c, p, streams, nil, rate, st, now.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	dry := c
 	dry.DryRun = true
-	if err := e.Update(dry, p, streams, rate, st, now.Add(3*time.Second)); err != nil {
+	if err := e.Update(dry, p, streams, nil, rate, st, now.Add(3*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.Stats(); s.Updates != updates+1 || s.Rules != 0 || s.Stateless || s.Instructions != 1 {
@@ -65,5 +65,80 @@ func TestEstimates(t *testing.T) {
 	}
 	if err := e.Detach(ln); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestNegotiationEstimates: the negotiation class gets a drop probability
+// from its measured rate and the cap, corrected for the kernel's drops once
+// the program is on a socket; the kernel's drops are estimated from it; a
+// dry run or a configuration that does not classify drops none of it.
+func TestNegotiationEstimates(t *testing.T) {
+	c := testutil.QUICLimits(200, 1000)
+	c.Negotiation = 100
+	p, err := sketch.Compile(c.Limiter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dry := c
+	dry.DryRun = true
+	tests := []struct {
+		name string
+		c    datagram.Config
+		drop bool
+	}{
+		{"classifying", c, true},
+		{"dry run", dry, false},
+		{"not classifying", testutil.Limits(200), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := NewEnforcer()
+			ln := testutil.Listen(t, "udp", "[::]:0")
+			if err := e.Attach(ln, tt.c); err != nil {
+				t.Fatal(err)
+			}
+			defer e.Detach(ln)
+			var st datagram.Stats
+			now := time.Now()
+			rate := func(*datagram.Stream) uint64 { return 0 }
+			// 10,000 unknown-version datagrams a second reach the
+			// limiter: 100 paced, the rest over the cap.
+			for i := range 2 {
+				st.Negotiation[1][0] += 100
+				st.Negotiation[1][1] += 9_900
+				if err := e.Update(tt.c, p, nil, nil, rate, st, now.Add(time.Duration(i)*time.Second)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := e.Stats()
+			if !tt.drop {
+				if s.Negotiation != 0 || s.NegotiationDropped != 0 {
+					t.Fatalf("negotiation drop probability %v, %d dropped: want none", s.Negotiation, s.NegotiationDropped)
+				}
+				return
+			}
+			want := quantized(1 - 2*100.0/10_000)
+			if s.Negotiation != want {
+				t.Fatalf("negotiation drop probability %v, want %v", s.Negotiation, want)
+			}
+			// The kernel now drops that share: the limiter sees what
+			// is left of the same 10,000 a second.
+			seen := uint64(math.Round(10_000 * (1 - want)))
+			st.Negotiation[1][0] += 100
+			st.Negotiation[1][1] += seen - 100
+			if err := e.Update(tt.c, p, nil, nil, rate, st, now.Add(2*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			s = e.Stats()
+			if got := float64(s.NegotiationDropped); math.Abs(got-10_000*want) > 100 {
+				t.Errorf("estimated kernel drops %v, want about %v", got, 10_000*want)
+			}
+			if s.Negotiation != want {
+				t.Errorf("corrected for the kernel's drops, the probability moved to %v, want %v", s.Negotiation, want)
+			}
+			if s.Dropped() != s.NegotiationDropped {
+				t.Errorf("Dropped() %d leaves out the negotiation drops %d", s.Dropped(), s.NegotiationDropped)
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 
 	"golang.org/x/net/bpf"
 
@@ -136,6 +137,11 @@ type Spec struct {
 	// SampleShift: one invalid datagram in 2^SampleShift passes, for the
 	// userspace limiter to count; 0 samples none.
 	SampleShift uint8
+	// Negotiation is the probability of dropping a datagram of the
+	// negotiation class (an unknown version, 1200 bytes or more), in [0,
+	// 1], when classifying: the userspace limiter paces what passes to the
+	// configured rate of Version Negotiation replies.
+	Negotiation float64
 }
 
 // Stateless lists the invalid reasons the program drops: every rule of
@@ -156,6 +162,9 @@ type Program struct {
 	Stateless bool
 	// SampleShift is Spec.SampleShift when Stateless.
 	SampleShift uint8
+	// Negotiation is the drop probability of the negotiation class in
+	// force (Spec.Negotiation when Stateless, else 0).
+	Negotiation float64
 }
 
 // Len is the program's length in instructions.
@@ -181,22 +190,30 @@ func Build(s Spec) (*Program, error) {
 	a.emit(bpf.LoadConstant{Dst: bpf.RegA, Val: uint32(AnyForm)}, bpf.StoreScratch{Src: bpf.RegA, N: mForm})
 	if s.Classify {
 		a.ports(s.BlockedPorts, invalidL)
-		a.classify(invalidL, rulesL)
+		a.classify(invalidL, rulesL, s.Negotiation)
 		a.mark(invalidL)
 		a.invalid(s.SampleShift)
 	}
 	a.mark(rulesL)
-	n := 0
+	// The rules that fit: ruleLen counts a check of the form per rule,
+	// which rules makes once per group, in 3 instructions (groupGuards
+	// for all the forms at most).
+	n, used := 0, len(a.ins)+groupGuards
 	for _, r := range s.Rules {
-		if len(a.ins)+ruleLen(&r)+2 > MaxInstructions {
+		if used+ruleLen(&r)+2 > MaxInstructions {
 			break
 		}
-		a.rule(&r)
+		used += ruleLen(&r)
 		n++
 	}
+	a.rules(s.Rules[:n])
 	a.mark(acceptL)
 	a.emit(bpf.RetConstant{Val: accept})
-	return finish(a, n, s.Classify, s.SampleShift)
+	p, err := finish(a, n, s.Classify, s.SampleShift)
+	if err == nil && s.Classify {
+		p.Negotiation = min(max(s.Negotiation, 0), 1)
+	}
+	return p, err
 }
 
 func finish(a *asm, rules int, stateless bool, shift uint8) (*Program, error) {
@@ -381,9 +398,10 @@ func (a *asm) ports(s *quicclass.Ports, invalidL label) {
 
 // classify is quicclass.Inspect without verification, for what it calls
 // invalid: an invalid datagram goes to invalidL, one with an unknown
-// version (the negotiation class, paced in userspace) is kept, and the
-// others go to rulesL with their Form stored.
-func (a *asm) classify(invalidL, rulesL label) {
+// version (the negotiation class, paced in userspace) is dropped with
+// probability negotiation and otherwise kept, and the others go to rulesL
+// with their Form stored.
+func (a *asm) classify(invalidL, rulesL label, negotiation float64) {
 	long, known, notInitial, sameType := a.newLabel(), a.newLabel(), a.newLabel(), a.newLabel()
 	// Empty.
 	a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mLen})
@@ -407,6 +425,13 @@ func (a *asm) classify(invalidL, rulesL label) {
 	// An unknown version: too small to answer, or the negotiation class.
 	a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mLen})
 	a.jump(bpf.JumpLessThan, quicclass.MinInitialDatagram, invalidL, next)
+	if t := dropThreshold(negotiation); t > 0 {
+		a.emit(
+			bpf.LoadExtension{Num: bpf.ExtRand},
+			bpf.JumpIf{Cond: bpf.JumpLessThan, Val: t, SkipFalse: 1},
+			bpf.RetConstant{Val: 0},
+		)
+	}
 	a.emit(bpf.RetConstant{Val: accept})
 
 	a.mark(known)
@@ -506,6 +531,42 @@ func ruleLen(r *Rule) int {
 		n += 2
 	}
 	return n
+}
+
+// groupGuards bounds the instructions of the groups' checks of the form.
+const groupGuards = 3 * 3
+
+// rules emits rs grouped by header form, each group in the order of rs and
+// the groups in the order of their first rule, behind one check of the
+// form: a datagram walks only the rules of its form (a short header, most
+// of an established connection's traffic, skips the opening class's rules
+// of a flood from many networks). The form is checked once per group
+// rather than per rule, so the program is no longer than ruleLen counts.
+func (a *asm) rules(rs []Rule) {
+	var forms []Form
+	for i := range rs {
+		if !slices.Contains(forms, rs[i].Form) {
+			forms = append(forms, rs[i].Form)
+		}
+	}
+	for _, f := range forms {
+		end := a.newLabel()
+		if f != AnyForm {
+			in := a.newLabel()
+			a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mForm})
+			a.jump(bpf.JumpEqual, uint32(f), in, next)
+			a.ja(end) // the group may be beyond a conditional jump's reach
+			a.mark(in)
+		}
+		for i := range rs {
+			if rs[i].Form == f {
+				r := rs[i]
+				r.Form = AnyForm // checked for the group
+				a.rule(&r)
+			}
+		}
+		a.mark(end)
+	}
 }
 
 // rule drops a datagram of r's stream with probability r.Drop; any other

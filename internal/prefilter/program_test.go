@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"golang.org/x/net/bpf"
+
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
@@ -230,5 +232,100 @@ func TestBudget(t *testing.T) {
 	}
 	if _, err := Build(Spec{Allow: allow}); err == nil {
 		t.Error("an allowlist of 200 IPv6 addresses fits, want it refused")
+	}
+}
+
+// TestNegotiationDrop checks the negotiation class's drop probability: an
+// unknown version of 1200 bytes is dropped under the threshold and kept at
+// it, never without a probability, without classification or from an
+// allowlisted source; known versions and invalid datagrams are unaffected.
+func TestNegotiationDrop(t *testing.T) {
+	src := netip.MustParseAddrPort("127.1.2.3:40000")
+	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	small := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1199)
+	half := uint32(1 << 31)
+	spec := Spec{Classify: true, SampleShift: DefaultSampleShift, Negotiation: 0.5}
+	allowed := spec
+	allowed.Allow = []netip.Prefix{netip.MustParsePrefix("127.1.0.0/16")}
+	tests := []struct {
+		name    string
+		spec    Spec
+		payload []byte
+		rnd     uint32
+		kept    bool
+	}{
+		{"under the threshold", spec, unknown, half - 1, false},
+		{"at the threshold", spec, unknown, half, true},
+		{"no probability", Spec{Classify: true, SampleShift: DefaultSampleShift}, unknown, 0, true},
+		{"not classifying", Spec{Negotiation: 1}, unknown, 0, true},
+		{"allowlisted", allowed, unknown, 0, true},
+		{"version 1", spec, initial, 0, true},
+		{"too small to answer: invalid, sampled", spec, small, 0, true},
+		{"too small to answer: invalid", spec, small, half, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Build(tt.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := run(t, p, packet{src: src, dport: 443, payload: tt.payload, rnd: tt.rnd}); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+		})
+	}
+}
+
+// TestRuleGroups: rules of both forms, interleaved, each drop only their
+// form's datagrams of their source, and the program checks the form once
+// per group, not once per rule.
+func TestRuleGroups(t *testing.T) {
+	rule := func(addr uint32, f Form) Rule {
+		return Rule{Family: sketch.IPv4, Words: [4]uint32{addr}, Bits: 32, Form: f, Drop: 1}
+	}
+	a, b, c := uint32(0x7f010001), uint32(0x7f010002), uint32(0x7f010003)
+	p, err := Build(Spec{Classify: true, SampleShift: DefaultSampleShift,
+		Rules: []Rule{rule(a, LongForm), rule(b, ShortForm), rule(c, LongForm), rule(a, ShortForm)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Rules != 4 {
+		t.Fatalf("compiled %d rules, want 4", p.Rules)
+	}
+	checks := 0
+	for _, in := range p.Instructions {
+		if in == (bpf.LoadScratch{Dst: bpf.RegA, N: mForm}) {
+			checks++
+		}
+	}
+	if checks != 2 {
+		t.Errorf("the form is loaded %d times, want once for each of the 2 groups", checks)
+	}
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	shortPkt := quicclass.ShortHeader(100)
+	src := func(addr uint32) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(addr >> 24), byte(addr >> 16), byte(addr >> 8), byte(addr)}), 40000)
+	}
+	tests := []struct {
+		name    string
+		addr    uint32
+		payload []byte
+		kept    bool
+	}{
+		{"long from a", a, initial, false},
+		{"short from a", a, shortPkt, false},
+		{"long from b", b, initial, true},
+		{"short from b", b, shortPkt, false},
+		{"long from c", c, initial, false},
+		{"short from c", c, shortPkt, true},
+		{"long from elsewhere", 0x7f010004, initial, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := run(t, p, packet{src: src(tt.addr), dport: 443, payload: tt.payload}); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+		})
 	}
 }

@@ -32,12 +32,18 @@ type Limiter struct {
 	shift uint8
 	mask  uint32
 	tab   streamTable
+	// fair holds the networks the fair total drops packets of (see
+	// trackFair), for the kernel pre-filter; no events are reported.
+	fair streamTable
 	// trackPacing paces new tracked streams from trackTAT; untracked
 	// counts the sampled drops it refused.
 	trackPacing datagram.Pacing
 	trackTAT    uint64
 	untracked   uint64
 	events      chan datagram.Stream
+	// tracked receives, without blocking, when a stream or a network
+	// starts being tracked (Tracked).
+	tracked chan struct{}
 	// reader is the open event reader, if any.
 	reader *EventReader
 	closed chan struct{}
@@ -95,8 +101,10 @@ func newLimiter(c datagram.Config, o options) (*Limiter, error) {
 		clock:       clock{base: time.Now(), test: o.now},
 		shift:       datagram.DefaultTrackShift,
 		tab:         newStreamTable(datagram.MaxTrackedStreams),
+		fair:        newStreamTable(MaxFairNetworks),
 		trackPacing: datagram.TrackPacing(),
 		events:      make(chan datagram.Stream, eventQueue),
+		tracked:     make(chan struct{}, 1),
 		closed:      make(chan struct{}),
 	}
 	if o.trackShift != nil {
@@ -242,6 +250,7 @@ func (l *Limiter) decide(d *datagram.Datagram, now int64) datagram.Outcome {
 		l.trackInvalid(&d.Key, out.Reason, now)
 	case out.Verdict.Drop:
 		l.track(&d.Key, &out, now)
+		l.trackFair(&d.Key, &out, now)
 	}
 	return out
 }

@@ -131,6 +131,56 @@ func (l *Limiter) track(k *sketch.Key, out *datagram.Outcome, now int64) {
 	l.record(&sk, &st)
 }
 
+// MaxFairNetworks bounds the networks the fair total's drops are tracked
+// by (FairStreams).
+const MaxFairNetworks = 1024
+
+// trackFair records a sampled drop at the fair total (the socket's total,
+// whose cap is shared among networks) by the packet's network, the stream
+// of the node below the total that counts networks (/24, /48). The kernel
+// filter has no such record: it is what the classic BPF pre-filter needs to
+// drop the networks that flood in the kernel, since the total's own stream
+// (every source) cannot tell them from a quiet one.
+func (l *Limiter) trackFair(k *sketch.Key, out *datagram.Outcome, now int64) {
+	p := l.f.Limiter().Params()
+	if p.FairNode < 0 || p.FairSource < 0 || out.Verdict.Node != p.Nodes[p.FairNode] {
+		return
+	}
+	n := p.Nodes[p.FairSource]
+	fi := 0
+	if k.Family == sketch.IPv6 {
+		fi = 1
+	}
+	sk := streamKey{family: k.Family, node: uint8(n), class: out.Class, dport: k.DstPort}
+	for i, m := range p.Mask[fi][n.Prefix()] {
+		sk.words[i] = k.Words[i] & m
+	}
+	if !n.SrcPortAny() {
+		sk.sport = k.SrcPort
+	}
+	st := streamState{first: now, last: now, sampled: 1, level: n.Level(), dryRun: l.cfg.DryRun}
+	if !l.fair.update(&sk, &st) {
+		l.fair.insert(&sk, &st)
+		l.signalTracked()
+	}
+}
+
+// FairStreams returns the networks the fair total dropped packets of
+// recently (sampled as tracked streams are, forgotten as they are by
+// ExpireStreams): streams of the node below the total that counts networks,
+// with the class of the packets dropped.
+func (l *Limiter) FairStreams() []datagram.Stream {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []datagram.Stream
+	for i := range l.fair.slots {
+		if s := &l.fair.slots[i]; s.used {
+			out = append(out, l.stream(&s.key, &s.st))
+		}
+	}
+	return out
+}
+
 // trackInvalid records an invalid datagram from k's source address
 // (track_invalid() in bpf/rakelimit.c).
 func (l *Limiter) trackInvalid(k *sketch.Key, reason quicclass.Reason, now int64) {
@@ -157,7 +207,22 @@ func (l *Limiter) record(sk *streamKey, st *streamState) {
 	case l.events <- l.stream(sk, st):
 	default:
 	}
+	l.signalTracked()
 }
+
+// signalTracked tells the receiver of Tracked, if it is not told already.
+func (l *Limiter) signalTracked() {
+	select {
+	case l.tracked <- struct{}{}:
+	default:
+	}
+}
+
+// Tracked receives when the limiter starts tracking a stream (Streams) or a
+// network (FairStreams), once for any number since the last receive, so
+// that the owner of the kernel pre-filter can put a new flood in it without
+// waiting for its next period.
+func (l *Limiter) Tracked() <-chan struct{} { return l.tracked }
 
 // stream converts a record (as bpf.Filter.stream converts the kernel's).
 func (l *Limiter) stream(k *streamKey, st *streamState) datagram.Stream {
@@ -211,6 +276,11 @@ func (l *Limiter) ExpireStreams(idle time.Duration) ([]datagram.Stream, error) {
 		if s := &l.tab.slots[i]; s.used && s.st.last < cutoff {
 			out = append(out, l.stream(&s.key, &s.st))
 			l.tab.remove(i)
+		}
+	}
+	for i := range l.fair.slots {
+		if s := &l.fair.slots[i]; s.used && s.st.last < cutoff {
+			l.fair.remove(i)
 		}
 	}
 	return out, nil
