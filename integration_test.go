@@ -272,13 +272,18 @@ func TestIntegrationFlood(t *testing.T) {
 	go func() { sent = quicFlood(t, floodSrc, dst, rate, seconds*time.Second); close(done) }()
 	var lat []time.Duration
 	failed := 0
-	gtls := ""
-	for i := 0; ; i++ {
-		select {
-		case <-done:
-		default:
-			if i == 3 {
-				gtls = gtlsGet(t, c.port)
+	// Requests from legitSrc one after the other until the flood ends,
+	// beside gtlsclient's: on a loaded machine a request during the flood
+	// takes seconds, and gtlsclient started after the third (as it once
+	// was) found the flood over or never ran.
+	requests := make(chan struct{})
+	go func() {
+		defer close(requests)
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
 			}
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			body, d, err := h3Get(rctx, legitSrc, url)
@@ -289,9 +294,19 @@ func TestIntegrationFlood(t *testing.T) {
 			}
 			lat = append(lat, d)
 			time.Sleep(100 * time.Millisecond)
-			continue
 		}
-		break
+	}()
+	time.Sleep(500 * time.Millisecond) // the flood under way
+	gtlsDuring := true
+	select {
+	case <-done:
+		gtlsDuring = false
+	default:
+	}
+	gtls := gtlsGet(t, c.port)
+	<-requests
+	if !gtlsDuring {
+		t.Fatalf("the flood of %d s ended before gtlsclient started", seconds)
 	}
 	time.Sleep(200 * time.Millisecond)
 	drops := socketDrops(t, c.port) - drops0
