@@ -218,6 +218,11 @@ func TestEstimateTracksExactRate(t *testing.T) {
 			l.Decide(&k, 0, now, rng.Uint32())
 		}
 		got := float64(l.Estimate(&k, 0, l.p.Nodes[0], Clean, now)) / oneF
+		// The socket's total counted the one stream too, in its shared
+		// cells and its pending cell (countTotal): the same count.
+		if total := l.Estimate(&k, 0, l.p.Nodes[l.p.TotalNode], Clean, now); total != l.Estimate(&k, 0, l.p.Nodes[0], Clean, now) {
+			t.Errorf("rate %v window %v: the total's estimate %v, the stream's %v", tt.rate, tt.window, float64(total)/oneF, got)
+		}
 		// Weights rounded to 1/256 of a packet (at most 0.2% each) and
 		// decays floored to 1/256 of a packet: within 0.5%.
 		if math.Abs(got-exact) > 5e-3*exact+1.0/oneF {
