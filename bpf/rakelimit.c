@@ -572,8 +572,10 @@ struct {
 // cb[1] high half of the time, cb[2] the random number), as injected by
 // BPF_PROG_TEST_RUN, and the verdict is written to test_verdict.
 const volatile __u8 test_mode = 0;
-// bench_random_source: XOR the source address with a random number, so that
-// a benchmark repeating one packet sees a new source every time.
+// bench_random_source: XOR the source address and port with a random
+// number, so that a benchmark repeating one packet sees a new source every
+// time, as a spoofed flood sends (a fixed port would make the all-sources
+// node of that port a cell every packet writes).
 const volatile __u8 bench_random_source = 0;
 
 static __always_inline __u64 mulq32(__u64 a, __u64 b)
@@ -1813,8 +1815,13 @@ int rakelimit(struct __sk_buff *skb)
 		return skb->len;
 	}
 	k.rank_first = v.verified == VERIFIED_OPENING_FROM_PEER;
-	if (bench_random_source)
-		k.words[0] ^= next_random(rng);
+	if (bench_random_source) {
+		__u32 r = next_random(rng);
+
+		k.words[0] ^= r;
+		if (k.has_ports)
+			k.sport ^= r >> 16;
+	}
 
 	// Opening (0), established (1) or unverified (2) here; bounds the
 	// index for the verifier.
