@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 	"unsafe"
@@ -488,7 +489,7 @@ func TestSweepConcurrent(t *testing.T) {
 // within the rounding of decaying the two CPUs' counts apart.
 func TestTotalPerCPU(t *testing.T) {
 	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
+	if err := unix.SchedGetaffinity(os.Getpid(), &set); err != nil {
 		t.Fatal(err)
 	}
 	var cpus []int

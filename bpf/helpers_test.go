@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -66,10 +67,12 @@ func (f *Filter) run(t testing.TB, frame []byte, now int64, rnd uint32) rakelimi
 // testCPU is the CPU the tests run the program on: the first this process
 // may use. The program keeps state per CPU (the socket total's pending
 // counts, the fair shares), which the Go twin, one CPU, mirrors for the CPU
-// it runs on.
+// it runs on. The mask is the main thread's (the process's id): a thread
+// the runtime starts while another is pinned by runOnCPU inherits that pin
+// for good, so the calling thread's mask would name another CPU.
 func testCPU() (int, error) {
 	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
+	if err := unix.SchedGetaffinity(os.Getpid(), &set); err != nil {
 		return 0, fmt.Errorf("reading the CPU affinity: %w", err)
 	}
 	for cpu := range 1 << 10 {
