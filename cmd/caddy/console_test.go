@@ -42,21 +42,7 @@ func TestOperatorViews(t *testing.T) {
 	cfg := writeConfig(t, config)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := caddyProcess(t, ctx, nil, nil, "run", "--config", cfg)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		cancel()
-		<-exited
-		if t.Failed() {
-			t.Logf("caddy's output:\n%s", out.String())
-		}
-	})
+	startCaddy(t, caddyProcess(t, ctx, nil, nil, "run", "--config", cfg), cancel, &syncBuffer{})
 	testutil.WaitHTTP3(t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", port))
 	address := fmt.Sprintf("localhost:%d", admin)
 	stream := floodSrc.String() + "/32"

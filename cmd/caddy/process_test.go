@@ -198,6 +198,28 @@ func TestRefusesWithoutCapBPF(t *testing.T) {
 	}
 }
 
+// startCaddy starts cmd, a Caddy of a context that cancel ends, with its
+// output in out, and ends it when the test does, logging the output if the
+// test failed. exited receives cmd.Wait's result; a test that takes it
+// first puts a value back for the cleanup.
+func startCaddy(t *testing.T, cmd *exec.Cmd, cancel context.CancelFunc, out *syncBuffer) (exited chan error) {
+	t.Helper()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited = make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cancel()
+		<-exited
+		if t.Failed() {
+			t.Logf("caddy's output:\n%s", out.String())
+		}
+	})
+	return exited
+}
+
 // syncBuffer is a bytes.Buffer that a process writes while a test reads.
 type syncBuffer struct {
 	mu  sync.Mutex
@@ -331,18 +353,7 @@ func TestLeastPrivilege(t *testing.T) {
 				checkRefusal(t, out.String(), tt.refused)
 				return
 			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			t.Cleanup(func() {
-				cancel()
-				<-exited
-				if t.Failed() {
-					t.Logf("caddy's output:\n%s", out.String())
-				}
-			})
+			startCaddy(t, cmd, cancel, &out)
 			testutil.WaitHTTP3(t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", port))
 			if !strings.Contains(out.String(), "protecting listener") {
 				t.Fatal("rakelimit did not attach")

@@ -69,16 +69,7 @@ func TestStopsAfterFlood(t *testing.T) {
 			defer cancel()
 			cmd := caddyProcess(t, ctx, nil, nil, "run", "--config", cfg)
 			var out syncBuffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			t.Cleanup(func() {
-				cancel()
-				<-exited
-			})
+			exited := startCaddy(t, cmd, cancel, &out)
 			testutil.WaitHTTP3(t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", port))
 			sent := floodSpread(t, testutil.LoopbackFor(floodSrc, uint16(port)), 50_000, 1500*time.Millisecond)
 			start := time.Now()

@@ -16,12 +16,38 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
+	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
+
+// prefiltered opens a userspace engine with configuration c, closed when
+// the test ends, and protects a dual-stack socket with it, read through the
+// returned conn; the engine's pre-filter (returned) must attach.
+func prefiltered(t *testing.T, c datagram.Config) (*net.UDPConn, *userspace.Conn, Prefiltered) {
+	t.Helper()
+	eng, err := OpenUserspace(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	ln := testutil.Listen(t, "udp", "[::]:0")
+	pc, err := userspace.NewConn(ln, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Protect(ln, pc); err != nil {
+		t.Fatal(err)
+	}
+	pf := eng.(Prefiltered)
+	if err := pf.PrefilterError(); err != nil {
+		t.Fatalf("attaching the pre-filter: %v", err)
+	}
+	return ln, pc, pf
+}
 
 // drain reads through pc until it is closed, counting datagrams by first
 // byte's header form: long (Initials) and the rest.
@@ -55,23 +81,7 @@ func drain(pc net.PacketConn, long, other *atomic.Int64) chan struct{} {
 // the userspace limiter still holds the flood to its limit.
 func TestPrefilterDropsInKernel(t *testing.T) {
 	const limit = 200
-	eng, err := OpenUserspace(testutil.QUICLimits(limit, 1000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	ln := testutil.Listen(t, "udp", "[::]:0")
-	pc, err := userspace.NewConn(ln, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := eng.Protect(ln, pc); err != nil {
-		t.Fatal(err)
-	}
-	pf := eng.(Prefiltered)
-	if err := pf.PrefilterError(); err != nil {
-		t.Fatalf("attaching the pre-filter: %v", err)
-	}
+	ln, pc, pf := prefiltered(t, testutil.QUICLimits(limit, 1000))
 	var long, other atomic.Int64
 	done := drain(pc, &long, &other)
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
@@ -208,23 +218,7 @@ func TestPrefilterAttachFails(t *testing.T) {
 func TestPrefilterDropsNegotiation(t *testing.T) {
 	c := testutil.QUICLimits(200, 1000)
 	c.Negotiation = 100
-	eng, err := OpenUserspace(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	ln := testutil.Listen(t, "udp", "[::]:0")
-	pc, err := userspace.NewConn(ln, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := eng.Protect(ln, pc); err != nil {
-		t.Fatal(err)
-	}
-	pf := eng.(Prefiltered)
-	if err := pf.PrefilterError(); err != nil {
-		t.Fatalf("attaching the pre-filter: %v", err)
-	}
+	ln, pc, pf := prefiltered(t, c)
 	var long, other atomic.Int64
 	done := drain(pc, &long, &other)
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
@@ -271,23 +265,7 @@ func TestPrefilterDropsNegotiation(t *testing.T) {
 func TestPrefilterDropsFairTotal(t *testing.T) {
 	c := testutil.QUICLimits(1000, 1000)
 	c.Limiter.LevelLimits = map[int]uint32{0: sketch.Unlimited, 1: sketch.Unlimited, 2: sketch.Unlimited, 3: 1000}
-	eng, err := OpenUserspace(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	ln := testutil.Listen(t, "udp", "[::]:0")
-	pc, err := userspace.NewConn(ln, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := eng.Protect(ln, pc); err != nil {
-		t.Fatal(err)
-	}
-	pf := eng.(Prefiltered)
-	if err := pf.PrefilterError(); err != nil {
-		t.Fatalf("attaching the pre-filter: %v", err)
-	}
+	ln, pc, pf := prefiltered(t, c)
 	quietSrc := netip.MustParseAddr("127.93.0.1")
 	var quietGot atomic.Int64
 	done := make(chan struct{})
@@ -403,20 +381,7 @@ func TestOnset(t *testing.T) {
 // TestPrefilterOnset: a flood from one source gets its rule within a few
 // OnsetPeriods of its start, not a Period later.
 func TestPrefilterOnset(t *testing.T) {
-	eng, err := OpenUserspace(testutil.QUICLimits(200, 1000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	ln := testutil.Listen(t, "udp", "[::]:0")
-	pc, err := userspace.NewConn(ln, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := eng.Protect(ln, pc); err != nil {
-		t.Fatal(err)
-	}
-	pf := eng.(Prefiltered)
+	ln, pc, pf := prefiltered(t, testutil.QUICLimits(200, 1000))
 	var long, other atomic.Int64
 	done := drain(pc, &long, &other)
 	defer func() {

@@ -367,6 +367,20 @@ func flushPending(params *Params, p *Cell, s *Cell) {
 	}
 }
 
+// flushTotal moves the pending counts p of the socket's total into its cells
+// cl and brings the cells to epoch (flush_total in the C program, where it
+// runs once per epoch and CPU).
+func flushTotal(params *Params, epoch uint32, cl *[Depth]*Cell, p *Cell) {
+	for _, c := range cl {
+		flushPending(params, p, c)
+		refresh(params, c, epoch)
+	}
+	// The cells' epoch, not the packet's: a reading older than the cells'
+	// epoch leaves them alone (see refresh), and the pending counts are
+	// then counted in the cells' epoch too.
+	*p = Cell{Epoch: cl[0].Epoch}
+}
+
 // countTotal is countNode for the socket's total (count_total in the C
 // program): the one stream that every packet of the class counts. The C
 // program counts it on each CPU in a pending cell of that CPU's, so that
@@ -385,14 +399,7 @@ func (l *Limiter) countTotal(nw *nodeWork) *Counter {
 	}
 	p := &l.pending[nw.class]
 	if p.Epoch != nw.epoch {
-		for r := range Depth {
-			flushPending(l.p, p, cl[r])
-			refresh(l.p, cl[r], nw.epoch)
-		}
-		// The cells' epoch, not the packet's: a reading older than the
-		// cells' epoch leaves them alone (see refresh), and the
-		// pending counts are then counted in the cells' epoch too.
-		*p = Cell{Epoch: cl[0].Epoch}
+		flushTotal(l.p, nw.epoch, &cl, p)
 	}
 	ctr := &p.Budget[nw.budget]
 	ctr.Offered = satAdd(ctr.Offered, nw.w)
