@@ -74,7 +74,7 @@ var (
 		[]string{"limiter"}, nil)
 	prefilterDroppedDesc = prometheus.NewDesc("caddy_rakelimit_prefilter_dropped_estimated_total",
 		"Userspace mode: datagrams the kernel pre-filter (classic BPF, no capability needed) dropped before quic-go "+
-			"received them, ESTIMATED (classic BPF cannot count): class invalid by reason, from the one in 64 the "+
+			"received them, ESTIMATED (classic BPF cannot count): class invalid by reason, from the one in 1024 the "+
 			"pre-filter lets through for the userspace limiter to count; a limiter class (opening, established, unverified, or all) with reason "+
 			"limited_stream, from each limited stream's arrival rate and the drop probability set for it; class "+
 			"negotiation with reason over_cap, unknown versions over the Version Negotiation cap, from their rate. The "+

@@ -23,6 +23,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	rakelimit "github.com/rakelimit/caddy-rakelimit"
+	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
 	"github.com/rakelimit/caddy-rakelimit/internal/procnet"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -453,7 +454,9 @@ func readDrops(t *testing.T, port int) procnet.Drops {
 
 // checkPrefilter checks, in the userspace mode, the kernel pre-filter that
 // needs no capability: it is on the socket, and it drops a flood of invalid
-// datagrams in the kernel, all but the one in 64 it samples.
+// datagrams in the kernel, all but the one in 2^prefilter.DefaultSampleShift
+// it samples: n is large enough that the sample, which the estimate in the
+// metrics comes from, is not empty (about 20 expected).
 func checkPrefilter(t *testing.T, admin, port int) {
 	t.Helper()
 	_, m := testutil.AdminGet(t, admin, "/metrics")
@@ -462,8 +465,8 @@ func checkPrefilter(t *testing.T, admin, port int) {
 	}
 	d0 := readDrops(t, port)
 	junk := testutil.Sender(t, netip.AddrPortFrom(floodSrc, 0))
-	const n = 5000
-	if err := testutil.Pace(junk, testutil.LoopbackFor(floodSrc, uint16(port)), 10_000, n,
+	const n = 20 << prefilter.DefaultSampleShift
+	if err := testutil.Pace(junk, testutil.LoopbackFor(floodSrc, uint16(port)), 20_000, n,
 		func() []byte { return []byte{0x00, 0x01, 0x02} }); err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func TestEstimates(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := e.Stats()
-	if got, want := s.InvalidDropped[quicclass.FixedBit], uint64(10*63); got != want {
+	if got, want := s.InvalidDropped[quicclass.FixedBit], uint64(10*(1<<DefaultSampleShift-1)); got != want {
 		t.Errorf("invalid drops %d, want %d", got, want)
 	}
 	want := p.PPS(10*uint64(thresh)) * quantized(0.8)
