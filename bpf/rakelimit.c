@@ -117,6 +117,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define HDR_VERIFIED_SHIFT 16
 #define HDR_HAS_ID (1 << 24)
 #define PROBE_BYTES 27
+// A mask that keeps a probe index inside struct key (see probe_byte).
+#define PROBE_MASK 31
 #define MAX_CID_LEN 20
 #define MIN_INITIAL_DATAGRAM 1200
 #define MIN_SHORT_HEADER_PACKET 21
@@ -401,6 +403,9 @@ struct key {
 	__u16 payload_at;
 	__u8 pad[2];
 };
+_Static_assert(__builtin_offsetof(struct key, probe) + PROBE_MASK < sizeof(struct key),
+	       "a masked probe index stays inside struct key");
+_Static_assert(PROBE_BYTES <= PROBE_MASK + 1, "the mask keeps every probe index");
 
 // A connection ID the server issued, as on the wire.
 struct server_id {
@@ -748,21 +753,33 @@ static __always_inline void parse_ipv4(struct __sk_buff *skb, struct key *k)
 }
 
 // parse_ipv6 fills the key from an IPv6 packet, walking up to IPV6_MAX_EXT
-// extension headers to the UDP header.
+// extension headers to the UDP header. As in parse_ipv4, one load covers
+// the header, the UDP header and the probe when no extension header comes
+// between them; extension headers or a short packet cost more.
 static __always_inline void parse_ipv6(struct __sk_buff *skb, struct key *k)
 {
-	struct ipv6hdr ip;
+	struct {
+		struct ipv6hdr ip;
+		struct udphdr udp;
+		__u8 probe[PROBE_BYTES];
+	} h;
+	int full = bpf_skb_load_bytes_relative(skb, 0, &h, sizeof(h), BPF_HDR_START_NET) == 0;
 
-	if (bpf_skb_load_bytes_relative(skb, 0, &ip, sizeof(ip), BPF_HDR_START_NET) < 0)
+	if (!full && bpf_skb_load_bytes_relative(skb, 0, &h.ip, sizeof(h.ip), BPF_HDR_START_NET) < 0)
 		return;
 	k->family = FAMILY_IPV6;
 #pragma unroll
 	for (int i = 0; i < 4; i++)
-		k->words[i] = bpf_ntohl(ip.saddr.in6_u.u6_addr32[i]);
+		k->words[i] = bpf_ntohl(h.ip.saddr.in6_u.u6_addr32[i]);
 
-	__u32 ip_len = IPV6_HDR_LEN + bpf_ntohs(ip.payload_len);
-	__u8 next = ip.nexthdr;
+	__u32 ip_len = IPV6_HDR_LEN + bpf_ntohs(h.ip.payload_len);
+	__u8 next = h.ip.nexthdr;
 	__u32 off = IPV6_HDR_LEN;
+	if (full && is_udp(next)) {
+		set_udp(skb, k, &h.udp, off, ip_len, next == IPPROTO_UDPLITE);
+		__builtin_memcpy(k->probe, h.probe, PROBE_BYTES);
+		return;
+	}
 #pragma unroll
 	for (int i = 0; i < IPV6_MAX_EXT; i++) {
 		// The first four bytes of every extension header: next header,
@@ -819,8 +836,34 @@ static __always_inline __u8 long_type(__u8 field, __u32 v)
 	return v == QUIC_V2 ? (field + 3) & 3 : field;
 }
 
+// probe_byte is byte i of the probe, for an i below PROBE_BYTES. Verifier
+// workaround: the verifier cannot always bound a variable index by the
+// comparisons that kept it below PROBE_BYTES, so the index is masked to
+// PROBE_MASK, which keeps it inside struct key (asserted after it) and
+// changes no index below PROBE_BYTES.
+static __always_inline __u8 probe_byte(const struct key *k, __u32 i)
+{
+	return k->probe[i & PROBE_MASK];
+}
+
+// probe_varint decodes the size-byte variable-length integer at offset at
+// of the probe, which holds all of it (at + size <= PROBE_BYTES).
+static __always_inline __u64 probe_varint(const struct key *k, __u32 at, __u32 size)
+{
+	__u64 x = probe_byte(k, at) & 0x3f;
+
+#pragma unroll
+	for (__u32 i = 1; i < VARINT_MAX_BYTES; i++)
+		if (i < size)
+			x = x << 8 | probe_byte(k, at + i);
+	return x;
+}
+
 // read_varint: quicclass.varint. Reads the variable-length integer at
-// offset at of k's payload into *v and its size into *n. Returns VARINT_OK,
+// offset at of k's payload into *v and its size into *n: from the probe,
+// which parse loaded already, when the probe holds it (an Initial's token
+// length and a 2-byte Length field with connection IDs of 8 and 4 bytes, as
+// clients send: no helper call), else with loads. Returns VARINT_OK,
 // VARINT_PAST when it runs past the datagram, or VARINT_UNREAD when a load
 // fails although the datagram holds the bytes (the Go twin's bytes beyond
 // those it was given): not checked.
@@ -831,6 +874,16 @@ static __always_inline int read_varint(struct __sk_buff *skb, const struct key *
 
 	if (at >= len)
 		return VARINT_PAST;
+	if (at < PROBE_BYTES) {
+		__u32 size = 1U << (probe_byte(k, at) >> 6);
+		if (size > len - at)
+			return VARINT_PAST;
+		if (at + size <= PROBE_BYTES) {
+			*v = probe_varint(k, at, size);
+			*n = size;
+			return VARINT_OK;
+		}
+	}
 	// The offset of a load is not checked by the verifier (the helper
 	// checks it against the packet); its size must be a constant.
 	if (bpf_skb_load_bytes(skb, k->payload_at + at, b, 1) < 0)
