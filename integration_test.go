@@ -372,7 +372,7 @@ func TestIntegrationWithoutDirective(t *testing.T) {
 	// The kernel counts a datagram delivered when the reader takes it off
 	// the queue; on a loaded machine quic-go is still reading after the
 	// flood ends.
-	waitRead(t, c.port)
+	testutil.WaitRead(t, c.port)
 	d, in := readDrops(t, c.port), udpInDatagrams(t)-in0
 	// No filter dropped anything: what the socket lost, its queue lost
 	// (quic-go under the race detector on a busy machine reads slower
@@ -386,25 +386,6 @@ func TestIntegrationWithoutDirective(t *testing.T) {
 	}
 	t.Logf("without rakelimit: flood of %d, %d datagrams delivered to sockets, %d lost to the full queue, socket filter drops +%d",
 		sent, in, overflowed, filtered)
-}
-
-// waitRead waits until Caddy has read every datagram queued on its sockets
-// on port: the kernel's rx_queue is empty.
-func waitRead(t *testing.T, port int) {
-	t.Helper()
-	time.Sleep(100 * time.Millisecond) // datagrams in flight
-	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		q, err := procnet.SocketQueued(port)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if q == 0 {
-			return
-		}
-		if time.Now().After(end) {
-			t.Fatalf("Caddy left %d bytes unread on port %d for 30 s", q, port)
-		}
-	}
 }
 
 // passRate floods dst for d at rate and returns how many packets per second

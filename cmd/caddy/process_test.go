@@ -390,7 +390,7 @@ func TestLeastPrivilege(t *testing.T) {
 			sent := testutil.FloodInitials(t, floodSrc, testutil.LoopbackFor(floodSrc, uint16(port)), 30*limit, time.Second)
 			d := dropped() - dropped0
 			if tt.runs == rakelimit.ModeUserspace {
-				waitRead(t, port)
+				testutil.WaitRead(t, port)
 				d = uint64(sent) - min(uint64(sent), passed()-passed0)
 			}
 			if !testutil.Held(sent, d, limit) {
@@ -401,25 +401,6 @@ func TestLeastPrivilege(t *testing.T) {
 				checkPrefilter(t, admin, port)
 			}
 		})
-	}
-}
-
-// waitRead waits until Caddy has read every datagram queued on its sockets
-// on port (the kernel's rx_queue).
-func waitRead(t *testing.T, port int) {
-	t.Helper()
-	time.Sleep(100 * time.Millisecond) // datagrams in flight
-	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		q, err := procnet.SocketQueued(port)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if q == 0 {
-			return
-		}
-		if time.Now().After(end) {
-			t.Fatalf("Caddy left %d bytes unread on port %d for 30 s", q, port)
-		}
 	}
 }
 
@@ -470,7 +451,7 @@ func checkPrefilter(t *testing.T, admin, port int) {
 		func() []byte { return []byte{0x00, 0x01, 0x02} }); err != nil {
 		t.Fatal(err)
 	}
-	waitRead(t, port)
+	testutil.WaitRead(t, port)
 	// The socket's own drop counter: the pre-filter's drops, and its own
 	// queue's overflows, which a Caddy that reads while it is sent has
 	// none of.

@@ -30,6 +30,8 @@
 //     tests that run Caddy and talk to it;
 //   - process.go: Nobody and CopyTestBinary, for tests that run this test
 //     binary again without privileges.
+//   - queue.go: WaitRead, which waits until Caddy has read its sockets'
+//     queues (from the kernel's rx_queue, read by package procnet).
 //
 // The kernel's own counters of UDP drops are read by package procnet, and
 // latency percentiles computed by package latency: both are shared with the
