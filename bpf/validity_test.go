@@ -4,6 +4,8 @@ package bpf
 
 import (
 	"encoding/binary"
+	"fmt"
+	"math/bits"
 	"net"
 	"net/netip"
 	"testing"
@@ -221,4 +223,63 @@ func TestSocketAllowlistValidity(t *testing.T) {
 		t.Fatalf("delivered %d of %d, counted %d allowed and invalid %v; want the Initial alone delivered and allowed, "+
 			"one invalid of each reason", got, len(sends), st.Allowed[fam], inv)
 	}
+}
+
+// TestDifferentialVarintsAcrossProbe: an Initial's token length and Length
+// field are read from the probe when it holds them and loaded from the
+// packet past it; connection ID lengths from 0 to 20 and every varint size
+// put the fields before, across and after the probe's end, and the program
+// and the Go twin classify each Initial alike: a consistent Length passes
+// it as opening, one past the datagram makes it invalid (length).
+func TestDifferentialVarintsAcrossProbe(t *testing.T) {
+	c := testutil.QUICLimits(1000, 1000)
+	c.VerifyIDs = true // lengths are checked only when verifying
+	w := newTwin(t, c)
+	now := start
+	const size = 1200
+	varint := func(b []byte, n int, v uint64) []byte {
+		for i := n - 1; i >= 0; i-- {
+			b = append(b, byte(v>>(8*i)))
+		}
+		b[len(b)-n] |= byte(bits.Len(uint(n))-1) << 6
+		return b
+	}
+	sizes := []int{1, 2, 4, 8}
+	for _, cil := range []int{0, 4, 8, 12, 16, 20} {
+		for _, tokenSize := range sizes {
+			for _, lengthSize := range sizes[1:] { // a Length of about 1,150 needs 2 bytes
+				for _, past := range []bool{false, true} {
+					b := binary.BigEndian.AppendUint32([]byte{0xc0}, quicclass.Version1) // an Initial
+					b = append(b, byte(cil))
+					b = append(b, make([]byte, cil)...)
+					b = append(b, byte(cil))
+					b = append(b, make([]byte, cil)...)
+					b = varint(b, tokenSize, 0)
+					rest := uint64(size - len(b) - lengthSize)
+					if past {
+						rest++
+					}
+					b = varint(b, lengthSize, rest)
+					b = append(b, make([]byte, size-len(b))...)
+					want, reason := quicclass.Opening, quicclass.NotInvalid
+					if past {
+						want, reason = quicclass.Invalid, quicclass.Length
+					}
+					name := fmt.Sprintf("cid %d token varint %d length varint %d past %v", cil, tokenSize, lengthSize, past)
+					t.Run(name, func(t *testing.T) {
+						w.t = t
+						p := udp("198.51.100.9", 50000)
+						p.data = b
+						now += int64(time.Millisecond)
+						out := w.step(p, p.datagram(true), now, 0)
+						if out.Class != want || out.Reason != reason {
+							t.Fatalf("class %v/%v, want %v/%v", out.Class, out.Reason, want, reason)
+						}
+					})
+				}
+			}
+		}
+	}
+	w.t = t
+	w.compareState()
 }
