@@ -74,6 +74,21 @@ func drain(pc net.PacketConn, long, other *atomic.Int64) chan struct{} {
 	return done
 }
 
+// settle waits wait for the datagrams still in flight, reads the kernel's
+// drop counter of ln, then ends the drain of pc (done) and closes ln.
+func settle(t *testing.T, ln *net.UDPConn, pc net.PacketConn, done <-chan struct{}, wait time.Duration) uint64 {
+	t.Helper()
+	time.Sleep(wait)
+	_, _, drops, err := backlog.ReadSockets([]*net.UDPConn{ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.SetReadDeadline(time.Now())
+	ln.Close()
+	<-done
+	return drops
+}
+
 // TestPrefilterDropsInKernel runs the userspace limiter on a real socket,
 // with its pre-filter, under a flood of Initials from one source and of
 // invalid datagrams from another: the kernel drops the invalid ones and most
@@ -114,14 +129,7 @@ func TestPrefilterDropsInKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-watch
-	time.Sleep(200 * time.Millisecond)
-	_, _, drops, err := backlog.ReadSockets([]*net.UDPConn{ln})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.SetReadDeadline(time.Now())
-	ln.Close()
-	<-done
+	drops := settle(t, ln, pc, done, 200*time.Millisecond)
 	st := pf.Prefilter()
 	junkSent := rate / 2 * seconds
 	t.Logf("flood %d, junk %d: kernel drops %d; delivered %d Initials, %d others; pre-filter %+v",
@@ -230,14 +238,7 @@ func TestPrefilterDropsNegotiation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	_, _, drops, err := backlog.ReadSockets([]*net.UDPConn{ln})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.SetReadDeadline(time.Now())
-	ln.Close()
-	<-done
+	drops := settle(t, ln, pc, done, 200*time.Millisecond)
 	st := pf.Prefilter()
 	t.Logf("flood %d: kernel drops %d, estimated %d at p %v; %d reached quic-go", sent, drops, st.NegotiationDropped,
 		st.Negotiation, long.Load())
@@ -319,14 +320,7 @@ func TestPrefilterDropsFairTotal(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-watch
-	time.Sleep(300 * time.Millisecond)
-	_, _, drops, err := backlog.ReadSockets([]*net.UDPConn{ln})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.SetReadDeadline(time.Now())
-	ln.Close()
-	<-done
+	drops := settle(t, ln, pc, done, 300*time.Millisecond)
 	st := pf.Prefilter()
 	t.Logf("flood %d from 16 networks: kernel drops %d, %d rules at most; quiet network %d of %d; pre-filter %+v",
 		sent, drops, rules.Load(), quietGot.Load(), qs, st)

@@ -72,6 +72,19 @@ func (a *asm) skip(at int, l label) (uint32, error) {
 	return uint32(to - at - 1), nil
 }
 
+// conditional returns the true and false skips of the conditional jump f,
+// whose true skip is t: each must fit a classic BPF jump's 8 bits.
+func (a *asm) conditional(f fixup, t uint32) (uint8, uint8, error) {
+	ft, err := a.skip(f.at, f.false)
+	if err != nil {
+		return 0, 0, err
+	}
+	if t > 255 || ft > 255 {
+		return 0, 0, fmt.Errorf("assembling the pre-filter: conditional jump at %d skips %d/%d instructions, over 255", f.at, t, ft)
+	}
+	return uint8(t), uint8(ft), nil
+}
+
 // resolve sets every jump's offsets and returns the instructions.
 func (a *asm) resolve() ([]bpf.Instruction, error) {
 	for _, f := range a.fix {
@@ -85,24 +98,14 @@ func (a *asm) resolve() ([]bpf.Instruction, error) {
 			a.ins[f.at] = ins
 			continue
 		case bpf.JumpIf:
-			ft, err := a.skip(f.at, f.false)
-			if err != nil {
+			if ins.SkipTrue, ins.SkipFalse, err = a.conditional(f, t); err != nil {
 				return nil, err
 			}
-			if t > 255 || ft > 255 {
-				return nil, fmt.Errorf("assembling the pre-filter: conditional jump at %d skips %d/%d instructions, over 255", f.at, t, ft)
-			}
-			ins.SkipTrue, ins.SkipFalse = uint8(t), uint8(ft)
 			a.ins[f.at] = ins
 		case bpf.JumpIfX:
-			ft, err := a.skip(f.at, f.false)
-			if err != nil {
+			if ins.SkipTrue, ins.SkipFalse, err = a.conditional(f, t); err != nil {
 				return nil, err
 			}
-			if t > 255 || ft > 255 {
-				return nil, fmt.Errorf("assembling the pre-filter: conditional jump at %d skips %d/%d instructions, over 255", f.at, t, ft)
-			}
-			ins.SkipTrue, ins.SkipFalse = uint8(t), uint8(ft)
 			a.ins[f.at] = ins
 		}
 	}

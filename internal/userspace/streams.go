@@ -110,22 +110,28 @@ func (t *streamTable) remove(i int) {
 	t.free = append(t.free, int32(i))
 }
 
-// track records a drop of the stream that node out.Verdict.Node saw (track()
-// in bpf/rakelimit.c).
-func (l *Limiter) track(k *sketch.Key, out *datagram.Outcome, now int64) {
-	p := l.f.Limiter().Params()
-	n := out.Verdict.Node
+// streamKeyOf is the stream of node n that the packet k of class class
+// belongs to: its source masked to the node's prefix, and its source port
+// unless the node leaves it out.
+func streamKeyOf(p *sketch.Params, k *sketch.Key, n sketch.Node, class quicclass.Class) streamKey {
 	fi := 0
 	if k.Family == sketch.IPv6 {
 		fi = 1
 	}
-	sk := streamKey{family: k.Family, node: uint8(n), class: out.Class, dport: k.DstPort}
+	sk := streamKey{family: k.Family, node: uint8(n), class: class, dport: k.DstPort}
 	for i, m := range p.Mask[fi][n.Prefix()] {
 		sk.words[i] = k.Words[i] & m
 	}
 	if !n.SrcPortAny() {
 		sk.sport = k.SrcPort
 	}
+	return sk
+}
+
+// track records a drop of the stream that node out.Verdict.Node saw (track()
+// in bpf/rakelimit.c).
+func (l *Limiter) track(k *sketch.Key, out *datagram.Outcome, now int64) {
+	sk := streamKeyOf(l.f.Limiter().Params(), k, out.Verdict.Node, out.Class)
 	st := streamState{first: now, last: now, sampled: 1, estimate: out.Verdict.Estimate, level: out.Verdict.Level,
 		dryRun: l.cfg.DryRun}
 	l.record(&sk, &st)
@@ -147,17 +153,7 @@ func (l *Limiter) trackFair(k *sketch.Key, out *datagram.Outcome, now int64) {
 		return
 	}
 	n := p.Nodes[p.FairSource]
-	fi := 0
-	if k.Family == sketch.IPv6 {
-		fi = 1
-	}
-	sk := streamKey{family: k.Family, node: uint8(n), class: out.Class, dport: k.DstPort}
-	for i, m := range p.Mask[fi][n.Prefix()] {
-		sk.words[i] = k.Words[i] & m
-	}
-	if !n.SrcPortAny() {
-		sk.sport = k.SrcPort
-	}
+	sk := streamKeyOf(p, k, n, out.Class)
 	st := streamState{first: now, last: now, sampled: 1, level: n.Level(), dryRun: l.cfg.DryRun}
 	if !l.fair.update(&sk, &st) {
 		l.fair.insert(&sk, &st)
