@@ -810,10 +810,11 @@ static __always_inline void parse_ipv6(struct __sk_buff *skb, struct key *k)
 }
 
 // parse fills the key from the packet's headers; a field it cannot read is
-// left zero (family unknown, no ports). A global function, so that the
-// verifier walks its many paths once instead of once for each path of the
-// rest of the program.
-__noinline int parse(struct __sk_buff *skb, struct key *k)
+// left zero (family unknown, no ports). Inlined: on CPUs that return through
+// a return thunk (AMD's SRSO mitigation), every call costs about 7 ns, more
+// than the checks it makes. What follows it in main is short, so the
+// verifier's walk of main stays small (TestVerifierBudget).
+static __always_inline int parse(struct __sk_buff *skb, struct key *k)
 {
 	if (!k)
 		return 0;
@@ -949,8 +950,8 @@ static __always_inline int header(int class, int reason, int check, int has_id)
 
 // classify: quicclass.Inspect. Returns the class, and for an invalid
 // datagram the reason, and with verification what to look up (see
-// HDR_*). A global function: verified once.
-__noinline int classify(struct __sk_buff *skb, const struct key *k, const struct config *cfg)
+// HDR_*). Inlined, as parse.
+static __always_inline int classify(struct __sk_buff *skb, const struct key *k, const struct config *cfg)
 {
 	if (!skb || !k || !cfg)
 		return invalid(REASON_UNPARSED);
@@ -1219,10 +1220,11 @@ static __always_inline void rescale(struct cell *c, const struct config *cfg, __
 	c->budget[1].forwarded = decay32(c->budget[1].forwarded, d);
 }
 
-// node_work (sketch nodeWork) is what decide and visit_node share about one
-// packet and one node. The node loop calls a global function (verified once,
-// whatever the loop's state) and keeps no state of its own: the verifier would
-// otherwise walk the loop once for every combination of values its variables
+// node_work (sketch nodeWork) is what visit_nodes and visit_node share about
+// one packet and one node. It lives in a per-CPU map value (node_scratch), not
+// on the stack: the verifier tracks no value it loads from a map, so each
+// pass through the node loop starts from the same state, where values kept
+// on the stack would make it walk the loop once for every combination they
 // can take, past its limit.
 struct node_work {
 	// Set by decide for the packet: the time, the slot's threshold scale
@@ -1256,6 +1258,14 @@ struct node_work {
 	__u32 pad2;
 	__u64 estimate;
 };
+
+// The node loop's node_work, one per CPU (see struct node_work).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct node_work);
+	__uint(max_entries, 1);
+} node_scratch SEC(".maps");
 
 // limiter_class bounds a limiter class index for the verifier, which cannot
 // tell that it is below NUM_CLASSES already (NUM_CLASSES is not a power of
@@ -1477,7 +1487,8 @@ static __always_inline int count_total(const struct config *cfg, struct node_wor
 // through only while the forwarded count is under the dithered threshold or,
 // at the fair total, when its source is admitted (JUDGE_DROP otherwise) or
 // the proportional floor admits the packet (JUDGE_FLOOR).
-static __always_inline int judge_node(const struct config *cfg, const struct key *k, struct node_work *nw)
+static __always_inline int judge_node(const struct config *cfg, const struct key *k, struct node_work *nw,
+				      const int last)
 {
 	__u32 i = nw->node & (MAX_NODES - 1);
 	__u32 class = limiter_class(nw->class);
@@ -1488,7 +1499,7 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	__u32 thr = cfg->thresh[class][i];
 	int enforcing = thr != THRESH_UNLIMITED && omin > scale(cfg->over[class][i], nw->g);
 	__u32 zero = 0;
-	struct fair *fs = i == cfg->fair_node ? bpf_map_lookup_elem(&fair_shares, &zero) : NULL;
+	struct fair *fs = last && i == cfg->fair_node ? bpf_map_lookup_elem(&fair_shares, &zero) : NULL;
 	if (fs && !enforcing && fs->share[class][budget] != FAIR_UNBOUNDED)
 		fs->share[class][budget] = FAIR_UNBOUNDED;
 	if (thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g))
@@ -1538,10 +1549,12 @@ static __always_inline void forward_node(struct counter *rows[DEPTH], __u32 w, i
 // node over its limit, which v records), judges it against the node's limit,
 // records in v the most specific node over its limit, and counts it forwarded
 // unless it is dropped or passes by the proportional floor. Returns 1 to drop,
-// 0 to go on, -1 when a cell cannot be reached. A global function: the
-// verifier checks it once, and the node loop that calls it keeps no state of
-// its own that could multiply the loop's states past the verifier's limit.
-__noinline int visit_node(const struct config *cfg, const struct key *k, struct node_work *nw, struct verdict *v)
+// 0 to go on, -1 when a cell cannot be reached. last (a constant) says
+// whether i may be the last node, the only one that can be the socket's
+// total (sketch.Params.TotalNode) or the fair total (FairNode): the copy the
+// node loop inlines for the other nodes has neither's code.
+static __always_inline int visit_node(const struct config *cfg, const struct key *k, struct node_work *nw, struct verdict *v,
+				      const int last)
 {
 	if (!cfg || !k || !nw || !v)
 		return -1;
@@ -1564,10 +1577,10 @@ __noinline int visit_node(const struct config *cfg, const struct key *k, struct 
 	// other nodes in a counter of each row.
 	struct counter *rows[DEPTH] = {};
 	struct counter *pending = NULL;
-	int counted = i == cfg->total_node ? count_total(cfg, nw, &pending) : count_node(cfg, nw, rows);
+	int counted = last && i == cfg->total_node ? count_total(cfg, nw, &pending) : count_node(cfg, nw, rows);
 	if (counted < 0)
 		return -1;
-	int j = judge_node(cfg, k, nw);
+	int j = judge_node(cfg, k, nw, last);
 	if (j == JUDGE_DROP) {
 		set_verdict(v, 1, n, nw->estimate);
 		return 1;
@@ -1585,38 +1598,64 @@ __noinline int visit_node(const struct config *cfg, const struct key *k, struct 
 	return 0;
 }
 
-// decide: sketch Limiter.Decide for class `class`. Returns 1 to drop, 0 to
-// pass, -1 when the sketch cannot be reached; fills v.
-static __always_inline int decide(const struct config *cfg, int class, const struct key *k, __u64 now, __u32 rnd,
-				  struct verdict *v)
+// visit_nodes: sketch Limiter.Decide for the class in the high half of
+// rnd_class, whose low half is the packet's random number. Returns 1 to drop,
+// 0 to pass, -1 when the sketch cannot be reached; fills v.
+//
+// A global function, verified once, with every node visit inlined: one call
+// per packet rather than one per node, which matters on CPUs that return
+// through a return thunk (AMD's SRSO mitigation: about 7 ns a call). The
+// nodes but the last share one loop body without the total's code; the
+// last node is visited after the loop.
+__noinline int visit_nodes(const struct config *cfg, const struct key *k, struct verdict *v, __u64 now, __u64 rnd_class)
 {
+	if (!cfg || !k || !v)
+		return -1;
+	__u32 zero = 0;
+	struct node_work *nw = bpf_map_lookup_elem(&node_scratch, &zero);
+	if (!nw)
+		return -1;
+	__u32 rnd = rnd_class;
 	__u32 slot = (now >> SLOT_SHIFT) & (SLOTS - 1);
-	struct node_work nw = {
-		.now = now,
-		.g = cfg->g[slot],
-		.epoch = now >> EPOCH_SHIFT,
-		.slot = slot,
-		.w = cfg->w[slot],
-		.dither = rnd >> (32 - FRAC_BITS),
-		.coin = (rnd >> FAIR_COIN_SHIFT) & FAIR_COIN_MASK,
-		.class = class,
-	};
+	__builtin_memset(nw, 0, sizeof(*nw));
+	nw->now = now;
+	nw->g = cfg->g[slot];
+	nw->epoch = now >> EPOCH_SHIFT;
+	nw->slot = slot;
+	nw->w = cfg->w[slot];
+	nw->dither = rnd >> (32 - FRAC_BITS);
+	nw->coin = (rnd >> FAIR_COIN_SHIFT) & FAIR_COIN_MASK;
+	nw->class = rnd_class >> 32;
 
-	// A real loop, not unrolled: unrolling all MAX_NODES iterations makes
-	// the program several times larger, and a socket filter's size is
-	// charged to the socket's optmem (net.core.optmem_max).
+	if (cfg->num_nodes == 0)
+		return 0;
+	// num_nodes is at most MAX_NODES; the mask bounds it for the verifier.
+	__u32 last = (cfg->num_nodes - 1) & (MAX_NODES - 1);
+	// A real loop, not unrolled: unrolling makes the program several
+	// times larger, and a socket filter's size is charged to the socket's
+	// optmem (net.core.optmem_max).
 #pragma clang loop unroll(disable)
-	for (int i = 0; i < MAX_NODES; i++) {
-		if (i >= cfg->num_nodes)
+	for (int i = 0; i < MAX_NODES - 1; i++) {
+		if (i >= last)
 			break;
 		if (!applies(cfg, cfg->nodes[i], k))
 			continue;
-		nw.node = i;
-		int drop = visit_node(cfg, k, &nw, v);
+		nw->node = i;
+		int drop = visit_node(cfg, k, nw, v, 0);
 		if (drop)
 			return drop;
 	}
-	return 0;
+	if (!applies(cfg, cfg->nodes[last], k))
+		return 0;
+	nw->node = last;
+	return visit_node(cfg, k, nw, v, 1);
+}
+
+// decide: sketch Limiter.Decide for class `class` (visit_nodes).
+static __always_inline int decide(const struct config *cfg, int class, const struct key *k, __u64 now, __u32 rnd,
+				  struct verdict *v)
+{
+	return visit_nodes(cfg, k, v, now, (__u64)class << 32 | rnd);
 }
 
 // gcra admits an event at now to the pacer in slot which: at most one per

@@ -86,6 +86,31 @@ type rakelimitLine struct {
 	Pad uint32
 }
 
+type rakelimitNodeWork struct {
+	_        structs.HostLayout
+	Now      uint64
+	G        uint64
+	Epoch    uint32
+	Slot     uint32
+	W        uint32
+	Dither   uint32
+	Coin     uint32
+	Class    uint32
+	Node     uint32
+	Pad1     uint32
+	Budget   uint32
+	Lines    uint32
+	Base     uint32
+	Hashed   uint32
+	Ah       [2]uint64
+	Hash     [2]uint64
+	Omin     uint32
+	Fmin     uint32
+	Network  uint32
+	Pad2     uint32
+	Estimate uint64
+}
+
 type rakelimitPeerKey struct {
 	_     structs.HostLayout
 	Words [4]uint32
@@ -177,6 +202,7 @@ const (
 	rakelimitMapCounters          = "counters"
 	rakelimitMapEvents            = "events"
 	rakelimitMapFairShares        = "fair_shares"
+	rakelimitMapNodeScratch       = "node_scratch"
 	rakelimitMapPacer             = "pacer"
 	rakelimitMapPeers             = "peers"
 	rakelimitMapPrng              = "prng"
@@ -248,6 +274,7 @@ type rakelimitMapSpecs struct {
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	Events       *ebpf.MapSpec `ebpf:"events"`
 	FairShares   *ebpf.MapSpec `ebpf:"fair_shares"`
+	NodeScratch  *ebpf.MapSpec `ebpf:"node_scratch"`
 	Pacer        *ebpf.MapSpec `ebpf:"pacer"`
 	Peers        *ebpf.MapSpec `ebpf:"peers"`
 	Prng         *ebpf.MapSpec `ebpf:"prng"`
@@ -295,6 +322,7 @@ type rakelimitMaps struct {
 	Counters     *ebpf.Map `ebpf:"counters"`
 	Events       *ebpf.Map `ebpf:"events"`
 	FairShares   *ebpf.Map `ebpf:"fair_shares"`
+	NodeScratch  *ebpf.Map `ebpf:"node_scratch"`
 	Pacer        *ebpf.Map `ebpf:"pacer"`
 	Peers        *ebpf.Map `ebpf:"peers"`
 	Prng         *ebpf.Map `ebpf:"prng"`
@@ -316,6 +344,7 @@ func (m *rakelimitMaps) Close() error {
 		m.Counters,
 		m.Events,
 		m.FairShares,
+		m.NodeScratch,
 		m.Pacer,
 		m.Peers,
 		m.Prng,

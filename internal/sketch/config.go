@@ -296,7 +296,9 @@ type Params struct {
 	// one stream (every packet of the class) in a row of one line, or -1
 	// when no node does (a per-destination-port lattice's last node
 	// counts one stream per port). Each CPU counts it in a pending cell
-	// of its own (see Limiter.countTotal).
+	// of its own (see Limiter.countTotal). Either is the last node: the
+	// filter's node loop (visit_nodes in bpf/rakelimit.c) has the code of
+	// the total and of the fair total for the last node only.
 	TotalNode int
 	// Prefix4 and Prefix6 are the prefix lengths by prefix slot.
 	Prefix4, Prefix6 [MaxPrefixes]uint8

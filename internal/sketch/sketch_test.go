@@ -131,6 +131,12 @@ func TestLatticeOrder(t *testing.T) {
 					t.Errorf("node %d = %q level %d, want %q level %d", i, got, n.Level(), tt.want[i], tt.levels[i])
 				}
 			}
+			// The filter's node loop inlines the total's code for the
+			// last node only (visit_nodes in bpf/rakelimit.c).
+			last := len(p.Nodes) - 1
+			if p.TotalNode != last || p.FairNode != last {
+				t.Errorf("total node %d, fair node %d, want both the last, %d", p.TotalNode, p.FairNode, last)
+			}
 		})
 	}
 }
