@@ -1227,7 +1227,7 @@ static __always_inline void rescale(struct cell *c, const struct config *cfg, __
 // on the stack would make it walk the loop once for every combination they
 // can take, past its limit.
 struct node_work {
-	// Set by decide for the packet: the time, the slot's threshold scale
+	// Set by visit_nodes for the packet: the time, the slot's threshold scale
 	// and packet weight, the epoch, the dither, the coin of the
 	// proportional floor and the class.
 	__u64 now;
@@ -1238,7 +1238,7 @@ struct node_work {
 	__u32 dither;
 	__u32 coin;
 	__u32 class;
-	// Set by decide for the node.
+	// Set by visit_nodes for the node.
 	__u32 node;
 	__u32 pad1; // keeps ah 8-byte aligned without implicit padding
 	// Set by visit_node: the budget, the node's rows, the address hashes
@@ -1556,8 +1556,6 @@ static __always_inline void forward_node(struct counter *rows[DEPTH], __u32 w, i
 static __always_inline int visit_node(const struct config *cfg, const struct key *k, struct node_work *nw, struct verdict *v,
 				      const int last)
 {
-	if (!cfg || !k || !nw || !v)
-		return -1;
 	__u32 i = nw->node & (MAX_NODES - 1);
 	__u8 n = cfg->nodes[i];
 	nw->budget = v->limited && node_level(n) > v->level ? BUDGET_LIMITED : BUDGET_CLEAN;
