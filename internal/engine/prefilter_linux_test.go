@@ -89,6 +89,25 @@ func settle(t *testing.T, ln *net.UDPConn, pc net.PacketConn, done <-chan struct
 	return drops
 }
 
+// watchRules reads the pre-filter's number of rules once a period for
+// `periods` periods; the function it returns waits for the last reading and
+// gives the largest.
+func watchRules(pf Prefiltered, periods int) func() int {
+	var peak int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range periods {
+			time.Sleep(prefilter.Period)
+			peak = max(peak, pf.Prefilter().Rules)
+		}
+	}()
+	return func() int {
+		<-done
+		return peak
+	}
+}
+
 // TestPrefilterDropsInKernel runs the userspace limiter on a real socket,
 // with its pre-filter, under a flood of Initials from one source and of
 // invalid datagrams from another: the kernel drops the invalid ones and most
@@ -105,15 +124,7 @@ func TestPrefilterDropsInKernel(t *testing.T) {
 	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	junk := []byte{0x01, 0x02, 0x03, 0x04}
 	const rate, seconds = 10_000, 2
-	var rules atomic.Int64
-	watch := make(chan struct{})
-	go func() {
-		defer close(watch)
-		for range 4 * seconds {
-			time.Sleep(prefilter.Period)
-			rules.Store(max(rules.Load(), int64(pf.Prefilter().Rules)))
-		}
-	}()
+	peakRules := watchRules(pf, 4*seconds)
 	errs := make(chan error, 1)
 	go func() {
 		_, err := testutil.Flood{From: []*net.UDPConn{junker}, To: dst, Rate: rate / 2, Count: rate / 2 * seconds,
@@ -128,13 +139,13 @@ func TestPrefilterDropsInKernel(t *testing.T) {
 	if err := <-errs; err != nil {
 		t.Fatal(err)
 	}
-	<-watch
+	rules := peakRules()
 	drops := settle(t, ln, pc, done, 200*time.Millisecond)
 	st := pf.Prefilter()
 	junkSent := rate / 2 * seconds
 	t.Logf("flood %d, junk %d: kernel drops %d; delivered %d Initials, %d others; pre-filter %+v",
 		sent, junkSent, drops, long.Load(), other.Load(), st)
-	if rules.Load() == 0 {
+	if rules == 0 {
 		t.Error("the pre-filter never had a rule for the flood")
 	}
 	// The junk: all but the sample dropped in the kernel. The flood:
@@ -293,15 +304,7 @@ func TestPrefilterDropsFairTotal(t *testing.T) {
 	quiet := testutil.Sender(t, netip.AddrPortFrom(quietSrc, 0))
 	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	const rate, seconds, quietRate = 20_000, 3, 20
-	var rules atomic.Int64
-	watch := make(chan struct{})
-	go func() {
-		defer close(watch)
-		for range 4 * seconds {
-			time.Sleep(prefilter.Period)
-			rules.Store(max(rules.Load(), int64(pf.Prefilter().Rules)))
-		}
-	}()
+	peakRules := watchRules(pf, 4*seconds)
 	errs := make(chan error, 1)
 	quietSent := make(chan int, 1)
 	go func() {
@@ -319,13 +322,13 @@ func TestPrefilterDropsFairTotal(t *testing.T) {
 	if err := <-errs; err != nil {
 		t.Fatal(err)
 	}
-	<-watch
+	rules := peakRules()
 	drops := settle(t, ln, pc, done, 300*time.Millisecond)
 	st := pf.Prefilter()
 	t.Logf("flood %d from 16 networks: kernel drops %d, %d rules at most; quiet network %d of %d; pre-filter %+v",
-		sent, drops, rules.Load(), quietGot.Load(), qs, st)
-	if rules.Load() < 8 {
-		t.Errorf("the pre-filter had %d rules at most, want one for each of most of the 16 flooding networks", rules.Load())
+		sent, drops, rules, quietGot.Load(), qs, st)
+	if rules < 8 {
+		t.Errorf("the pre-filter had %d rules at most, want one for each of most of the 16 flooding networks", rules)
 	}
 	// After the first periods, the kernel leaves each network twice its
 	// share of the total: most of the flood at 20 times the total.
