@@ -491,7 +491,9 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 	for i, n := range p.Nodes {
 		k.Nodes[i] = uint8(n)
 	}
-	k.NumNodes = uint8(len(p.Nodes))
+	for class, n := range p.Visited {
+		k.Visited[class] = uint8(n)
+	}
 	k.NumPrefixes = uint8(p.NumPrefixes)
 	k.PerDport = boolByte(p.PerDstPort)
 	k.FairNode, k.FairSource = nodeIndex(p.FairNode), nodeIndex(p.FairSource)

@@ -264,7 +264,9 @@ struct config {
 	__u64 track_interval;
 	__u64 track_tau;
 	__u8 nodes[MAX_NODES];
-	__u8 num_nodes;
+	// visited: how many of the nodes, from the first, each class visits
+	// (sketch.Params.Visited): up to its last limited node.
+	__u8 visited[NUM_CLASSES];
 	__u8 num_prefixes;
 	__u8 per_dport;
 	// dry_run: decide and count as usual, but deliver every packet.
@@ -1615,7 +1617,10 @@ __noinline int visit_nodes(const struct config *cfg, const struct key *k, struct
 		return -1;
 	__u32 rnd = rnd_class;
 	__u32 slot = (now >> SLOT_SHIFT) & (SLOTS - 1);
-	__builtin_memset(nw, 0, sizeof(*nw));
+	// Only what the node loop reads before it writes needs a reset, not
+	// the whole of node_work.
+	nw->hashed = 0;
+	nw->network = 0;
 	nw->now = now;
 	nw->g = cfg->g[slot];
 	nw->epoch = now >> EPOCH_SHIFT;
@@ -1625,10 +1630,11 @@ __noinline int visit_nodes(const struct config *cfg, const struct key *k, struct
 	nw->coin = (rnd >> FAIR_COIN_SHIFT) & FAIR_COIN_MASK;
 	nw->class = rnd_class >> 32;
 
-	if (cfg->num_nodes == 0)
+	__u32 visited = cfg->visited[limiter_class(nw->class)];
+	if (visited == 0)
 		return 0;
-	// num_nodes is at most MAX_NODES; the mask bounds it for the verifier.
-	__u32 last = (cfg->num_nodes - 1) & (MAX_NODES - 1);
+	// visited is at most MAX_NODES; the mask bounds it for the verifier.
+	__u32 last = (visited - 1) & (MAX_NODES - 1);
 	// A real loop, not unrolled: unrolling makes the program several
 	// times larger, and a socket filter's size is charged to the socket's
 	// optmem (net.core.optmem_max).

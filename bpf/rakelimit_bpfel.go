@@ -50,7 +50,7 @@ type rakelimitConfig struct {
 	TrackInterval uint64
 	TrackTau      uint64
 	Nodes         [16]uint8
-	NumNodes      uint8
+	Visited       [3]uint8
 	NumPrefixes   uint8
 	PerDport      uint8
 	DryRun        uint8
@@ -62,7 +62,7 @@ type rakelimitConfig struct {
 	TotalNode     uint8
 	CoarseClock   uint8
 	VerifyIds     uint8
-	_             [3]byte
+	_             [1]byte
 	TrackMask     uint32
 	_             [4]byte
 }

@@ -88,14 +88,17 @@ type caseSpec struct {
 
 // production is this filter configured as Caddy configures it by default
 // (classes, connection ID verification, the default blocked source ports,
-// 10 version negotiations a second) with limit datagrams per second at
-// every node of the opening and the established class.
+// 10 version negotiations a second, established connections' socket total
+// unlimited) with opening datagrams per second at every node of the opening
+// class and established at every other node of the established class.
 func production(opening, established uint32) datagram.Config {
+	top := sketch.Config{}.WithDefaults().Levels() - 1
 	return datagram.Config{
 		Limiter: sketch.Config{
-			Limit:       opening,
-			Window:      time.Second,
-			Established: sketch.Limits{Limit: established},
+			Limit:  opening,
+			Window: time.Second,
+			Established: sketch.Limits{Limit: established,
+				LevelLimits: map[int]uint32{top: sketch.Unlimited}},
 		},
 		Classify:     true,
 		VerifyIDs:    true,

@@ -300,6 +300,12 @@ type Params struct {
 	// filter's node loop (visit_nodes in bpf/rakelimit.c) has the code of
 	// the total and of the fair total for the last node only.
 	TotalNode int
+	// Visited is how many of Nodes, from the first, each class's packets
+	// visit: up to the class's last limited node. The nodes after it are
+	// unlimited, and a count no limit judges changes no verdict, so they
+	// are not counted (established connections' socket total, unlimited
+	// by default, costs nothing per packet). 0 when the class has no limit.
+	Visited [NumClasses]int
 	// Prefix4 and Prefix6 are the prefix lengths by prefix slot.
 	Prefix4, Prefix6 [MaxPrefixes]uint8
 	// NumPrefixes is the number of prefix slots in use.
@@ -372,6 +378,13 @@ func Compile(c Config) (*Params, error) {
 			t := threshold(l, p.WindowNanos)
 			p.Thresh[class][i] = t
 			p.Over[class][i] = overThreshold(t)
+		}
+	}
+	for class := range NumClasses {
+		for i := range p.Nodes {
+			if p.Thresh[class][i] != ThreshUnlimited {
+				p.Visited[class] = i + 1
+			}
 		}
 	}
 	for i := len(p.Nodes); i < MaxNodes; i++ {

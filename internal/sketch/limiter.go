@@ -559,7 +559,7 @@ func (l *Limiter) Decide(k *Key, class int, now int64, rnd uint32) Verdict {
 		class:  class,
 	}
 	v := Verdict{Level: -1}
-	for i, n := range p.Nodes {
+	for i, n := range p.Nodes[:p.Visited[class]] {
 		if !applies(p, n, k) {
 			continue
 		}

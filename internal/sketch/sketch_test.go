@@ -141,6 +141,52 @@ func TestLatticeOrder(t *testing.T) {
 	}
 }
 
+// TestVisited checks how many nodes each class visits (Params.Visited): up
+// to its last limited node, and that Decide counts nothing past it.
+func TestVisited(t *testing.T) {
+	top := Config{}.WithDefaults().Levels() - 1
+	tests := []struct {
+		name string
+		c    Config
+		want [NumClasses]int
+	}{
+		{"every node limited", Config{Limit: 10}, [NumClasses]int{6, 6, 6}},
+		{"established total unlimited", Config{Limit: 10, Established: Limits{Limit: 10, LevelLimits: map[int]uint32{top: Unlimited}}},
+			[NumClasses]int{6, 5, 6}},
+		{"an unlimited level under a limited total", Config{Limit: 10, LevelLimits: map[int]uint32{1: Unlimited}},
+			[NumClasses]int{6, 6, 6}},
+		{"the top two levels unlimited", Config{Limit: 10, LevelLimits: map[int]uint32{top - 1: Unlimited, top: Unlimited}},
+			[NumClasses]int{3, 3, 6}}, // established connections inherit the limits
+		{"no limit", Config{Limit: 10, LevelLimits: map[int]uint32{0: Unlimited, 1: Unlimited, 2: Unlimited, 3: Unlimited}},
+			[NumClasses]int{0, 0, 6}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.c.Window = time.Second
+			l, err := New(tt.c, SeededHashKey(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := l.p
+			if p.Visited != tt.want {
+				t.Fatalf("Visited = %v, want %v", p.Visited, tt.want)
+			}
+			k := Key{Family: IPv4, HasPorts: true, Words: [4]uint32{0xc0000201}, SrcPort: 4000, DstPort: 443}
+			for class := range NumClasses {
+				for i := range 100 {
+					l.Decide(&k, class, start+int64(i)*1000, 0)
+				}
+				for i, n := range p.Nodes {
+					counted := l.Estimate(&k, class, n, Clean, start+100*1000) > 0
+					if want := i < p.Visited[class]; counted != want {
+						t.Errorf("class %d node %d (%s): counted %v, want %v", class, i, n.Describe(p, IPv4), counted, want)
+					}
+				}
+			}
+		})
+	}
+}
+
 func TestFixedPoint(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	exact := func(a, b uint64, shift uint) *big.Int {
