@@ -6,9 +6,10 @@
 // limiter in internal/sketch, whose configuration and tables it shares.
 //
 // What the filter learns of the server (LearnServerID, LearnPeer) lives in
-// two preallocated LRU hash maps of datagram.MaxServerIDs and
-// datagram.MaxPeers (2^17) entries; the kernel charges them about 10 MiB
-// and 11 MiB (TestLearnedMemory logs the figures), whether used or not.
+// a set-associative table for datagram.MaxServerIDs (2^17) IDs, mapped into
+// userspace, and a preallocated LRU hash map of datagram.MaxPeers (2^17)
+// entries; the kernel charges them about 2 MiB and 11 MiB
+// (TestLearnedMemory logs the figures), whether used or not.
 package bpf
 
 import (
@@ -38,7 +39,7 @@ var (
 	_ [1]struct{} = [len(rakelimitConfig{}.Thresh[0]) - sketch.MaxNodes + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitConfig{}.Thresh) - sketch.NumClasses + 1]struct{}{}
 	_ [1]struct{} = [sketch.NumClasses - quicclass.LimiterClasses + 1]struct{}{}
-	_ [1]struct{} = [len(rakelimitServerId{}.B) - datagram.ServerIDLen + 1]struct{}{}
+	_ [1]struct{} = [len(rakelimitIdSet{}.Slot) - datagram.IDWays + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitPeerKey{}.Words) - len(datagram.PeerKey{}) + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitStats{}.Verified[0]) - int(quicclass.NumVerifications) + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitConfig{}.G) - sketch.Slots + 1]struct{}{}
@@ -66,8 +67,9 @@ type Filter struct {
 	// cells and resetting them.
 	sweepHook func()
 
-	// quick is the quick-reject filters' map, mapped (see quickFilters).
-	quick []byte
+	// quick is the quick-reject filters' map, mapped (see quickFilters);
+	// ids the server IDs' table (see mapServerIDs).
+	quick, ids []byte
 
 	mu     sync.Mutex
 	cfg    datagram.Config
@@ -120,7 +122,7 @@ func load(c datagram.Config, o loadOptions) (_ *Filter, err error) {
 	// which the userspace limiter keeps too; the generated types do not
 	// carry them, so they are checked here rather than at compile time.
 	for m, want := range map[string]uint32{rakelimitMapAllow4: datagram.MaxAllow, rakelimitMapAllow6: datagram.MaxAllow,
-		rakelimitMapStreams: datagram.MaxTrackedStreams, rakelimitMapServerIds: datagram.MaxServerIDs,
+		rakelimitMapStreams: datagram.MaxTrackedStreams, rakelimitMapServerIds: 1 << datagram.IDSetShift,
 		rakelimitMapPeers: datagram.MaxPeers} {
 		if n := spec.Maps[m].MaxEntries; n != want {
 			return nil, fmt.Errorf("the BPF object's %s holds %d entries, internal/datagram says %d", m, n, want)
@@ -146,6 +148,9 @@ func load(c datagram.Config, o loadOptions) (_ *Filter, err error) {
 		return nil, err
 	}
 	if err := f.mapQuick(); err != nil {
+		return nil, err
+	}
+	if err := f.mapServerIDs(); err != nil {
 		return nil, err
 	}
 	if err := f.initFairShares(); err != nil {
@@ -744,6 +749,12 @@ func (f *Filter) Close() error {
 			return fmt.Errorf("unmapping the quick-reject filters: %w", err)
 		}
 		f.quick = nil
+	}
+	if f.ids != nil {
+		if err := unix.Munmap(f.ids); err != nil {
+			return fmt.Errorf("unmapping the server IDs' table: %w", err)
+		}
+		f.ids = nil
 	}
 	return f.objs.Close()
 }

@@ -130,21 +130,14 @@ func (w *twin) expire(before int64) {
 	}
 }
 
-// learned reads the kernel's learned server IDs and peers.
+// learned reads the kernel's learned server IDs, with their stamps, and
+// peers, with their times.
 func (f *Filter) learned(t testing.TB) (map[datagram.ServerID]int64, map[datagram.PeerKey]int64) {
 	t.Helper()
-	ids, peers := map[datagram.ServerID]int64{}, map[datagram.PeerKey]int64{}
-	var id rakelimitServerId
+	ids, peers := f.serverIDs(), map[datagram.PeerKey]int64{}
 	var pk rakelimitPeerKey
 	var at uint64
-	it := f.objs.ServerIds.Iterate()
-	for it.Next(&id, &at) {
-		ids[id.B] = int64(at)
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
-	it = f.objs.Peers.Iterate()
+	it := f.objs.Peers.Iterate()
 	for it.Next(&pk, &at) {
 		peers[pk.Words] = int64(at)
 	}

@@ -25,12 +25,74 @@ func (f *Filter) LearnServerID(id datagram.ServerID) error {
 	return f.learnServerID(id, monoNow())
 }
 
-func (f *Filter) learnServerID(id datagram.ServerID, at uint64) error {
-	if err := f.objs.ServerIds.Update(rakelimitServerId{B: id}, at, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("learning server connection ID %x: %w", id[:], err)
+// The server IDs' table (server_ids in rakelimit.c), mapped: a slot holds
+// an ID in its top 32 bits, idUsed, and the ID's stamp (datagram.IDStamp).
+// Userspace and the program write slots with atomic operations only.
+const (
+	idSlotBytes = 8
+	idSetBytes  = datagram.IDWays * idSlotBytes
+	idSets      = 1 << datagram.IDSetShift
+	idUsed      = 1 << 31
+	idStampMask = idUsed - 1
+	idTagMask   = ^uint64(idStampMask)
+	// idLearnTries bounds the compare-and-swap retries of a learn whose
+	// set other writers keep changing.
+	idLearnTries = 16
+)
+
+// mapServerIDs maps the server IDs' table.
+func (f *Filter) mapServerIDs() error {
+	if n := f.objs.ServerIds.MaxEntries(); n != idSets || f.objs.ServerIds.ValueSize() != idSetBytes {
+		return fmt.Errorf("the BPF object's server_ids map holds %d sets of %d bytes, want %d of %d", n,
+			f.objs.ServerIds.ValueSize(), idSets, idSetBytes)
 	}
-	f.setQuick(quickIDs, f.idHash(id))
+	mem, err := unix.Mmap(f.objs.ServerIds.FD(), 0, idSets*idSetBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mapping the server IDs' table: %w", err)
+	}
+	f.ids = mem
 	return nil
+}
+
+// idSlot is slot i of the table (set times IDWays plus way). The memory is
+// the mapping's, not Go's; it outlives every use (Close unmaps it).
+func (f *Filter) idSlot(i int) *uint64 {
+	return (*uint64)(unsafe.Pointer(&f.ids[i*idSlotBytes]))
+}
+
+// idTag is what a slot holding id has in its top 33 bits.
+func idTag(id datagram.ServerID) uint64 {
+	return uint64(id.Word())<<32 | idUsed
+}
+
+func (f *Filter) learnServerID(id datagram.ServerID, at uint64) error {
+	h := f.idHash(id)
+	tag, st := idTag(id), uint64(datagram.IDStamp(int64(at)))
+	first := int(h>>(64-datagram.IDSetShift)) * datagram.IDWays
+	for range idLearnTries {
+		// The ID's own slot if it has one, else a free slot, else the
+		// stalest ID's.
+		victim, old, found := -1, uint64(0), false
+		for i := first; i < first+datagram.IDWays; i++ {
+			e := atomic.LoadUint64(f.idSlot(i))
+			switch {
+			case e&idTagMask == tag:
+				victim, old, found = i, e, true
+			case found:
+			case e&idUsed == 0:
+				if victim < 0 || old&idUsed != 0 {
+					victim, old = i, e
+				}
+			case victim < 0 || old&idUsed != 0 && e&idStampMask < old&idStampMask:
+				victim, old = i, e
+			}
+		}
+		if atomic.CompareAndSwapUint64(f.idSlot(victim), old, tag|st) {
+			f.setQuick(quickIDs, h)
+			return nil
+		}
+	}
+	return fmt.Errorf("learning server connection ID %x: its set of the table kept changing over %d tries", id[:], idLearnTries)
 }
 
 // LearnPeer remembers addr, an address the server sent a datagram to, at
@@ -67,14 +129,11 @@ func (f *Filter) ExpireLearned(lifetime time.Duration) (ids, peers int, err erro
 
 func (f *Filter) expireLearned(cutoff uint64) (ids, peers int, err error) {
 	snap := f.snapQuick(quickIDs)
-	ids, kept, err := expireBefore[rakelimitServerId](f.objs.ServerIds, cutoff)
-	if err != nil {
-		return ids, 0, fmt.Errorf("expiring server connection IDs: %w", err)
-	}
+	ids, kept := f.expireIDs(uint64(datagram.IDStamp(int64(cutoff))))
 	if ids > 0 {
 		hashes := make([]uint64, len(kept))
-		for i, k := range kept {
-			hashes[i] = f.idHash(k.B)
+		for i, id := range kept {
+			hashes[i] = f.idHash(id)
 		}
 		f.rebuildQuick(quickIDs, snap, hashes)
 	}
@@ -91,6 +150,42 @@ func (f *Filter) expireLearned(cutoff uint64) (ids, peers int, err error) {
 		f.rebuildQuick(quickPeers, snap, hashes)
 	}
 	return ids, peers, nil
+}
+
+// expireIDs clears the table's slots whose stamp is before cutoff, and
+// returns how many, and the IDs it kept. A slot that a datagram stamps
+// between the read and the clear keeps its ID (the compare-and-swap
+// fails).
+func (f *Filter) expireIDs(cutoff uint64) (int, []datagram.ServerID) {
+	n := 0
+	var kept []datagram.ServerID
+	for i := range idSets * datagram.IDWays {
+		e := atomic.LoadUint64(f.idSlot(i))
+		if e&idUsed == 0 {
+			continue
+		}
+		if e&idStampMask < cutoff && atomic.CompareAndSwapUint64(f.idSlot(i), e, 0) {
+			n++
+			continue
+		}
+		var id datagram.ServerID
+		binary.BigEndian.PutUint32(id[:], uint32(e>>32))
+		kept = append(kept, id)
+	}
+	return n, kept
+}
+
+// serverIDs returns the IDs the table holds, with their stamps.
+func (f *Filter) serverIDs() map[datagram.ServerID]int64 {
+	out := map[datagram.ServerID]int64{}
+	for i := range idSets * datagram.IDWays {
+		if e := atomic.LoadUint64(f.idSlot(i)); e&idUsed != 0 {
+			var id datagram.ServerID
+			binary.BigEndian.PutUint32(id[:], uint32(e>>32))
+			out[id] = int64(e & idStampMask)
+		}
+	}
+	return out
 }
 
 // expireChunk is how many entries one batch lookup reads.
@@ -217,9 +312,10 @@ func (f *Filter) peerHash(k datagram.PeerKey) uint64 {
 	return h
 }
 
-// idHash is a server ID's hash for its filter (id_hash in rakelimit.c).
+// idHash is a server ID's hash for its filter and its set in the table
+// (id_hash in rakelimit.c).
 func (f *Filter) idHash(id datagram.ServerID) uint64 {
-	return f.hk.A[1][1] * uint64(binary.BigEndian.Uint32(id[:]))
+	return f.hk.A[1][1] * uint64(id.Word())
 }
 
 // rebuildQuick sets learned set which's filter to the bits of the members

@@ -6,6 +6,8 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"strings"
@@ -13,8 +15,10 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -34,15 +38,17 @@ func TestLearnExpire(t *testing.T) {
 	}
 	ids, peers := f.learned(t)
 	wantPeer, _ := datagram.PeerKeyOf(netip.MustParseAddr("192.0.2.2"))
-	if at := ids[id]; len(ids) != 1 || at < int64(before) || at > int64(monoNow()) || len(peers) != 3 || peers[wantPeer] == 0 {
+	if st := ids[id]; len(ids) != 1 || st < datagram.IDStamp(int64(before)) || st > datagram.IDStamp(int64(monoNow())) ||
+		len(peers) != 3 || peers[wantPeer] < int64(before) {
 		t.Fatalf("learned IDs %v and peers %v (clock %d)", ids, peers, before)
 	}
 	if n, m, err := f.ExpireLearned(time.Hour); err != nil || n != 0 || m != 0 {
 		t.Fatalf("ExpireLearned(1h) = %d, %d, %v", n, m, err)
 	}
-	time.Sleep(10 * time.Millisecond)
-	if n, m, err := f.ExpireLearned(5 * time.Millisecond); err != nil || n != 1 || m != 3 {
-		t.Fatalf("ExpireLearned(5ms) = %d, %d, %v", n, m, err)
+	// A server ID's time is kept in units of 1.07 s: a cutoff two units
+	// on is past it.
+	if n, m, err := f.expireLearned(monoNow() + 2<<datagram.IDStampShift); err != nil || n != 1 || m != 3 {
+		t.Fatalf("expireLearned(2 units on) = %d, %d, %v", n, m, err)
 	}
 	if ids, peers := f.learned(t); len(ids) != 0 || len(peers) != 0 {
 		t.Fatalf("left %v and %v", ids, peers)
@@ -52,31 +58,74 @@ func TestLearnExpire(t *testing.T) {
 	}
 }
 
-// TestLearnedFull: a full set of server IDs takes a new one, evicting
-// another, rather than refusing it; and expiry reads every entry of a full
-// map.
+// TestLearnedFull: the table holds all but about 1% of MaxServerIDs random
+// IDs, learned one after another; a full
+// set takes a new ID, evicting its stalest, rather than refusing it; the
+// program verifies by every ID the table holds and by no other; and expiry
+// reads every slot.
 func TestLearnedFull(t *testing.T) {
-	f := loadTest(t, testutil.QUICLimits(100, 1000), loadOptions{})
-	keys := make([]rakelimitServerId, datagram.MaxServerIDs)
-	times := make([]uint64, datagram.MaxServerIDs)
-	for i := range keys {
-		binary.BigEndian.PutUint32(keys[i].B[:], uint32(i)|0x8000_0000)
-		times[i] = 1000
+	c := testutil.QUICLimits(100, 1000)
+	c.VerifyIDs = true
+	f := loadTest(t, c, loadOptions{testMode: true})
+	const unit = uint64(1) << datagram.IDStampShift
+	rng := rand.New(rand.NewPCG(5, 6))
+	ids := make([]datagram.ServerID, datagram.MaxServerIDs)
+	for i := range ids {
+		binary.BigEndian.PutUint32(ids[i][:], rng.Uint32())
+		// Older IDs first: the stalest are the first learned.
+		if err := f.learnServerID(ids[i], (10+uint64(i*8/len(ids)))*unit); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, err := f.objs.ServerIds.BatchUpdate(keys, times, nil); err != nil {
-		t.Fatal(err)
+	held := f.serverIDs()
+	if len(held) < datagram.MaxServerIDs*98/100 {
+		t.Fatalf("the table holds %d of %d random IDs", len(held), len(ids))
 	}
-	id := datagram.ServerID{1, 2, 3, 4}
-	if err := f.learnServerID(id, 2000); err != nil {
-		t.Fatalf("a new ID into a full map: %v", err)
+	t.Logf("%d of %d random IDs held", len(held), len(ids))
+	// A set is full: the new ID evicts the stalest of its set.
+	var full int
+	var id datagram.ServerID
+	for {
+		binary.BigEndian.PutUint32(id[:], rng.Uint32())
+		full = int(f.idHash(id)>>(64-datagram.IDSetShift)) * datagram.IDWays
+		used, stalest := 0, int64(math.MaxInt64)
+		for i := full; i < full+datagram.IDWays; i++ {
+			if e := *f.idSlot(i); e&idUsed != 0 {
+				used++
+				stalest = min(stalest, int64(e&idStampMask))
+			}
+		}
+		if _, known := held[id]; used == datagram.IDWays && !known && stalest < 17 {
+			break
+		}
 	}
-	var at uint64
-	if err := f.objs.ServerIds.Lookup(rakelimitServerId{B: id}, &at); err != nil || at != 2000 {
-		t.Fatalf("the new ID: %d, %v", at, err)
+	before := f.serverIDs()
+	if err := f.learnServerID(id, 20*unit); err != nil {
+		t.Fatalf("a new ID into a full set: %v", err)
 	}
-	n, _, err := f.expireLearned(1500)
-	if err != nil || n < datagram.MaxServerIDs*9/10 || n >= datagram.MaxServerIDs {
-		t.Fatalf("expired %d of about %d old IDs: %v", n, datagram.MaxServerIDs, err)
+	after := f.serverIDs()
+	if after[id] != 20 || len(after) != len(before) {
+		t.Fatalf("the new ID: stamp %d, %d IDs held, want 20 and %d", after[id], len(after), len(before))
+	}
+	for old, st := range before {
+		if _, ok := after[old]; !ok && st > after[id] {
+			t.Fatalf("evicted ID %x of stamp %d", old, st)
+		}
+	}
+	// The program verifies by the IDs held, and by no other.
+	for i, probe := range append(ids[:200:200], id) {
+		_, want := after[probe]
+		p := udp("192.0.2.1", 50000)
+		p.data = quicclass.ShortPacket(probe, 100)
+		v := f.run(t, p.frame(), int64(19*unit), 0) // moves a held ID's stamp to 19
+		if verified := quicclass.Verification(v.Verified) == quicclass.ShortByID; verified != want {
+			t.Fatalf("ID %d (%x), held %v: class %v, verified %v", i, probe, want, quicclass.Class(v.Class),
+				quicclass.Verification(v.Verified))
+		}
+	}
+	n, _, err := f.expireLearned(20 * unit)
+	if err != nil || n != len(after)-1 {
+		t.Fatalf("expired %d of %d old IDs: %v", n, len(after)-1, err)
 	}
 	if ids, _ := f.learned(t); len(ids) != 1 {
 		t.Fatalf("%d IDs left, want the new one", len(ids))
@@ -84,12 +133,16 @@ func TestLearnedFull(t *testing.T) {
 }
 
 // TestLearnedMemory logs what the kernel charges for the learned sets (the
-// package doc states it).
+// package doc states it), and checks it is at least their slots.
 func TestLearnedMemory(t *testing.T) {
 	f := loadTest(t, testutil.QUICLimits(100, 1000), loadOptions{})
 	for name, m := range map[string]*ebpf.Map{"server_ids": f.objs.ServerIds, "peers": f.objs.Peers} {
 		b := memlock(t, m)
-		if b < int(m.MaxEntries()*(m.KeySize()+m.ValueSize())) {
+		held := m.ValueSize() // an array's keys are its indices
+		if m.Type() != ebpf.Array {
+			held += m.KeySize()
+		}
+		if b < int(m.MaxEntries()*held) {
 			t.Fatalf("%s: %d bytes charged, less than its keys and values", name, b)
 		}
 		t.Logf("%s: %d entries of %d+%d bytes: %d bytes (%.1f MiB) charged", name, m.MaxEntries(), m.KeySize(),
@@ -116,19 +169,22 @@ func memlock(t *testing.T, m *ebpf.Map) int {
 	return 0
 }
 
-// TestLearnedDimensions: the object's learned sets are LRU hash maps of the
-// sizes package datagram gives (load refuses an object that disagrees; this
+// TestLearnedDimensions: the object's learned sets are of the sizes package
+// datagram gives, the server IDs an mappable array of sets of IDWays
+// slots, the peers an LRU hash (load refuses an object that disagrees; this
 // checks without loading, so without privileges).
 func TestLearnedDimensions(t *testing.T) {
 	spec, err := loadRakelimit()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]uint32{rakelimitMapServerIds: datagram.MaxServerIDs, rakelimitMapPeers: datagram.MaxPeers} {
-		m := spec.Maps[name]
-		if m.Type != ebpf.LRUHash || m.MaxEntries != want {
-			t.Errorf("%s: %v of %d entries, want an LRU hash of %d", name, m.Type, m.MaxEntries, want)
-		}
+	if m := spec.Maps[rakelimitMapServerIds]; m.Type != ebpf.Array || m.Flags&unix.BPF_F_MMAPABLE == 0 ||
+		m.MaxEntries != idSets || m.ValueSize != idSetBytes {
+		t.Errorf("server_ids: %v of %d values of %d bytes, flags %#x; want a mappable array of %d sets of %d bytes",
+			m.Type, m.MaxEntries, m.ValueSize, m.Flags, idSets, idSetBytes)
+	}
+	if m := spec.Maps[rakelimitMapPeers]; m.Type != ebpf.LRUHash || m.MaxEntries != datagram.MaxPeers {
+		t.Errorf("peers: %v of %d entries, want an LRU hash of %d", m.Type, m.MaxEntries, datagram.MaxPeers)
 	}
 	if k := spec.Maps[rakelimitMapPeers].KeySize; k != uint32(4*len(datagram.PeerKey{})) {
 		t.Errorf("peers keyed by %d bytes", k)
@@ -172,10 +228,10 @@ func TestQuickFilters(t *testing.T) {
 			if f.quickSet(tt.which, tt.old) || f.quickSet(tt.which, tt.kept) {
 				t.Fatal("bits set before anything was learned")
 			}
-			if err := tt.learn(100, false); err != nil {
+			if err := tt.learn(100<<datagram.IDStampShift, false); err != nil {
 				t.Fatal(err)
 			}
-			if err := tt.learn(200, true); err != nil {
+			if err := tt.learn(200<<datagram.IDStampShift, true); err != nil {
 				t.Fatal(err)
 			}
 			if !f.quickSet(tt.which, tt.old) || !f.quickSet(tt.which, tt.kept) {
@@ -183,7 +239,7 @@ func TestQuickFilters(t *testing.T) {
 			}
 		})
 	}
-	if ids, peers, err := f.expireLearned(150); err != nil || ids != 1 || peers != 1 {
+	if ids, peers, err := f.expireLearned(150 << datagram.IDStampShift); err != nil || ids != 1 || peers != 1 {
 		t.Fatalf("expired %d IDs and %d peers (%v), want 1 and 1", ids, peers, err)
 	}
 	for _, c := range []struct {

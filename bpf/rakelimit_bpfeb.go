@@ -72,6 +72,11 @@ type rakelimitFair struct {
 	Share [3][2]uint64
 }
 
+type rakelimitIdSet struct {
+	_    structs.HostLayout
+	Slot [8]uint64
+}
+
 type rakelimitLine struct {
 	_     structs.HostLayout
 	Cells [3]struct {
@@ -132,11 +137,6 @@ type rakelimitPending struct {
 type rakelimitQuick struct {
 	_     structs.HostLayout
 	Words [4096]uint64
-}
-
-type rakelimitServerId struct {
-	_ structs.HostLayout
-	B [4]uint8
 }
 
 type rakelimitStats struct {

@@ -314,8 +314,8 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 			out.Drop = true
 		}
 	default:
-		if idLast != nil && now > *idLast+int64(IDRefresh) {
-			*idLast = now
+		if st := IDStamp(now); idLast != nil && *idLast < st {
+			*idLast = st
 		}
 		// The allowlist exempts from the limits, not from validity: an
 		// allowlisted source's invalid and negotiation datagrams were
@@ -359,7 +359,7 @@ func (f *Filter) inspect(d *Datagram) quicclass.Header {
 
 // verify looks up what h asks for, the server ID first and the source k's
 // address only if that does not verify it, and resolves h's class. It
-// returns the time of the server ID when the ID verified the datagram.
+// returns the stamp of the server ID when the ID verified the datagram.
 func (f *Filter) verify(h *quicclass.Header, k *sketch.Key) (quicclass.Class, quicclass.Reason, quicclass.Verification, *int64) {
 	var idLast *int64
 	if h.HasID {

@@ -3,7 +3,6 @@ package datagram
 import (
 	"fmt"
 	"net/netip"
-	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/secondchance"
@@ -11,11 +10,12 @@ import (
 )
 
 // What the filter learns from the server's own datagrams (see
-// quicclass): the connection IDs it issues and the addresses it sends to.
-// The kernel keeps each set in an LRU hash map of the size given here (the
-// bpf package checks that its object agrees), preallocated: about 10 MiB
-// for the IDs and 11 MiB for the peers. The Go twin bounds its tables
-// alike and grows them as it learns: about 7 MiB and 10 MiB when full.
+// quicclass): the connection IDs it issues and the addresses it sends to,
+// as many as given here (the bpf package checks that its object agrees).
+// The kernel keeps the IDs in a set-associative table of 2 MiB (IDWays),
+// the peers in a preallocated LRU hash map of about 11 MiB. The Go twin
+// bounds its tables alike and grows them as it learns: about 7 MiB and
+// 10 MiB when full.
 const (
 	// ServerIDLen is the length of the server's connection IDs: quic-go's
 	// are 4 random bytes.
@@ -23,15 +23,44 @@ const (
 	// MaxServerIDs is how many server connection IDs are remembered: a
 	// busy server's connections, a few IDs each (quic-go issues a few per
 	// connection and rotates them). When the set is full, a new ID evicts
-	// the least recently used one rather than being refused.
+	// one rather than being refused: in the kernel, the stalest of the
+	// IDWays of its set; in the Go twin, the one the clock hand picks.
 	MaxServerIDs = 1 << 17
-	// MaxPeers is how many peer addresses are remembered, evicted alike.
+	// IDWays and IDSetShift shape the kernel's table of server IDs: sets
+	// of IDWays slots of 8 bytes, a cache line, 2^IDSetShift of them; an
+	// ID's set is the top IDSetShift bits of its hash. The table has twice
+	// MaxServerIDs slots: a set fills before the table does, and at half
+	// full the sets hold all but about 1% of random IDs (at full, 14%
+	// would find their set full).
+	IDWays     = 8
+	IDSetShift = 15
+	// MaxPeers is how many peer addresses are remembered, evicted as the
+	// least recently used.
 	MaxPeers = 1 << 17
-	// IDRefresh is how stale a server ID's last use must be before a
-	// verified datagram that uses it writes the time again: one write a
-	// second per ID at most, not one per datagram.
-	IDRefresh = time.Second
+	// IDStampShift gives the unit of a server ID's time, its stamp (see
+	// IDStamp): 2^30 ns, 1.07 s. A verified datagram writes the stamp of
+	// its ID again when it is behind: one write per ID a second at most,
+	// not one per datagram.
+	IDStampShift = 30
+	// IDStampMask keeps a stamp in the 31 bits a slot of the kernel's
+	// table has for it (68 years).
+	IDStampMask = 1<<31 - 1
 )
+
+// IDStamp is time now (nanoseconds, monotonic) as a server ID's time is
+// kept: in units of 2^IDStampShift ns, so that the kernel keeps an ID and
+// its time in one 8-byte word. An ID is expired once its stamp is before
+// the stamp of the cutoff: up to one unit after it was last used. A time
+// before the clock's zero (a cutoff older than the clock) is stamp 0.
+func IDStamp(now int64) int64 {
+	return max(now, 0) >> IDStampShift & IDStampMask
+}
+
+// Word is the ID as a big-endian number: how the kernel's table and hash
+// take it.
+func (id ServerID) Word() uint32 {
+	return uint32(id[0])<<24 | uint32(id[1])<<16 | uint32(id[2])<<8 | uint32(id[3])
+}
 
 // ServerID is a connection ID the server issued, as the server's long
 // headers carry it in their source connection ID.
@@ -168,8 +197,9 @@ func (t *learned[K]) all() map[K]int64 {
 }
 
 // LearnServerID remembers id, a connection ID the server put in a long
-// header's source connection ID, at time now (nanoseconds, monotonic).
-func (f *Filter) LearnServerID(id ServerID, now int64) { f.ids.learn(id, now) }
+// header's source connection ID, at time now (nanoseconds, monotonic),
+// kept as its stamp (IDStamp).
+func (f *Filter) LearnServerID(id ServerID, now int64) { f.ids.learn(id, IDStamp(now)) }
 
 // LearnPeer remembers addr, an address the server sent a datagram to, at
 // time now.
@@ -183,13 +213,15 @@ func (f *Filter) LearnPeer(addr netip.Addr, now int64) error {
 }
 
 // ExpireLearned forgets the server IDs and peers last learned or used before
-// before, and returns how many of each.
+// before (an ID: whose stamp is before before's), and returns how many of
+// each.
 func (f *Filter) ExpireLearned(before int64) (ids, peers int) {
-	return f.ids.expire(before), f.peers.expire(before)
+	return f.ids.expire(IDStamp(before)), f.peers.expire(before)
 }
 
-// ServerIDs returns the server IDs remembered, with the time each was last
-// learned or used; for tests that compare state with the BPF program.
+// ServerIDs returns the server IDs remembered, with the stamp (IDStamp) of
+// the time each was last learned or used; for tests that compare state with
+// the BPF program.
 func (f *Filter) ServerIDs() map[ServerID]int64 { return f.ids.all() }
 
 // Peers returns the peers remembered, with the time each was last learned;

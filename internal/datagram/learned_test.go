@@ -94,55 +94,70 @@ func TestVerify(t *testing.T) {
 	}
 }
 
-// TestLearnedTimes: a verified datagram refreshes its server ID's time only
-// when the time is more than IDRefresh old; expiry forgets what was neither
-// learned nor used since, and what is forgotten no longer verifies.
+// TestLearnedTimes: a verified datagram moves its server ID's stamp on only
+// when the stamp is behind its time's (IDStamp); expiry forgets what was
+// neither learned nor used since, and what is forgotten no longer verifies.
 func TestLearnedTimes(t *testing.T) {
+	const u = time.Duration(1) << IDStampShift // a stamp's unit
+	base := (start>>IDStampShift + 1) << IDStampShift
+	stamp := base >> IDStampShift
 	f := newFilter(t, verifying())
-	f.LearnServerID(serverID, start)
-	if err := f.LearnPeer(peer, start); err != nil {
+	f.LearnServerID(serverID, base+int64(u/10))
+	if err := f.LearnPeer(peer, base+int64(u/10)); err != nil {
 		t.Fatal(err)
+	}
+	if got := f.ServerIDs()[serverID]; got != stamp {
+		t.Fatalf("learned with stamp %d, want %d", got, stamp)
 	}
 	short := func(src string, at time.Duration) quicclass.Class {
 		d := dgram(src, quicclass.ShortPacket(serverID, 100))
-		return f.Decide(d, start+int64(at), 0).Class
+		return f.Decide(d, base+int64(at), 0).Class
 	}
 	steps := []struct {
 		at   time.Duration
-		want int64 // the ID's time after a short header at start+at
+		want int64 // the ID's stamp after a short header at base+at
 	}{
-		{500 * time.Millisecond, start},
-		{time.Second, start},
-		{time.Second + 1, start + int64(time.Second) + 1},
-		{1500 * time.Millisecond, start + int64(time.Second) + 1},
-		{3 * time.Second, start + int64(3*time.Second)},
+		{u / 2, stamp},
+		{u - 1, stamp},
+		{u, stamp + 1},
+		{u + u/2, stamp + 1},
+		{u / 2, stamp + 1}, // an older reading leaves it
+		{3 * u, stamp + 3},
 	}
 	for _, s := range steps {
 		if c := short("198.51.100.1:50000", s.at); c != quicclass.Established {
 			t.Fatalf("at %v: class %v", s.at, c)
 		}
 		if got := f.ServerIDs()[serverID]; got != s.want {
-			t.Fatalf("after a datagram at +%v the ID's time is %d, want %d", s.at, got-start, s.want-start)
+			t.Fatalf("after a datagram at +%v the ID's stamp is %d, want %d", s.at, got-stamp, s.want-stamp)
 		}
 	}
-	// The peer was learned at start and never since; the ID used at +3 s.
-	ids, peers := f.ExpireLearned(start + int64(2*time.Second))
+	// The peer was learned at +u/10 and never since; the ID used at +3u.
+	ids, peers := f.ExpireLearned(base + int64(2*u))
 	if ids != 0 || peers != 1 || len(f.Peers()) != 0 || len(f.ServerIDs()) != 1 {
 		t.Fatalf("expired %d IDs and %d peers; left %v and %v", ids, peers, f.ServerIDs(), f.Peers())
 	}
 	d := dgram("192.0.2.50:50000", quicclass.ShortPacket(otherID, 100))
-	if out := f.Decide(d, start+int64(4*time.Second), 0); out.Class != quicclass.Unverified {
+	if out := f.Decide(d, base+int64(4*u), 0); out.Class != quicclass.Unverified {
 		t.Fatalf("a forgotten peer's short header: %+v", out)
 	}
-	ids, peers = f.ExpireLearned(start + int64(4*time.Second))
-	if ids != 1 || peers != 0 || short("198.51.100.1:50000", 5*time.Second) != quicclass.Unverified {
+	// A cutoff before the clock's zero expires nothing.
+	if ids, peers = f.ExpireLearned(-int64(time.Hour)); ids != 0 || peers != 0 {
+		t.Fatalf("a cutoff before the clock's zero expired %d IDs and %d peers", ids, peers)
+	}
+	// Expiry by stamp: a cutoff within the stamp's unit keeps the ID.
+	if ids, _ = f.ExpireLearned(base + int64(3*u+u-1)); ids != 0 {
+		t.Fatalf("expired %d IDs with a cutoff in the ID's own stamp", ids)
+	}
+	ids, peers = f.ExpireLearned(base + int64(4*u))
+	if ids != 1 || peers != 0 || short("198.51.100.1:50000", 5*u) != quicclass.Unverified {
 		t.Fatalf("expired %d IDs and %d peers; the forgotten ID still verifies", ids, peers)
 	}
-	// Learning again sets the time, even back.
-	f.LearnServerID(serverID, start+int64(10*time.Second))
-	f.LearnServerID(serverID, start+int64(9*time.Second))
-	if got := f.ServerIDs()[serverID]; got != start+int64(9*time.Second) {
-		t.Fatalf("time %d after learning twice", got-start)
+	// Learning again sets the stamp, even back.
+	f.LearnServerID(serverID, base+int64(10*u))
+	f.LearnServerID(serverID, base+int64(9*u))
+	if got := f.ServerIDs()[serverID]; got != stamp+9 {
+		t.Fatalf("stamp %d after learning twice", got-stamp)
 	}
 	if err := f.LearnPeer(netip.Addr{}, start); err == nil || !strings.Contains(err.Error(), "peer address invalid IP: want an IPv4 or IPv6 address") {
 		t.Fatalf("LearnPeer(invalid): %v", err)
