@@ -556,7 +556,7 @@ _Static_assert(ID_SETS * ID_WAYS == 2 * MAX_SERVER_IDS, "the table is half full 
 
 // The server's connection IDs, as userspace learns them. An array, not a
 // hash map: a lookup reads one line, with no call (the kernel inlines an
-// array's lookup), where an LRU hash's cost a verified datagram 25 ns on
+// array's lookup), where an LRU hash's lookup cost a verified datagram 25 ns on
 // AMD EPYC. Mapped into userspace, which writes slots with atomic
 // operations: a new ID takes a free slot of its set, or the one of the
 // stalest ID; IDs unused for their lifetime are cleared.
