@@ -71,7 +71,8 @@ func (f *Filter) learnServerID(id datagram.ServerID, at uint64) error {
 	first := int(h>>(64-datagram.IDSetShift)) * datagram.IDWays
 	for range idLearnTries {
 		// The ID's own slot if it has one, else a free slot, else the
-		// stalest ID's.
+		// stalest ID's. Two learners of one new ID at once may each take
+		// a slot for it: the lookup finds either, and expiry clears both.
 		victim, old, found := -1, uint64(0), false
 		for i := first; i < first+datagram.IDWays; i++ {
 			e := atomic.LoadUint64(f.idSlot(i))
