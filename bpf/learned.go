@@ -32,8 +32,8 @@ const (
 	idSlotBytes = 8
 	idSetBytes  = datagram.IDWays * idSlotBytes
 	idSets      = 1 << datagram.IDSetShift
-	idUsed      = 1 << 31
-	idStampMask = idUsed - 1
+	idStampMask = datagram.IDStampMask
+	idUsed      = idStampMask + 1
 	idTagMask   = ^uint64(idStampMask)
 	// idLearnTries bounds the compare-and-swap retries of a learn whose
 	// set other writers keep changing.
@@ -65,10 +65,23 @@ func idTag(id datagram.ServerID) uint64 {
 	return uint64(id.Word())<<32 | idUsed
 }
 
+// slotID is the ID a used slot e holds.
+func slotID(e uint64) datagram.ServerID {
+	var id datagram.ServerID
+	binary.BigEndian.PutUint32(id[:], uint32(e>>32))
+	return id
+}
+
+// idSetFirst is the index of the first slot of the set of an ID of hash h
+// (idHash).
+func idSetFirst(h uint64) int {
+	return int(h>>(64-datagram.IDSetShift)) * datagram.IDWays
+}
+
 func (f *Filter) learnServerID(id datagram.ServerID, at uint64) error {
 	h := f.idHash(id)
 	tag, st := idTag(id), uint64(datagram.IDStamp(int64(at)))
-	first := int(h>>(64-datagram.IDSetShift)) * datagram.IDWays
+	first := idSetFirst(h)
 	for range idLearnTries {
 		// The ID's own slot if it has one, else a free slot, else the
 		// stalest ID's. Two learners of one new ID at once may each take
@@ -169,9 +182,7 @@ func (f *Filter) expireIDs(cutoff uint64) (int, []datagram.ServerID) {
 			n++
 			continue
 		}
-		var id datagram.ServerID
-		binary.BigEndian.PutUint32(id[:], uint32(e>>32))
-		kept = append(kept, id)
+		kept = append(kept, slotID(e))
 	}
 	return n, kept
 }
@@ -181,9 +192,7 @@ func (f *Filter) serverIDs() map[datagram.ServerID]int64 {
 	out := map[datagram.ServerID]int64{}
 	for i := range idSets * datagram.IDWays {
 		if e := atomic.LoadUint64(f.idSlot(i)); e&idUsed != 0 {
-			var id datagram.ServerID
-			binary.BigEndian.PutUint32(id[:], uint32(e>>32))
-			out[id] = int64(e & idStampMask)
+			out[slotID(e)] = int64(e & idStampMask)
 		}
 	}
 	return out

@@ -87,7 +87,7 @@ func TestLearnedFull(t *testing.T) {
 	var id datagram.ServerID
 	for {
 		binary.BigEndian.PutUint32(id[:], rng.Uint32())
-		full = int(f.idHash(id)>>(64-datagram.IDSetShift)) * datagram.IDWays
+		full = idSetFirst(f.idHash(id))
 		used, stalest := 0, int64(math.MaxInt64)
 		for i := full; i < full+datagram.IDWays; i++ {
 			if e := *f.idSlot(i); e&idUsed != 0 {

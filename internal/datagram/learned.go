@@ -1,6 +1,7 @@
 package datagram
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 
@@ -58,9 +59,7 @@ func IDStamp(now int64) int64 {
 
 // Word is the ID as a big-endian number: how the kernel's table and hash
 // take it.
-func (id ServerID) Word() uint32 {
-	return uint32(id[0])<<24 | uint32(id[1])<<16 | uint32(id[2])<<8 | uint32(id[3])
-}
+func (id ServerID) Word() uint32 { return binary.BigEndian.Uint32(id[:]) }
 
 // ServerID is a connection ID the server issued, as the server's long
 // headers carry it in their source connection ID.
