@@ -578,7 +578,7 @@ func bpfObjects(t *testing.T) (progs, maps int) {
 func countBPFObjects(t *testing.T) (progs, maps int) {
 	t.Helper()
 	ourMaps := map[string]bool{"cells": true, "configs": true, "active_config": true, "counters": true,
-		"prng": true, "test_verdict": true}
+		"cpu_state": true, "test_verdict": true}
 	progIDs, mapIDs := heldBPFObjects(t)
 	for id := range progIDs {
 		p, err := ebpf.NewProgramFromID(id)

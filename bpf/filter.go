@@ -201,23 +201,24 @@ func (f *Filter) initFairShares() error {
 	return nil
 }
 
-// seedPRNG gives every CPU's xorshift generator a random non-zero state.
+// seedPRNG gives every CPU's xorshift generator a random non-zero state (and
+// its clock no reading yet).
 func (f *Filter) seedPRNG() error {
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
 		return fmt.Errorf("counting CPUs: %w", err)
 	}
-	seeds := make([]uint64, cpus)
+	states := make([]rakelimitCpuState, cpus)
 	var b [8]byte
-	for i := range seeds {
-		for seeds[i] == 0 {
+	for i := range states {
+		for states[i].Rng == 0 {
 			if _, err := rand.Read(b[:]); err != nil {
 				return fmt.Errorf("seeding the filter's random numbers: %w", err)
 			}
-			seeds[i] = binary.LittleEndian.Uint64(b[:])
+			states[i].Rng = binary.LittleEndian.Uint64(b[:])
 		}
 	}
-	if err := f.objs.Prng.Update(uint32(0), seeds, ebpf.UpdateAny); err != nil {
+	if err := f.objs.CpuState.Update(uint32(0), states, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("seeding the filter's random numbers: %w", err)
 	}
 	return nil
@@ -510,7 +511,9 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 	}
 	pacing := datagram.NewPacing(c.Negotiation)
 	k.VnInterval, k.VnTau = pacing.Interval, pacing.Tau
-	k.CoarseClock = boolByte(coarseClockFits(p.WindowNanos))
+	tick := coarseTick()
+	k.CoarseClock = boolByte(tick > 0 && tick*coarseTicks <= p.WindowNanos)
+	k.TickNs = tick
 	k.DryRun = boolByte(c.DryRun)
 	k.AllowAny = boolByte(len(next) > 0)
 	k.AllowFilter, k.AllowAlways = allowFilter(c.Allow)
@@ -521,19 +524,19 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 }
 
 // coarseTicks is how many ticks of the kernel's coarse clock a window must
-// last for the filter to read that clock, a few loads, rather than the
-// precise one, which costs more than the rest of a drop: a packet's time is
-// then off by at most 1/coarseTicks of the window.
+// last for the filter to read that clock, once per tick and CPU, rather than
+// the precise one, which costs more than the rest of a drop: a packet's time
+// is then off by at most 1/coarseTicks of the window.
 const coarseTicks = 100
 
-// coarseClockFits reports whether a window of windowNanos is long enough for
-// the coarse clock, whose resolution is the timer tick (1 to 10 ms).
-func coarseClockFits(windowNanos uint64) bool {
+// coarseTick is the timer tick's length in ns (1 to 10 ms), the resolution
+// of the kernel's coarse clock, or 0 when the kernel does not say.
+func coarseTick() uint64 {
 	var ts unix.Timespec
 	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil || ts.Nano() <= 0 {
-		return false
+		return 0
 	}
-	return uint64(ts.Nano())*coarseTicks <= windowNanos
+	return uint64(ts.Nano())
 }
 
 // nodeIndex is a node index as the C program takes it: 0xff for none.
@@ -735,7 +738,7 @@ func (f *Filter) Info() (Info, error) {
 	}
 	in.SketchBytes = int(f.objs.Cells.MaxEntries() * f.objs.Cells.ValueSize())
 	in.MapBytes += int(f.objs.Events.MaxEntries()) // ring buffer bytes
-	for _, m := range []*ebpf.Map{f.objs.Counters, f.objs.Prng} {
+	for _, m := range []*ebpf.Map{f.objs.Counters, f.objs.CpuState} {
 		in.MapBytes += cpus * int(m.ValueSize())
 	}
 	return in, nil

@@ -273,6 +273,9 @@ struct config {
 	// track_tau ns (datagram.TrackPacing).
 	__u64 track_interval;
 	__u64 track_tau;
+	// The timer tick's length in ns (the coarse clock's resolution), or 0
+	// when it is unknown (see tick_clock).
+	__u64 tick_ns;
 	__u8 nodes[MAX_NODES];
 	// visited: how many of the nodes, from the first, each class visits
 	// (sketch.Params.Visited): up to its last limited node.
@@ -579,13 +582,23 @@ struct {
 	__uint(max_entries, MAX_PEERS);
 } peers SEC(".maps");
 
-// Per-CPU xorshift state, seeded with random non-zero values by the loader.
+// A CPU's own state on the packet path: its xorshift state, seeded with a
+// random non-zero value by the loader, and the coarse clock's reading at its
+// last tick (tick_clock).
+struct cpu_state {
+	__u64 rng;
+	// The jiffies count of the last tick this CPU read the coarse clock
+	// in (0: none yet), and that reading.
+	__u64 tick;
+	__u64 tick_ns;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct cpu_state);
 	__uint(max_entries, 1);
-} prng SEC(".maps");
+} cpu_state SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -1850,18 +1863,45 @@ __noinline int track_invalid(const struct config *cfg, const struct key *k, int 
 	return 0;
 }
 
+// tick_clock is the kernel's coarse clock, read once per tick and CPU. The
+// coarse clock moves only when the timer tick does, and so does jiffies,
+// which the kernel's JIT reads inline: while jiffies stays where it was at
+// this CPU's last reading, the reading stands, and the packet costs no
+// helper call (bpf_ktime_get_coarse_ns costs about 15 ns, a call through
+// the return thunk included, on an AMD EPYC host).
+//
+// A tick moves jiffies first and the coarse clock a moment later, so a
+// reading taken in between is a tick old: it is kept only if the clock moved
+// by at least the ticks jiffies did, less half a tick (a jiffy is the
+// monotonic clock divided by the tick's length, so the two agree to within
+// a tick). Otherwise it serves this packet alone and the next one reads the
+// clock again. A CPU's first reading is kept as it is.
+static __always_inline __u64 tick_clock(const struct config *cfg, struct cpu_state *cs)
+{
+	__u64 j = bpf_jiffies64();
+
+	if (j == cs->tick)
+		return cs->tick_ns;
+	__u64 t = bpf_ktime_get_coarse_ns();
+	if (cs->tick == 0 || t - cs->tick_ns + cfg->tick_ns / 2 >= (j - cs->tick) * cfg->tick_ns) {
+		cs->tick = j;
+		cs->tick_ns = t;
+	}
+	return t;
+}
+
 // clock is the time of the packet: the kernel's monotonic clock, or in test
 // mode the time the test put in skb->cb. The precise clock costs more than
 // the rest of a drop (it reads the TSC and scales it); the coarse one, which
-// the timer tick advances, costs a few loads, and userspace picks it when
-// the window is at least 100 ticks long, so that a packet's time is off by
-// at most 1% of the window.
-static __always_inline __u64 clock(const struct config *cfg, struct __sk_buff *skb)
+// the timer tick advances, costs a load and a comparison (tick_clock), and
+// userspace picks it when the window is at least 100 ticks long, so that a
+// packet's time is off by at most 1% of the window.
+static __always_inline __u64 clock(const struct config *cfg, struct cpu_state *cs, struct __sk_buff *skb)
 {
 	if (test_mode)
 		return (__u64)skb->cb[1] << 32 | skb->cb[0];
 	if (cfg->coarse_clock)
-		return bpf_ktime_get_coarse_ns();
+		return tick_clock(cfg, cs);
 	return bpf_ktime_get_ns();
 }
 
@@ -1876,8 +1916,8 @@ int rakelimit(struct __sk_buff *skb)
 	__u32 zero = 0;
 	__u32 *sel = bpf_map_lookup_elem(&active_config, &zero);
 	struct stats *st = bpf_map_lookup_elem(&counters, &zero);
-	__u64 *rng = bpf_map_lookup_elem(&prng, &zero);
-	if (!sel || !st || !rng)
+	struct cpu_state *cs = bpf_map_lookup_elem(&cpu_state, &zero);
+	if (!sel || !st || !cs)
 		return skb->len;
 	__u32 which = *sel & 1;
 	const struct config *cfg = bpf_map_lookup_elem(&configs, &which);
@@ -1929,7 +1969,7 @@ int rakelimit(struct __sk_buff *skb)
 	}
 	// One random number dithers the limiter (its top bits) and samples
 	// drops for tracking (its low bits).
-	__u32 rnd = test_mode ? skb->cb[2] : next_random(rng);
+	__u32 rnd = test_mode ? skb->cb[2] : next_random(&cs->rng);
 	int sampled = (rnd & cfg->track_mask) == 0;
 	int dry = cfg->dry_run != 0;
 	if (class == CLASS_INVALID) {
@@ -1944,13 +1984,13 @@ int rakelimit(struct __sk_buff *skb)
 			reason = REASON_UNPARSED;
 		st->invalid[dry][family_slot(k.family)][reason]++;
 		if (sampled)
-			track_invalid(cfg, &k, reason, clock(cfg, skb));
+			track_invalid(cfg, &k, reason, clock(cfg, cs, skb));
 		v.drop = 1;
 		if (test_mode)
 			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
 		return dry ? skb->len : 0;
 	}
-	__u64 now = clock(cfg, skb);
+	__u64 now = clock(cfg, cs, skb);
 	if (class == CLASS_NEGOTIATION) {
 		v.paced = pace(cfg, now);
 		int neg = v.paced ? NEG_PASSED : dry ? NEG_WOULD_DROP : NEG_DROPPED;
@@ -1976,7 +2016,7 @@ int rakelimit(struct __sk_buff *skb)
 	}
 	k.rank_first = v.verified == VERIFIED_OPENING_FROM_PEER;
 	if (bench_random_source) {
-		__u32 r = next_random(rng);
+		__u32 r = next_random(&cs->rng);
 
 		k.words[0] ^= r;
 		if (k.has_ports)

@@ -49,6 +49,7 @@ type rakelimitConfig struct {
 	VnTau         uint64
 	TrackInterval uint64
 	TrackTau      uint64
+	TickNs        uint64
 	Nodes         [16]uint8
 	Visited       [3]uint8
 	NumPrefixes   uint8
@@ -65,6 +66,13 @@ type rakelimitConfig struct {
 	_             [1]byte
 	TrackMask     uint32
 	_             [4]byte
+}
+
+type rakelimitCpuState struct {
+	_      structs.HostLayout
+	Rng    uint64
+	Tick   uint64
+	TickNs uint64
 }
 
 type rakelimitFair struct {
@@ -200,12 +208,12 @@ const (
 	rakelimitMapCells             = "cells"
 	rakelimitMapConfigs           = "configs"
 	rakelimitMapCounters          = "counters"
+	rakelimitMapCpuState          = "cpu_state"
 	rakelimitMapEvents            = "events"
 	rakelimitMapFairShares        = "fair_shares"
 	rakelimitMapNodeScratch       = "node_scratch"
 	rakelimitMapPacer             = "pacer"
 	rakelimitMapPeers             = "peers"
-	rakelimitMapPrng              = "prng"
 	rakelimitMapQuick             = "quick"
 	rakelimitMapServerIds         = "server_ids"
 	rakelimitMapStreams           = "streams"
@@ -272,12 +280,12 @@ type rakelimitMapSpecs struct {
 	Cells        *ebpf.MapSpec `ebpf:"cells"`
 	Configs      *ebpf.MapSpec `ebpf:"configs"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
+	CpuState     *ebpf.MapSpec `ebpf:"cpu_state"`
 	Events       *ebpf.MapSpec `ebpf:"events"`
 	FairShares   *ebpf.MapSpec `ebpf:"fair_shares"`
 	NodeScratch  *ebpf.MapSpec `ebpf:"node_scratch"`
 	Pacer        *ebpf.MapSpec `ebpf:"pacer"`
 	Peers        *ebpf.MapSpec `ebpf:"peers"`
-	Prng         *ebpf.MapSpec `ebpf:"prng"`
 	Quick        *ebpf.MapSpec `ebpf:"quick"`
 	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
 	Streams      *ebpf.MapSpec `ebpf:"streams"`
@@ -320,12 +328,12 @@ type rakelimitMaps struct {
 	Cells        *ebpf.Map `ebpf:"cells"`
 	Configs      *ebpf.Map `ebpf:"configs"`
 	Counters     *ebpf.Map `ebpf:"counters"`
+	CpuState     *ebpf.Map `ebpf:"cpu_state"`
 	Events       *ebpf.Map `ebpf:"events"`
 	FairShares   *ebpf.Map `ebpf:"fair_shares"`
 	NodeScratch  *ebpf.Map `ebpf:"node_scratch"`
 	Pacer        *ebpf.Map `ebpf:"pacer"`
 	Peers        *ebpf.Map `ebpf:"peers"`
-	Prng         *ebpf.Map `ebpf:"prng"`
 	Quick        *ebpf.Map `ebpf:"quick"`
 	ServerIds    *ebpf.Map `ebpf:"server_ids"`
 	Streams      *ebpf.Map `ebpf:"streams"`
@@ -342,12 +350,12 @@ func (m *rakelimitMaps) Close() error {
 		m.Cells,
 		m.Configs,
 		m.Counters,
+		m.CpuState,
 		m.Events,
 		m.FairShares,
 		m.NodeScratch,
 		m.Pacer,
 		m.Peers,
-		m.Prng,
 		m.Quick,
 		m.ServerIds,
 		m.Streams,
