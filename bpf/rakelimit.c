@@ -1560,6 +1560,14 @@ static __always_inline int count_total(const struct config *cfg, struct node_wor
 	return 0;
 }
 
+// enforcing (sketch Params.enforcing): whether node i of class enforces its
+// limit, its offered count omin being over its enforcing threshold at
+// threshold scale g.
+static __always_inline int enforcing(const struct config *cfg, __u32 class, __u32 i, __u32 omin, __u64 g)
+{
+	return cfg->thresh[class][i] != THRESH_UNLIMITED && omin > scale(cfg->over[class][i], g);
+}
+
 // judge_node (sketch judgeNode) compares what count_node found with the node's
 // limit: under it the packet passes (JUDGE_PASS); over it, it passes counted
 // as limited (JUDGE_OVER) until the node enforces its limit, which lets it
@@ -1576,16 +1584,22 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	if (i == cfg->fair_source)
 		nw->network = omin;
 	__u32 thr = cfg->thresh[class][i];
-	int enforcing = thr != THRESH_UNLIMITED && omin > scale(cfg->over[class][i], nw->g);
 	__u32 zero = 0;
 	struct fair *fs = last && i == cfg->fair_node ? bpf_map_lookup_elem(&fair_shares, &zero) : NULL;
-	if (fs && !enforcing && fs->share[class][budget] != FAIR_UNBOUNDED)
-		fs->share[class][budget] = FAIR_UNBOUNDED;
-	if (thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g))
+	// Under the limit the packet passes, and the node enforces nothing
+	// unless it is over its enforcing threshold (which a packet under the
+	// limit tests only at the fair total, whose share it resets).
+	if (thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g)) {
+		if (fs && !enforcing(cfg, class, i, omin, nw->g) && fs->share[class][budget] != FAIR_UNBOUNDED)
+			fs->share[class][budget] = FAIR_UNBOUNDED;
 		return JUDGE_PASS;
+	}
+	int enf = enforcing(cfg, class, i, omin, nw->g);
+	if (fs && !enf && fs->share[class][budget] != FAIR_UNBOUNDED)
+		fs->share[class][budget] = FAIR_UNBOUNDED;
 	__u32 slot = nw->slot & (SLOTS - 1);
 	nw->estimate = mulq32(omin, cfg->ginv[slot]);
-	if (!enforcing)
+	if (!enf)
 		return JUDGE_OVER;
 	if (fs && nw->network) {
 		// Room under the total's limit: pass, and leave the share as

@@ -412,6 +412,12 @@ func (l *Limiter) countTotal(nw *nodeWork) *Counter {
 	return ctr
 }
 
+// enforcing reports whether node i of class enforces its limit, its offered
+// count omin being over its enforcing threshold at threshold scale g.
+func (p *Params) enforcing(class, i int, omin uint32, g uint64) bool {
+	return p.Thresh[class][i] != ThreshUnlimited && uint64(omin) > scale(p.Over[class][i], g)
+}
+
 // judgeNode compares what countNode found with the node's limit (judge_node
 // in the C program): under it the packet passes (judgePass); over it, it
 // passes counted as limited (judgeOver) until the node enforces its limit,
@@ -427,13 +433,19 @@ func (l *Limiter) judgeNode(k *Key, nw *nodeWork) int {
 		nw.network = omin
 	}
 	thr := p.Thresh[class][i]
-	enforcing := thr != ThreshUnlimited && uint64(omin) > scale(p.Over[class][i], nw.g)
 	fair := i == p.FairNode
+	// Under the limit the packet passes, and the node enforces nothing
+	// unless it is over its enforcing threshold (which a packet under the
+	// limit tests only at the fair total, whose share it resets).
+	if thr == ThreshUnlimited || uint64(omin) <= scale(thr, nw.g) {
+		if fair && !p.enforcing(class, i, omin, nw.g) && l.fair[class][budget] != FairUnbounded {
+			l.fair[class][budget] = FairUnbounded
+		}
+		return judgePass
+	}
+	enforcing := p.enforcing(class, i, omin, nw.g)
 	if fair && !enforcing && l.fair[class][budget] != FairUnbounded {
 		l.fair[class][budget] = FairUnbounded
-	}
-	if thr == ThreshUnlimited || uint64(omin) <= scale(thr, nw.g) {
-		return judgePass
 	}
 	nw.estimate = mulQ32(uint64(omin), p.GInv[nw.slot])
 	if !enforcing {
