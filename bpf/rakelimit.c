@@ -1451,18 +1451,22 @@ static __always_inline int count_node(const struct config *cfg, struct node_work
 #pragma unroll
 	for (int r = 0; r < DEPTH; r++)
 		epochs[r] = cl[r]->epoch;
-	nw->omin = U32_MAX;
-	nw->fmin = U32_MAX;
+	// nw's fields in locals: a store to a cell might, for all the compiler
+	// knows, write nw too, and would make it load them again.
+	__u32 epoch = nw->epoch, budget = nw->budget & 1, w = nw->w;
+	__u32 omin = U32_MAX, fmin = U32_MAX;
 #pragma unroll
 	for (int r = 0; r < DEPTH; r++) {
-		if (epochs[r] != nw->epoch)
-			rescale(cl[r], cfg, nw->epoch);
-		struct counter *ctr = &cl[r]->budget[nw->budget & 1];
-		ctr->offered = sat_add(ctr->offered, nw->w);
-		nw->omin = min32(nw->omin, ctr->offered);
-		nw->fmin = min32(nw->fmin, ctr->forwarded);
+		if (epochs[r] != epoch)
+			rescale(cl[r], cfg, epoch);
+		struct counter *ctr = &cl[r]->budget[budget];
+		ctr->offered = sat_add(ctr->offered, w);
+		omin = min32(omin, ctr->offered);
+		fmin = min32(fmin, ctr->forwarded);
 		rows[r] = ctr;
 	}
+	nw->omin = omin;
+	nw->fmin = fmin;
 	return DEPTH;
 }
 
