@@ -50,7 +50,7 @@ func TestTickClock(t *testing.T) {
 	}
 	c := testutil.Limits(1_000_000)
 	f := loadTest(t, c, loadOptions{})
-	if tick*coarseTicks > uint64(c.Limiter.Window) {
+	if !coarseClockFits(tick, uint64(c.Limiter.Window)) {
 		t.Fatalf("a %v window with a %v tick does not read the coarse clock", c.Limiter.Window, time.Duration(tick))
 	}
 	frame := udp("198.51.100.7", 5000).frame()

@@ -512,7 +512,7 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 	pacing := datagram.NewPacing(c.Negotiation)
 	k.VnInterval, k.VnTau = pacing.Interval, pacing.Tau
 	tick := coarseTick()
-	k.CoarseClock = boolByte(tick > 0 && tick*coarseTicks <= p.WindowNanos)
+	k.CoarseClock = boolByte(coarseClockFits(tick, p.WindowNanos))
 	k.TickNs = tick
 	k.DryRun = boolByte(c.DryRun)
 	k.AllowAny = boolByte(len(next) > 0)
@@ -528,6 +528,12 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 // the precise one, which costs more than the rest of a drop: a packet's time
 // is then off by at most 1/coarseTicks of the window.
 const coarseTicks = 100
+
+// coarseClockFits reports whether a window of windowNanos lasts the
+// coarseTicks ticks of tick ns (0: unknown) that the coarse clock needs.
+func coarseClockFits(tick, windowNanos uint64) bool {
+	return tick > 0 && tick*coarseTicks <= windowNanos
+}
 
 // coarseTick is the timer tick's length in ns (1 to 10 ms), the resolution
 // of the kernel's coarse clock, or 0 when the kernel does not say.

@@ -1590,17 +1590,15 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	__u32 thr = cfg->thresh[class][i];
 	__u32 zero = 0;
 	struct fair *fs = last && i == cfg->fair_node ? bpf_map_lookup_elem(&fair_shares, &zero) : NULL;
-	// Under the limit the packet passes, and the node enforces nothing
-	// unless it is over its enforcing threshold (which a packet under the
-	// limit tests only at the fair total, whose share it resets).
-	if (thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g)) {
-		if (fs && !enforcing(cfg, class, i, omin, nw->g) && fs->share[class][budget] != FAIR_UNBOUNDED)
-			fs->share[class][budget] = FAIR_UNBOUNDED;
-		return JUDGE_PASS;
-	}
-	int enf = enforcing(cfg, class, i, omin, nw->g);
+	// A packet under the limit passes, and needs the enforcing threshold
+	// only at the fair total, whose share it resets when the total does
+	// not enforce.
+	int under = thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g);
+	int enf = (!under || fs) && enforcing(cfg, class, i, omin, nw->g);
 	if (fs && !enf && fs->share[class][budget] != FAIR_UNBOUNDED)
 		fs->share[class][budget] = FAIR_UNBOUNDED;
+	if (under)
+		return JUDGE_PASS;
 	__u32 slot = nw->slot & (SLOTS - 1);
 	nw->estimate = mulq32(omin, cfg->ginv[slot]);
 	if (!enf)

@@ -434,18 +434,16 @@ func (l *Limiter) judgeNode(k *Key, nw *nodeWork) int {
 	}
 	thr := p.Thresh[class][i]
 	fair := i == p.FairNode
-	// Under the limit the packet passes, and the node enforces nothing
-	// unless it is over its enforcing threshold (which a packet under the
-	// limit tests only at the fair total, whose share it resets).
-	if thr == ThreshUnlimited || uint64(omin) <= scale(thr, nw.g) {
-		if fair && !p.enforcing(class, i, omin, nw.g) && l.fair[class][budget] != FairUnbounded {
-			l.fair[class][budget] = FairUnbounded
-		}
-		return judgePass
-	}
-	enforcing := p.enforcing(class, i, omin, nw.g)
+	// A packet under the limit passes, and needs the enforcing threshold
+	// only at the fair total, whose share it resets when the total does
+	// not enforce.
+	under := thr == ThreshUnlimited || uint64(omin) <= scale(thr, nw.g)
+	enforcing := (!under || fair) && p.enforcing(class, i, omin, nw.g)
 	if fair && !enforcing && l.fair[class][budget] != FairUnbounded {
 		l.fair[class][budget] = FairUnbounded
+	}
+	if under {
+		return judgePass
 	}
 	nw.estimate = mulQ32(uint64(omin), p.GInv[nw.slot])
 	if !enforcing {
