@@ -40,18 +40,25 @@ const (
 	idLearnTries = 16
 )
 
-// mapServerIDs maps the server IDs' table.
-func (f *Filter) mapServerIDs() error {
-	if n := f.objs.ServerIds.MaxEntries(); n != idSets || f.objs.ServerIds.ValueSize() != idSetBytes {
-		return fmt.Errorf("the BPF object's server_ids map holds %d sets of %d bytes, want %d of %d", n,
-			f.objs.ServerIds.ValueSize(), idSets, idSetBytes)
+// mapArray maps the memory of m, an mmappable array that must hold entries
+// values of valueSize bytes each (what this package's constants say of the
+// C program's); name is the map's name in the C program, for errors.
+func mapArray(m *ebpf.Map, name string, entries, valueSize int) ([]byte, error) {
+	if n, v := int(m.MaxEntries()), int(m.ValueSize()); n != entries || v != valueSize {
+		return nil, fmt.Errorf("the BPF object's %s map holds %d values of %d bytes, want %d of %d", name, n, v,
+			entries, valueSize)
 	}
-	mem, err := unix.Mmap(f.objs.ServerIds.FD(), 0, idSets*idSetBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(m.FD(), 0, entries*valueSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return fmt.Errorf("mapping the server IDs' table: %w", err)
+		return nil, fmt.Errorf("mapping the BPF map %s: %w", name, err)
 	}
-	f.ids = mem
-	return nil
+	return mem, nil
+}
+
+// mapServerIDs maps the server IDs' table.
+func (f *Filter) mapServerIDs() (err error) {
+	f.ids, err = mapArray(f.objs.ServerIds, "server_ids", idSets, idSetBytes)
+	return err
 }
 
 // idSlot is slot i of the table (set times IDWays plus way). The memory is
@@ -275,17 +282,9 @@ const (
 
 // mapQuick maps the quick-reject filters, which userspace sets bits of with
 // atomic operations.
-func (f *Filter) mapQuick() error {
-	if n := f.objs.Quick.MaxEntries(); n != numQuick || f.objs.Quick.ValueSize() != quickBytes {
-		return fmt.Errorf("the BPF object's quick map holds %d values of %d bytes, want %d of %d", n,
-			f.objs.Quick.ValueSize(), numQuick, quickBytes)
-	}
-	mem, err := unix.Mmap(f.objs.Quick.FD(), 0, numQuick*quickBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return fmt.Errorf("mapping the quick-reject filters: %w", err)
-	}
-	f.quick = mem
-	return nil
+func (f *Filter) mapQuick() (err error) {
+	f.quick, err = mapArray(f.objs.Quick, "quick", numQuick, quickBytes)
+	return err
 }
 
 // quickWord is word i of learned set which's filter. The memory is the
