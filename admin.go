@@ -90,8 +90,12 @@ type viewPrefilter struct {
 	// in force.
 	NegotiationDroppedEstimated uint64  `json:"negotiation_dropped_estimated"`
 	Negotiation                 float64 `json:"negotiation_drop_probability"`
-	Updates                     uint64  `json:"updates"`
-	AttachErrors                uint64  `json:"attach_errors"`
+	// ShedDroppedEstimated counts long headers shed while the receive
+	// queue overflowed; Shed is their drop probability in force.
+	ShedDroppedEstimated uint64  `json:"shed_dropped_estimated"`
+	Shed                 float64 `json:"shed_drop_probability"`
+	Updates              uint64  `json:"updates"`
+	AttachErrors         uint64  `json:"attach_errors"`
 }
 
 // viewVerification is the state of connection ID verification.
@@ -253,6 +257,7 @@ func viewOf(l *engine.Limiter) (viewLimiter, error) {
 		vp := &viewPrefilter{Sockets: ps.Sockets, Instructions: ps.Instructions, Streams: ps.Rules, Invalid: ps.Stateless,
 			InvalidDroppedEstimated: map[string]uint64{}, StreamDroppedEstimated: map[string]uint64{},
 			NegotiationDroppedEstimated: ps.NegotiationDropped, Negotiation: ps.Negotiation,
+			ShedDroppedEstimated: ps.ShedDropped, Shed: ps.Shed,
 			Updates: ps.Updates, AttachErrors: ps.AttachErrors}
 		for _, r := range prefilter.Stateless {
 			vp.InvalidDroppedEstimated[r.String()] = ps.InvalidDropped[r]

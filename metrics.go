@@ -241,8 +241,11 @@ func collectPrefilter(name string, set datagram.Config, st prefilter.Stats, ch c
 	}
 	ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.NegotiationDropped),
 		name, quicclass.Negotiation.String(), "over_cap")
+	ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.ShedDropped),
+		name, engine.ClassName(set, quicclass.Opening), "shed")
 	for what, v := range map[string]float64{"sockets": float64(st.Sockets), "instructions": float64(st.Instructions),
-		"streams": float64(st.Rules), "updates": float64(st.Updates), "attach_errors": float64(st.AttachErrors)} {
+		"shed_probability": st.Shed,
+		"streams":          float64(st.Rules), "updates": float64(st.Updates), "attach_errors": float64(st.AttachErrors)} {
 		ch <- prometheus.MustNewConstMetric(prefilterDesc, prometheus.GaugeValue, v, name, what)
 	}
 }

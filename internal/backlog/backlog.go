@@ -41,6 +41,10 @@ type Sample struct {
 	// Opened counts the connection-opening datagrams the filter let
 	// through.
 	Opened uint64
+	// Received counts the datagrams the userspace limiter received, and
+	// Long those of them with a long header of a known version (the
+	// opening class), for its Shedder; the kernel filter leaves them 0.
+	Received, Long uint64
 }
 
 // Law are the constants of the control loop.

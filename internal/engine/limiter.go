@@ -50,6 +50,9 @@ type Limiter struct {
 	// ctl moves the opening total when the configuration makes it
 	// adaptive (nil otherwise).
 	ctl *backlog.Controller
+	// overflows counts a userspace engine's queue overflows for the
+	// controllers (steerTotal's goroutine alone uses it).
+	overflows overflowCount
 
 	// learner learns the server's connection IDs and peers from what
 	// quic-go writes, and teaches the engine in force.

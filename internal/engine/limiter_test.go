@@ -365,3 +365,26 @@ func TestCloseLeavesOpenSockets(t *testing.T) {
 		t.Fatalf("%d warnings of unprotected listeners, want 1", n)
 	}
 }
+
+// TestOverflowCount: each period counts the smaller of the namespace's
+// receive-buffer errors and the sockets' drops; counters that go back count
+// nothing.
+func TestOverflowCount(t *testing.T) {
+	var o overflowCount
+	for _, tt := range []struct {
+		name      string
+		ns, socks uint64
+		want      uint64
+	}{
+		{"first reading", 1000, 50, 0},
+		{"other sockets overflow", 1100, 60, 10},
+		{"the pre-filter drops", 1105, 200, 15},
+		{"both", 1205, 300, 115},
+		{"a socket closed", 1300, 10, 115},
+		{"after", 1310, 30, 125},
+	} {
+		if got := o.add(tt.ns, tt.socks); got != tt.want {
+			t.Errorf("%s: %d overflows, want %d", tt.name, got, tt.want)
+		}
+	}
+}

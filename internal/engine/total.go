@@ -8,6 +8,8 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/procnet"
+	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
@@ -71,27 +73,44 @@ func (l *Limiter) effective(c datagram.Config) datagram.Config {
 }
 
 // logEvery bounds the lines steerTotal logs: one per change of state
-// (limited, lifted) at most every logEvery.
+// (limited, lifted; shedding, not) at most every logEvery.
 const logEvery = 10 * time.Second
 
-// steerTotal runs the control loop of an adaptive opening total.
+// stateLog tells when a change of state is worth a line.
+type stateLog struct {
+	was  bool
+	last time.Time
+}
+
+// changed reports whether the state is now on, having been off, or the
+// reverse, and no line was logged for logEvery; it then records the line.
+func (s *stateLog) changed(on bool, now time.Time) bool {
+	if on == s.was || now.Sub(s.last) < logEvery {
+		return false
+	}
+	s.was, s.last = on, now
+	return true
+}
+
+// steerTotal runs the control loop of an adaptive opening total, and the
+// userspace mode's shed of long headers (shed).
 func (l *Limiter) steerTotal() {
 	defer l.done.Done()
 	tk := time.NewTicker(backlog.Period)
 	defer tk.Stop()
 	base := time.Now()
-	var lastLog time.Time
-	wasLimited := false
+	var total, shedding stateLog
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-tk.C:
 		}
-		s, err := l.sample(int64(time.Since(base)))
+		s, st, err := l.sample(int64(time.Since(base)))
 		if err != nil {
 			continue // no queue to read (not Linux, or no socket yet): the total stays where it is
 		}
+		l.shed(s, st, &shedding)
 		l.mu.Lock()
 		if l.ctl == nil {
 			l.mu.Unlock()
@@ -106,10 +125,9 @@ func (l *Limiter) steerTotal() {
 		logger, last := l.put.Logger, l.ctl.Last()
 		l.mu.Unlock()
 		limited := cap != backlog.Unlimited
-		if limited == wasLimited || time.Since(lastLog) < logEvery {
+		if !total.changed(limited, time.Now()) {
 			continue
 		}
-		wasLimited, lastLog = limited, time.Now()
 		fields := []zap.Field{zap.String("limiter", l.name), zap.Float64("receive_queue_fill", last.Fill),
 			zap.Uint64("receive_queue_drops", last.Overflows), zap.Float64("opening_pps", last.OpenedPPS)}
 		if limited {
@@ -121,31 +139,84 @@ func (l *Limiter) steerTotal() {
 	}
 }
 
-// sample reads the sockets and the counters for the controller.
-func (l *Limiter) sample(at int64) (backlog.Sample, error) {
+// shed steps the pre-filter's shed of long headers, for an engine that
+// has one, and logs when it starts and ends.
+func (l *Limiter) shed(s backlog.Sample, st datagram.Stats, log *stateLog) {
+	pf, ok := l.Engine().(Prefiltered)
+	if !ok {
+		return
+	}
+	r, changed := pf.Shed(s, st)
+	if !changed || !log.changed(r.Drop > 0, time.Now()) {
+		return
+	}
+	fields := []zap.Field{zap.String("limiter", l.name), zap.Float64("receive_queue_fill", r.Fill),
+		zap.Uint64("receive_queue_drops", r.Overflows), zap.Float64("received_pps", r.ReceivedPPS),
+		zap.Float64("long_header_share", r.LongShare)}
+	l.mu.Lock()
+	logger := l.put.Logger
+	l.mu.Unlock()
+	if r.Drop > 0 {
+		logger.Warn("the receive queue overflows: the pre-filter sheds connection-opening packets in the kernel",
+			append(fields, zap.Float64("shed_probability", r.Drop))...)
+	} else {
+		logger.Info("the receive queue keeps up: the pre-filter sheds no connection-opening packets", fields...)
+	}
+}
+
+// overflowCount counts the overflows of a userspace engine's receive queues:
+// each period, the smaller of the increase of the network namespace's
+// receive-buffer errors (/proc/net/snmp and snmp6: exact, but of every UDP
+// socket) and of the sockets' drops (exact, but the pre-filter's among
+// them). Only steerTotal's goroutine uses it.
+type overflowCount struct {
+	have      bool
+	ns, socks uint64
+	total     uint64
+}
+
+// add takes the counters now and returns the overflows counted so far.
+func (o *overflowCount) add(ns, socks uint64) uint64 {
+	if o.have && ns >= o.ns && socks >= o.socks {
+		o.total += min(ns-o.ns, socks-o.socks)
+	}
+	o.ns, o.socks, o.have = ns, socks, true
+	return o.total
+}
+
+// sample reads the sockets and the counters for the controllers; it
+// returns the engine's counters it read.
+func (l *Limiter) sample(at int64) (backlog.Sample, datagram.Stats, error) {
 	queued, capacity, drops, err := backlog.ReadSockets(l.Sockets())
 	if err != nil || capacity == 0 {
-		return backlog.Sample{}, errNoQueue
+		return backlog.Sample{}, datagram.Stats{}, errNoQueue
 	}
 	eng := l.Engine()
 	st, err := eng.Stats()
 	if err != nil {
-		return backlog.Sample{}, err
+		return backlog.Sample{}, datagram.Stats{}, err
 	}
 	s := backlog.Sample{At: at, Queued: queued, Capacity: capacity}
 	var refused uint64
 	for fam := range datagram.Families {
 		s.Opened += st.Passed[0][fam]
 		for class := range st.Dropped {
+			s.Received += st.Passed[class][fam]
 			for _, n := range st.Dropped[class][fam] {
 				refused += n
+				if class == int(quicclass.Opening) {
+					s.Long += n
+				}
 			}
 		}
+		s.Long += st.Passed[quicclass.Opening][fam]
 		for _, n := range st.Invalid[0][fam] {
 			refused += n
 		}
+		s.Received += st.Negotiation[fam][0] + st.Allowed[fam]
 		refused += st.Negotiation[fam][1]
 	}
+	s.Received += refused
 	// The kernel counts a socket filter's refusals among the socket's
 	// drops; the userspace limiter refuses what was already received, but
 	// its classic BPF pre-filter refuses in the kernel (estimated).
@@ -153,10 +224,17 @@ func (l *Limiter) sample(at int64) (backlog.Sample, error) {
 	case eng.Mode() == ModeBPF:
 		s.Overflows = max(drops, refused) - refused
 	case ok:
-		pre := pf.Prefilter().Dropped()
-		s.Overflows = max(drops, pre) - pre
+		// The pre-filter's drops are estimated: the namespace's
+		// receive-buffer errors, when readable, bound the overflows
+		// exactly.
+		pre := pf.KernelDropped(st)
+		if c, err := procnet.ReadUDPCounters(); err == nil {
+			s.Overflows = l.overflows.add(c.RcvbufErrors+c.RcvbufErrors6, drops)
+		} else {
+			s.Overflows = max(drops, pre) - pre
+		}
 	default:
 		s.Overflows = drops
 	}
-	return s, nil
+	return s, st, nil
 }

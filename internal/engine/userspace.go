@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
 	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
@@ -24,6 +25,9 @@ type userEngine struct {
 	// that failed.
 	pre    *prefilter.Enforcer
 	preErr error
+	// shedder steers the pre-filter's shed of long headers from the
+	// receive queues (Shed).
+	shedder *backlog.Shedder
 	// stop ends the goroutine that updates the pre-filter; done says it
 	// ended.
 	stop, done chan struct{}
@@ -37,7 +41,7 @@ func OpenUserspace(c datagram.Config) (Engine, error) {
 		return nil, err
 	}
 	e := &userEngine{Limiter: l, conns: map[*net.UDPConn]*userspace.Conn{}, pre: prefilter.NewEnforcer(),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		shedder: backlog.NewShedder(backlog.DefaultShedLaw), stop: make(chan struct{}), done: make(chan struct{})}
 	go e.enforce()
 	return e, nil
 }
@@ -85,6 +89,36 @@ func (e *userEngine) PrefilterError() error {
 
 // Prefilter says what the pre-filter does.
 func (e *userEngine) Prefilter() prefilter.Stats { return e.pre.Stats() }
+
+// KernelDropped estimates what the pre-filter dropped, its shed brought up
+// to st, the limiter's counters now.
+func (e *userEngine) KernelDropped(st datagram.Stats) uint64 {
+	e.pre.Account(st)
+	return e.pre.Stats().Dropped()
+}
+
+// Shed steps the shedder with s, a sample of the sockets whose Overflows
+// leave out the pre-filter's drops, and st, the limiter's counters it was
+// taken with, and puts the drop probability of long headers it returns on
+// the pre-filter. A dry run, or a configuration that does not classify
+// (the program cannot tell a long header), sheds nothing.
+func (e *userEngine) Shed(s backlog.Sample, st datagram.Stats) (backlog.ShedReading, bool) {
+	c := e.Limiter.Config()
+	e.mu.Lock()
+	if c.DryRun || !c.Classify {
+		e.shedder = backlog.NewShedder(backlog.DefaultShedLaw)
+	} else {
+		e.shedder.Step(s)
+	}
+	r, drop := e.shedder.Last(), e.shedder.Drop()
+	e.mu.Unlock()
+	r.Drop = drop
+	if !e.pre.SetShed(drop, st) {
+		return r, false
+	}
+	e.updatePrefilter()
+	return r, true
+}
 
 // enforce updates the pre-filter every prefilter.Period from the streams
 // the limiter drops, and every prefilter.OnsetPeriod while a flood begins
@@ -197,4 +231,13 @@ type Prefiltered interface {
 	// PrefilterError returns, once, the latest failure to attach or
 	// update it.
 	PrefilterError() error
+	// KernelDropped estimates what the pre-filter dropped, brought up to
+	// st, the limiter's counters now: the socket's drop count holds them
+	// and the queue's overflows.
+	KernelDropped(st datagram.Stats) uint64
+	// Shed steers the pre-filter's shed of long headers with a sample of
+	// the receive queues (package backlog's Shedder) and st, the
+	// limiter's counters it was taken with; it returns what the step saw
+	// and whether the drop probability changed.
+	Shed(s backlog.Sample, st datagram.Stats) (backlog.ShedReading, bool)
 }

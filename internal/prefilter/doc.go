@@ -4,8 +4,10 @@
 // drop after receiving it: the datagrams quicclass calls invalid that a
 // stateless program can recognise (Stateless), packets of the streams the
 // userspace limiter is dropping and of the networks its fair total drops,
-// each with a drop probability from its rate and limit, and unknown versions
-// over the Version Negotiation cap (Enforcer).
+// each with a drop probability from its rate and limit, unknown versions
+// over the Version Negotiation cap (Enforcer), and long headers shed while
+// the receive queue overflows (Enforcer.SetShed, steered by package
+// backlog's Shedder).
 //
 // Classic BPF has no maps and no counters: what the program drops is
 // estimated. One invalid datagram in 2^SampleShift passes, for the userspace

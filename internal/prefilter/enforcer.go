@@ -100,6 +100,12 @@ type Stats struct {
 	// probability in force.
 	NegotiationDropped uint64
 	Negotiation        float64
+	// ShedDropped estimates the long headers the kernel shed while the
+	// receive queue overflowed (SetShed): what the userspace limiter
+	// still sees of the opening class times p/(1-p). Shed is the drop
+	// probability in force.
+	ShedDropped uint64
+	Shed        float64
 	// Updates counts programs attached; AttachErrors attaches that failed.
 	Updates, AttachErrors uint64
 }
@@ -140,6 +146,19 @@ type Enforcer struct {
 	negSeen  uint64
 	negAt    time.Time
 	negCarry float64
+	// shed is the drop probability of long headers asked for (SetShed);
+	// longSeen the userspace limiter's count of the opening class when
+	// the kernel's shed was last estimated; shedCarry the fraction of an
+	// estimated drop.
+	shed      float64
+	longSeen  uint64
+	shedKnown bool
+	shedCarry float64
+	// shedLag is the shed probability that was in force at the last
+	// count: a long header the limiter reads now was mostly let into the
+	// queue a period ago, under it (the queue is long when the
+	// probability rises).
+	shedLag float64
 }
 
 // NewEnforcer returns an Enforcer with no socket.
@@ -214,7 +233,7 @@ func (e *Enforcer) Update(c datagram.Config, p *sketch.Params, streams, fair []d
 		e.counts = h.next
 	}
 	spec := specOf(c, rules)
-	spec.Negotiation = e.neg
+	spec.Negotiation, spec.Shed = e.neg, e.shed
 	prog, err := Build(spec)
 	if err != nil {
 		return err
@@ -327,6 +346,7 @@ func (e *Enforcer) estimate(c datagram.Config, st datagram.Stats, p *sketch.Para
 	}
 	e.invalid = invalid
 	e.negotiation(c, st, attached, now)
+	e.countShed(st)
 	if e.last.IsZero() {
 		e.last = now
 		return
@@ -388,6 +408,64 @@ func (e *Enforcer) negotiation(c datagram.Config, st datagram.Stats, attached bo
 	}
 }
 
+// SetShed sets the drop probability of long headers (see Spec.Shed) the
+// next Update puts in force, and reports whether it changed; the kernel's
+// drops until then are estimated from st, the userspace limiter's counters
+// now.
+func (e *Enforcer) SetShed(p float64, st datagram.Stats) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.countShed(st)
+	p = min(max(p, 0), 1)
+	changed := p != e.shed
+	e.shed = p
+	return changed
+}
+
+// Account brings the estimate of the kernel's shed drops up to st, the
+// userspace limiter's counters now, so that Stats counts every drop the
+// socket did.
+func (e *Enforcer) Account(st datagram.Stats) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.countShed(st)
+}
+
+// countShed adds to the stats the long headers the pre-filter shed since the
+// last count: for each one the userspace limiter saw of the opening class,
+// p/(1-p) were shed, p the probability in force at the last count (shedLag).
+// e.mu must be held.
+func (e *Enforcer) countShed(st datagram.Stats) {
+	var seen uint64
+	for fam := range datagram.Families {
+		seen += st.Passed[quicclass.Opening][fam]
+		for _, n := range st.Dropped[quicclass.Opening][fam] {
+			seen += n
+		}
+	}
+	if !e.shedKnown || seen < e.longSeen {
+		e.longSeen, e.shedKnown = seen, true
+		return
+	}
+	p := e.shedLag
+	e.shedLag = e.shedInForce()
+	if p > 0 && p < 1 {
+		e.shedCarry += float64(seen-e.longSeen) * p / (1 - p)
+		whole := math.Floor(e.shedCarry)
+		e.stats.ShedDropped += uint64(whole)
+		e.shedCarry -= whole
+	}
+	e.longSeen = seen
+}
+
+// shedInForce is the shed probability on the sockets; e.mu must be held.
+func (e *Enforcer) shedInForce() float64 {
+	if e.prog == nil || len(e.conns) == 0 {
+		return 0
+	}
+	return e.prog.Shed
+}
+
 // Stats returns what the pre-filter does.
 func (e *Enforcer) Stats() Stats {
 	e.mu.Lock()
@@ -395,7 +473,8 @@ func (e *Enforcer) Stats() Stats {
 	s := e.stats
 	s.Sockets = len(e.conns)
 	if e.prog != nil {
-		s.Instructions, s.Rules, s.Stateless, s.Negotiation = e.prog.Len(), e.prog.Rules, e.prog.Stateless, e.prog.Negotiation
+		s.Instructions, s.Rules, s.Stateless, s.Negotiation, s.Shed = e.prog.Len(), e.prog.Rules, e.prog.Stateless,
+			e.prog.Negotiation, e.prog.Shed
 	}
 	return s
 }
@@ -409,7 +488,7 @@ func (s Stats) Dropped() uint64 {
 	for _, v := range s.StreamDropped {
 		n += v
 	}
-	return n + s.NegotiationDropped
+	return n + s.NegotiationDropped + s.ShedDropped
 }
 
 // RulesOf turns the streams the userspace limiter drops into rules,

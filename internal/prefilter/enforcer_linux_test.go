@@ -142,3 +142,59 @@ func TestNegotiationEstimates(t *testing.T) {
 		})
 	}
 }
+
+// TestShedEstimate: SetShed puts its probability on the socket at the next
+// Update; the long headers the userspace limiter reads count p/(1-p) shed
+// each, with the probability in force one count earlier (they waited in the
+// queue), and the estimate joins Dropped.
+func TestShedEstimate(t *testing.T) {
+	c := testutil.QUICLimits(200, 1000)
+	p, err := sketch.Compile(c.Limiter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEnforcer()
+	ln := testutil.Listen(t, "udp", "[::]:0")
+	if err := e.Attach(ln, c); err != nil {
+		t.Fatal(err)
+	}
+	rate := func(*datagram.Stream) uint64 { return 0 }
+	var st datagram.Stats
+	now := time.Now()
+	openings := func(n uint64) datagram.Stats {
+		st.Passed[quicclass.Opening][1] = n
+		return st
+	}
+	if !e.SetShed(0.75, openings(0)) {
+		t.Fatal("SetShed(0.75) from none reported no change")
+	}
+	if e.SetShed(0.75, openings(0)) {
+		t.Error("SetShed with the same probability reported a change")
+	}
+	if err := e.Update(c, p, nil, nil, rate, openings(0), now); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.Stats(); s.Shed != 0.75 || s.ShedDropped != 0 {
+		t.Fatalf("stats %+v, want shed 0.75 in force and nothing shed yet", s)
+	}
+	for _, step := range []struct {
+		seen uint64
+		want uint64
+	}{
+		{100, 0},   // read under the probability of the last count: none
+		{200, 300}, // 100 more under 0.75: 3 shed each
+	} {
+		e.Account(openings(step.seen))
+		if s := e.Stats(); s.ShedDropped != step.want || s.Dropped() != step.want {
+			t.Errorf("after %d openings read: %d shed (%d dropped), want %d", step.seen, s.ShedDropped, s.Dropped(), step.want)
+		}
+	}
+	dry := c
+	dry.DryRun = true
+	if err := e.Update(dry, p, nil, nil, rate, openings(200), now.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.Stats(); s.Shed != 0 {
+		t.Errorf("a dry run's program sheds %v, want none", s.Shed)
+	}
+}

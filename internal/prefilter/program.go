@@ -145,6 +145,17 @@ type Spec struct {
 	// 1], when classifying: the userspace limiter paces what passes to the
 	// configured rate of Version Negotiation replies.
 	Negotiation float64
+	// Shed is the probability of dropping a long header of a known
+	// version (the opening class), in [0, 1], when classifying: a
+	// Shedder (package backlog) raises it while the receive queue
+	// overflows, so that short headers keep their room in it. It applies
+	// to the packets of the opening class's rules, on top of each rule's
+	// probability, and, when there is no such rule (a flood no stream
+	// stands out of, a spoofed one), to every long header but one
+	// addressed to an ID of the server's length (a handshake under way).
+	// Networks and sources no rule names so keep what they have while
+	// rules name the flood's.
+	Shed float64
 }
 
 // Stateless lists the invalid reasons the program drops: every rule of
@@ -168,6 +179,9 @@ type Program struct {
 	// Negotiation is the drop probability of the negotiation class in
 	// force (Spec.Negotiation when Stateless, else 0).
 	Negotiation float64
+	// Shed is the drop probability of long headers in force
+	// (Spec.Shed when Stateless, else 0).
+	Shed float64
 }
 
 // Len is the program's length in instructions.
@@ -209,12 +223,17 @@ func Build(s Spec) (*Program, error) {
 		used += ruleLen(&r)
 		n++
 	}
-	a.rules(s.Rules[:n])
+	rules := shedRules(s.Rules[:n], s.Shed)
+	a.rules(rules)
+	if s.Classify && !slices.ContainsFunc(rules, func(r Rule) bool { return r.Form == LongForm }) {
+		a.shed(s.Shed)
+	}
 	a.mark(acceptL)
 	a.emit(bpf.RetConstant{Val: accept})
 	p, err := finish(a, n, s.Classify, s.SampleShift)
 	if err == nil && s.Classify {
 		p.Negotiation = min(max(s.Negotiation, 0), 1)
+		p.Shed = min(max(s.Shed, 0), 1)
 	}
 	return p, err
 }
@@ -428,13 +447,7 @@ func (a *asm) classify(invalidL, rulesL label, negotiation float64) {
 	// An unknown version: too small to answer, or the negotiation class.
 	a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mLen})
 	a.jump(bpf.JumpLessThan, quicclass.MinInitialDatagram, invalidL, next)
-	if t := dropThreshold(negotiation); t > 0 {
-		a.emit(
-			bpf.LoadExtension{Num: bpf.ExtRand},
-			bpf.JumpIf{Cond: bpf.JumpLessThan, Val: t, SkipFalse: 1},
-			bpf.RetConstant{Val: 0},
-		)
-	}
+	a.dropWith(negotiation)
 	a.emit(bpf.RetConstant{Val: accept})
 
 	a.mark(known)
@@ -488,6 +501,53 @@ func (a *asm) classify(invalidL, rulesL label, negotiation float64) {
 	a.mark(notInitial)
 	a.emit(bpf.LoadConstant{Dst: bpf.RegA, Val: uint32(LongForm)}, bpf.StoreScratch{Src: bpf.RegA, N: mForm})
 	a.ja(rulesL)
+}
+
+// shedRules applies the shed of long headers to the rules of the opening
+// class: a packet of a limited stream or network passes both its rule and
+// the shed, 1 - (1-Drop)(1-shed).
+func shedRules(rules []Rule, shed float64) []Rule {
+	if shed <= 0 {
+		return rules
+	}
+	out := slices.Clone(rules)
+	for i := range out {
+		if out[i].Form == LongForm {
+			out[i].Drop = 1 - (1-out[i].Drop)*(1-min(shed, 1))
+		}
+	}
+	return out
+}
+
+// shed drops a long header that matched no rule with probability p, but
+// not one addressed to a connection ID of the length of the server's
+// (quicclass.ServerIDLen): it belongs to a handshake under way, since a
+// client's first Initial carries an ID of its own choosing, of 8 bytes at
+// least. The length is read from the packet: the scratch slot holding it is
+// not stored on every path here, which the kernel's checker refuses.
+func (a *asm) shed(p float64) {
+	if dropThreshold(p) == 0 {
+		return
+	}
+	keep := a.newLabel()
+	a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mForm})
+	a.jump(bpf.JumpEqual, uint32(LongForm), next, keep)
+	a.emit(bpf.LoadAbsolute{Off: udpHeaderLen + dcilOff, Size: 1})
+	a.jump(bpf.JumpEqual, quicclass.ServerIDLen, keep, next)
+	a.dropWith(p)
+	a.mark(keep)
+}
+
+// dropWith drops the datagram with probability p, and goes on with the
+// rest; p = 0 emits nothing.
+func (a *asm) dropWith(p float64) {
+	if t := dropThreshold(p); t > 0 {
+		a.emit(
+			bpf.LoadExtension{Num: bpf.ExtRand},
+			bpf.JumpIf{Cond: bpf.JumpLessThan, Val: t, SkipFalse: 1},
+			bpf.RetConstant{Val: 0},
+		)
+	}
 }
 
 // invalid drops an invalid datagram, but one in 2^shift, which passes.

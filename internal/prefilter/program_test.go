@@ -277,6 +277,76 @@ func TestNegotiationDrop(t *testing.T) {
 	}
 }
 
+// TestShedDrop checks the shed of long headers: with no rule of the opening
+// class, a long header of a known version (an Initial, a v2 Handshake) is
+// dropped under the threshold and kept at it; with one, the rule's packets
+// pass both it and the shed and other sources keep theirs. Never never without a probability, without classification or from an
+// allowlisted source, nor one addressed to an ID of the server's length (a
+// handshake under way); short headers, unknown versions and the invalid
+// sample are unaffected.
+func TestShedDrop(t *testing.T) {
+	src := netip.MustParseAddrPort("127.1.2.3:40000")
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	handshake := quicclass.LongHeader(quicclass.Version2, 3, 8, 8, 300) // type 3 is v2's Handshake
+	short := quicclass.ShortHeader(100)
+	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+	retry := quicclass.LongHeader(quicclass.Version1, typeRetry, 8, 8, 300) // server-only: invalid
+	quarter := uint32(1 << 30)
+	spec := Spec{Classify: true, SampleShift: DefaultSampleShift, Shed: 0.25}
+	allowed := spec
+	allowed.Allow = []netip.Prefix{netip.MustParsePrefix("127.1.0.0/16")}
+	// A rule of the opening class for 127.1.2.0/24 dropping half: its
+	// packets pass it and the shed, 1 - 0.5 x 0.75 = 0.625 dropped; a
+	// source no rule names keeps its long headers.
+	ruled := spec
+	ruled.Rules = []Rule{{Family: sketch.IPv4, Words: [4]uint32{0x7f010200}, Bits: 24, Form: LongForm, Drop: 0.5}}
+	at625 := uint32(0.625 * (1 << 32))
+	elsewhere := netip.MustParseAddrPort("127.9.9.9:40000")
+	tests := []struct {
+		name    string
+		spec    Spec
+		from    netip.AddrPort // src when zero
+		payload []byte
+		rnd     uint32
+		kept    bool
+	}{
+		{"initial under the threshold", spec, netip.AddrPort{}, initial, quarter - 1, false},
+		{"initial at the threshold", spec, netip.AddrPort{}, initial, quarter, true},
+		{"handshake under the threshold", spec, netip.AddrPort{}, handshake, 0, false},
+		{"a handshake under way: spared", spec, netip.AddrPort{}, quicclass.LongHeader(quicclass.Version1, 2, quicclass.ServerIDLen, 8, 300), 0, true},
+		{"an Initial to a server ID: spared", spec, netip.AddrPort{}, quicclass.LongHeader(quicclass.Version1, 0, quicclass.ServerIDLen, 8, 1200), 0, true},
+		{"no probability", Spec{Classify: true, SampleShift: DefaultSampleShift}, netip.AddrPort{}, initial, 0, true},
+		{"not classifying", Spec{Shed: 1}, netip.AddrPort{}, initial, 0, true},
+		{"allowlisted", allowed, netip.AddrPort{}, initial, 0, true},
+		{"short header", spec, netip.AddrPort{}, short, 0, true},
+		{"unknown version", spec, netip.AddrPort{}, unknown, 0, true},
+		{"invalid: sampled as before", spec, netip.AddrPort{}, retry, 0, true},
+		{"invalid: dropped as before", spec, netip.AddrPort{}, retry, quarter, false},
+		{"a ruled source under both", ruled, netip.AddrPort{}, initial, at625 - 1, false},
+		{"a ruled source over both", ruled, netip.AddrPort{}, initial, at625, true},
+		{"no rule names it: kept", ruled, elsewhere, initial, 0, true},
+		{"no rule: shed", spec, elsewhere, initial, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Build(tt.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			from := tt.from
+			if !from.IsValid() {
+				from = src
+			}
+			if got := run(t, p, packet{src: from, dport: 443, payload: tt.payload, rnd: tt.rnd}); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+			if want := tt.spec.Shed; tt.spec.Classify && p.Shed != want {
+				t.Errorf("Program.Shed = %v, want %v", p.Shed, want)
+			}
+		})
+	}
+}
+
 // TestRuleGroups: rules of both forms, interleaved, each drop only their
 // form's datagrams of their source, and the program checks the form once
 // per group, not once per rule.
