@@ -85,18 +85,7 @@ func TestShedKeepsShortHeaders(t *testing.T) {
 		done <- testutil.Pace(peer, dst, shortRate, seconds*shortRate, func() []byte { return established })
 	}()
 	var peak float64
-	deadline := time.Now().Add(10 * time.Second)
-	for sent := 0; sent < senders+1 && time.Now().Before(deadline); {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-			sent++
-		case <-time.After(backlog.Period):
-		}
-		peak = max(peak, pf.Prefilter().Shed)
-	}
+	waitSent(t, done, senders+1, 10*time.Second, func() { peak = max(peak, pf.Prefilter().Shed) })
 	testutil.WaitRead(t, int(testutil.PortOf(rx)))
 	st := pf.Prefilter()
 	got := short.Load()

@@ -17,6 +17,25 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
+// waitSent waits, up to within, for n paced senders to report on done,
+// failing t on an error, and calls watch after each report and every
+// backlog.Period meanwhile.
+func waitSent(t *testing.T, done <-chan error, n int, within time.Duration, watch func()) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for sent := 0; sent < n && time.Now().Before(deadline); {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		case <-time.After(backlog.Period):
+		}
+		watch()
+	}
+}
+
 // TestTotalFollowsQueue: on a real socket read by a slow reader (a quic-go
 // that falls behind), a flood of Initials from many ports makes the
 // adaptive opening total fall from where it starts, and once the flood is
@@ -68,25 +87,16 @@ func TestTotalFollowsQueue(t *testing.T) {
 			done <- testutil.Pace(s, dst, 20_000/senders, 3*20_000/senders, func() []byte { return initial })
 		}()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for sent := 0; sent < senders && time.Now().Before(deadline); {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-			sent++
-		case <-time.After(backlog.Period):
-		}
+	waitSent(t, done, senders, 5*time.Second, func() {
 		if ot := l.OpeningTotal(); ot.Cap != backlog.Unlimited && ot.Cap < lowest {
 			lowest = ot.Cap
 		}
-	}
+	})
 	if lowest >= start.Cap {
 		t.Fatalf("the total never fell below %d while the queue overflowed", start.Cap)
 	}
 	t.Logf("the total fell to %d under a flood 10x what the reader takes", lowest)
-	deadline = time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for l.OpeningTotal().Cap != backlog.Unlimited {
 		if time.Now().After(deadline) {
 			t.Fatalf("20 s after the flood the total is still %+v", l.OpeningTotal())

@@ -4,6 +4,7 @@ package prefilter
 
 import (
 	"math"
+	"net"
 	"testing"
 	"time"
 
@@ -13,10 +14,10 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
-// TestEstimates: the kernel's invalid drops are the sampled count times
-// 2^SampleShift-1; a stream's are its arrival rate times p.
-func TestEstimates(t *testing.T) {
-	c := testutil.QUICLimits(200, 1000)
+// attachedEnforcer compiles c and returns it with an Enforcer attached to a
+// dual-stack socket (returned), closed when the test ends.
+func attachedEnforcer(t *testing.T, c datagram.Config) (*sketch.Params, *Enforcer, *net.UDPConn) {
+	t.Helper()
 	p, err := sketch.Compile(c.Limiter)
 	if err != nil {
 		t.Fatal(err)
@@ -26,6 +27,14 @@ func TestEstimates(t *testing.T) {
 	if err := e.Attach(ln, c); err != nil {
 		t.Fatal(err)
 	}
+	return p, e, ln
+}
+
+// TestEstimates: the kernel's invalid drops are the sampled count times
+// 2^SampleShift-1; a stream's are its arrival rate times p.
+func TestEstimates(t *testing.T) {
+	c := testutil.QUICLimits(200, 1000)
+	p, e, ln := attachedEnforcer(t, c)
 	streams := []datagram.Stream{streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000")}
 	thresh := p.Thresh[0][0]
 	rate := func(*datagram.Stream) uint64 { return 10 * uint64(thresh) }
@@ -149,15 +158,7 @@ func TestNegotiationEstimates(t *testing.T) {
 // queue), and the estimate joins Dropped.
 func TestShedEstimate(t *testing.T) {
 	c := testutil.QUICLimits(200, 1000)
-	p, err := sketch.Compile(c.Limiter)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := NewEnforcer()
-	ln := testutil.Listen(t, "udp", "[::]:0")
-	if err := e.Attach(ln, c); err != nil {
-		t.Fatal(err)
-	}
+	p, e, _ := attachedEnforcer(t, c)
 	rate := func(*datagram.Stream) uint64 { return 0 }
 	var st datagram.Stats
 	now := time.Now()
