@@ -47,26 +47,14 @@ func TestShedKeepsShortHeaders(t *testing.T) {
 	}
 	pf := l.Engine().(Prefiltered)
 	// The reader takes 2,000 datagrams a second at most.
-	var stop atomic.Bool
 	var long, short atomic.Int64
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		buf := make([]byte, 2048)
-		for !stop.Load() {
-			out.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-			n, _, err := out.ReadFrom(buf)
-			if err != nil || n == 0 {
-				continue
-			}
-			if buf[0]&0x80 != 0 {
-				long.Add(1)
-			} else {
-				short.Add(1)
-			}
-			time.Sleep(500 * time.Microsecond)
+	stopReader := slowReader(out, 500*time.Microsecond, func(b []byte) {
+		if b[0]&0x80 != 0 {
+			long.Add(1)
+		} else {
+			short.Add(1)
 		}
-	}()
+	})
 	dst := netip.MustParseAddrPort(rx.LocalAddr().String())
 	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	established := quicclass.ShortHeader(100)
@@ -108,8 +96,7 @@ func TestShedKeepsShortHeaders(t *testing.T) {
 			t.Fatalf("5 s after the flood the pre-filter still sheds %.3f of long headers", pf.Prefilter().Shed)
 		}
 	}
-	stop.Store(true)
-	<-readerDone
+	stopReader()
 	for _, e := range logs.All() {
 		if strings.Contains(e.Message, "shed") {
 			t.Logf("%s: %s %v", e.Level, e.Message, e.ContextMap())

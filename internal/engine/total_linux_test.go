@@ -3,6 +3,7 @@
 package engine
 
 import (
+	"net"
 	"net/netip"
 	"sync/atomic"
 	"testing"
@@ -36,6 +37,29 @@ func waitSent(t *testing.T, done <-chan error, n int, within time.Duration, watc
 	}
 }
 
+// slowReader reads pc, a quic-go that falls behind, in a goroutine: got sees
+// each datagram, then the reader pauses. The function it returns stops it
+// and waits for it.
+func slowReader(pc net.PacketConn, pause time.Duration, got func([]byte)) (stop func()) {
+	var stopping atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		for !stopping.Load() {
+			pc.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			if n, _, err := pc.ReadFrom(buf); err == nil && n > 0 {
+				got(buf[:n])
+				time.Sleep(pause)
+			}
+		}
+	}()
+	return func() {
+		stopping.Store(true)
+		<-done
+	}
+}
+
 // TestTotalFollowsQueue: on a real socket read by a slow reader (a quic-go
 // that falls behind), a flood of Initials from many ports makes the
 // adaptive opening total fall from where it starts, and once the flood is
@@ -58,18 +82,7 @@ func TestTotalFollowsQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The reader takes 2,000 datagrams a second at most.
-	var stop atomic.Bool
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		buf := make([]byte, 2048)
-		for !stop.Load() {
-			rx.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-			if _, _, err := rx.ReadFrom(buf); err == nil {
-				time.Sleep(500 * time.Microsecond)
-			}
-		}
-	}()
+	stopReader := slowReader(rx, 500*time.Microsecond, func([]byte) {})
 	dst := netip.MustParseAddrPort(rx.LocalAddr().String())
 	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	start := l.OpeningTotal()
@@ -103,6 +116,5 @@ func TestTotalFollowsQueue(t *testing.T) {
 		}
 		time.Sleep(backlog.Period)
 	}
-	stop.Store(true)
-	<-readerDone
+	stopReader()
 }

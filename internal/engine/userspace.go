@@ -110,10 +110,9 @@ func (e *userEngine) Shed(s backlog.Sample, st datagram.Stats) (backlog.ShedRead
 	} else {
 		e.shedder.Step(s)
 	}
-	r, drop := e.shedder.Last(), e.shedder.Drop()
+	r := e.shedder.Last()
 	e.mu.Unlock()
-	r.Drop = drop
-	if !e.pre.SetShed(drop, st) {
+	if !e.pre.SetShed(r.Drop, st) {
 		return r, false
 	}
 	e.updatePrefilter()
