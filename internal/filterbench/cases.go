@@ -76,6 +76,10 @@ type caseSpec struct {
 	// one frame repeated, a new source on every run. Cloudflare's has no
 	// such switch, and is not run.
 	randomSource bool
+	// randomPort gives the once case's frames a random source port too;
+	// without, they keep the frame's, so that every packet shares the
+	// nodes of that port (in this filter, all sources from one port).
+	randomPort bool
 	// once runs distinct frames from random sources, each once, for both
 	// programs, and subtracts the floor program's time on them.
 	once bool
@@ -128,6 +132,8 @@ func cases() []caseSpec {
 			payload: initial, ours: over, cloudflareLimit: overLimit, wantOurs: drop, wantCloudflare: drop},
 		{key: "ipv4-random", name: "a new random source on every packet (each run once, minus the floor)",
 			payload: initial, ours: random, cloudflareLimit: randomLimit, once: true},
+		{key: "ipv4-spoofed", name: "a new random source address and port on every packet (each run once, minus the floor)",
+			payload: initial, ours: random, cloudflareLimit: randomLimit, once: true, randomPort: true},
 		{key: "ipv4-random-switch", name: "a new random source on every packet (this filter's bench switch, repeated)",
 			payload: initial, ours: random, randomSource: true},
 		{key: "ipv4-under-plain", name: "one source, under the limit; this filter without classes",

@@ -109,11 +109,20 @@ func withSource(f []byte, src netip.Addr) []byte {
 // randomFrames returns n copies of f (an IPv4 frame, or IPv6 with ipv6),
 // each from a random source: for IPv4, a unicast address outside 0/8,
 // 127/8 and 224/3; for IPv6, one in 2000::/3. Every bit of the prefixes
-// the limiters group by varies, as in a spoofed flood.
-func randomFrames(f []byte, ipv6 bool, n int, rng *rand.Rand) [][]byte {
+// the limiters group by varies, as in a spoofed flood. With ports, the
+// source port is random too (1024 to 65535), as most spoofed floods send;
+// without, every copy keeps f's.
+func randomFrames(f []byte, ipv6, ports bool, n int, rng *rand.Rand) [][]byte {
 	out := make([][]byte, n)
 	for i := range out {
 		out[i] = withSource(f, randomSource(ipv6, rng))
+		if ports {
+			udp := ethHdrLen + ipv4HdrLen
+			if ipv6 {
+				udp = ethHdrLen + ipv6HdrLen
+			}
+			binary.BigEndian.PutUint16(out[i][udp:], uint16(1024+rng.IntN(65536-1024)))
+		}
 	}
 	return out
 }

@@ -64,15 +64,31 @@ func TestFrame(t *testing.T) {
 	}
 }
 
+// framePort is the UDP source port of frame f.
+func framePort(f []byte, ipv6 bool) uint16 {
+	udp := ethHdrLen + ipv4HdrLen
+	if ipv6 {
+		udp = ethHdrLen + ipv6HdrLen
+	}
+	return binary.BigEndian.Uint16(f[udp:])
+}
+
 func TestRandomFrames(t *testing.T) {
-	for _, ipv6 := range []bool{false, true} {
+	for _, tt := range []struct{ ipv6, ports bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		ipv6 := tt.ipv6
 		c := caseSpec{ipv6: ipv6, payload: make([]byte, initialSize)}
 		base := c.frame()
-		frames := randomFrames(base, ipv6, 1000, rand.New(rand.NewPCG(1, 2)))
+		frames := randomFrames(base, ipv6, tt.ports, 1000, rand.New(rand.NewPCG(1, 2)))
 		seen := map[netip.Addr]bool{}
+		ports := map[uint16]bool{}
 		for _, f := range frames {
 			src := frameSource(f)
 			seen[src] = true
+			p := framePort(f, ipv6)
+			ports[p] = true
+			if tt.ports && p < 1024 {
+				t.Errorf("source port %d, want 1024 or above", p)
+			}
 			if len(f) != len(base) {
 				t.Fatalf("frame of %d bytes, want %d", len(f), len(base))
 			}
@@ -93,6 +109,10 @@ func TestRandomFrames(t *testing.T) {
 		// are not random.
 		if len(seen) != len(frames) {
 			t.Errorf("ipv6=%v: %d distinct sources in %d frames", ipv6, len(seen), len(frames))
+		}
+		// 1,000 draws from 64,512 ports: about 992 distinct.
+		if want := map[bool]bool{false: len(ports) == 1 && ports[framePort(base, ipv6)], true: len(ports) > 950}[tt.ports]; !want {
+			t.Errorf("ipv6=%v ports=%v: %d distinct source ports in %d frames", ipv6, tt.ports, len(ports), len(frames))
 		}
 		if frameSource(base) != map[bool]netip.Addr{false: srcIPv4, true: srcIPv6}[ipv6] {
 			t.Errorf("randomFrames changed the frame it copies")

@@ -238,7 +238,7 @@ func (r *running) warmUp(o *Options) error {
 			// once, fewer (a system call each), enough to push the
 			// shared nodes over their limit.
 			rng := rand.New(rand.NewPCG(uint64(len(r.key)), math.MaxUint32))
-			if _, _, err := runOnce(prog, randomFrames(r.frame, r.ipv6, min(o.Warmup, floodBatch), rng), o.Clock); err != nil {
+			if _, _, err := runOnce(prog, randomFrames(r.frame, r.ipv6, r.randomPort, min(o.Warmup, floodBatch), rng), o.Clock); err != nil {
 				return fmt.Errorf("%s: %w", progNames[p], err)
 			}
 			continue
@@ -257,7 +257,7 @@ func (r *running) measure(o *Options, round int) error {
 	if r.once {
 		// New sources every round: no source is seen twice.
 		rng := rand.New(rand.NewPCG(uint64(round), uint64(len(r.key))<<32|uint64(r.ipv6Bit())))
-		frames = randomFrames(r.frame, r.ipv6, o.Once, rng)
+		frames = randomFrames(r.frame, r.ipv6, r.randomPort, o.Once, rng)
 	}
 	var ns [numProgs]float64
 	for i := range numProgs {
