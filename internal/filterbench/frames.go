@@ -117,14 +117,18 @@ func randomFrames(f []byte, ipv6, ports bool, n int, rng *rand.Rand) [][]byte {
 	for i := range out {
 		out[i] = withSource(f, randomSource(ipv6, rng))
 		if ports {
-			udp := ethHdrLen + ipv4HdrLen
-			if ipv6 {
-				udp = ethHdrLen + ipv6HdrLen
-			}
-			binary.BigEndian.PutUint16(out[i][udp:], uint16(1024+rng.IntN(65536-1024)))
+			binary.BigEndian.PutUint16(out[i][udpOffset(ipv6):], uint16(1024+rng.IntN(65536-1024)))
 		}
 	}
 	return out
+}
+
+// udpOffset is where the UDP header of an IPv4 frame (IPv6 with ipv6) starts.
+func udpOffset(ipv6 bool) int {
+	if ipv6 {
+		return ethHdrLen + ipv6HdrLen
+	}
+	return ethHdrLen + ipv4HdrLen
 }
 
 // randomSource returns a random source address (see randomFrames).
