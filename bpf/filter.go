@@ -499,6 +499,7 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 	}
 	for class, n := range p.Visited {
 		k.Visited[class] = uint8(n)
+		k.Screen[class] = boolByte(p.Screen[class])
 	}
 	k.NumPrefixes = uint8(p.NumPrefixes)
 	k.PerDport = boolByte(p.PerDstPort)

@@ -36,6 +36,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define FRAC_BITS 8
 #define WEIGHT_BITS 24
 #define LOW32 0xffffffffULL
+#define Q32_ONE (1ULL << 32)
 #define U32_MAX 0xffffffffU
 #define EPOCH_SHIFT 20
 #define SLOT_SHIFT 12
@@ -61,6 +62,11 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define FAIR_COIN_BITS 16
 #define FAIR_COIN_SHIFT (32 - FRAC_BITS - FAIR_COIN_BITS)
 #define FAIR_COIN_MASK ((1U << FAIR_COIN_BITS) - 1)
+// The screen judges a network alone only while its clean count, with the
+// packet, is at most its limit >> SCREEN_HEADROOM_SHIFT (sketch
+// ScreenHeadroomShift): the nodes more specific than the network's miss
+// what the screen drops, and the headroom bounds that shortfall.
+#define SCREEN_HEADROOM_SHIFT 1
 // Verdicts of admit_fair.
 #define FAIR_REFUSE 0
 #define FAIR_RANK 1
@@ -280,6 +286,9 @@ struct config {
 	// visited: how many of the nodes, from the first, each class visits
 	// (sketch.Params.Visited): up to its last limited node.
 	__u8 visited[NUM_CLASSES];
+	// screen: whether each class's clean packets are screened at the fair
+	// total before the node loop (sketch.Params.Screen).
+	__u8 screen[NUM_CLASSES];
 	__u8 num_prefixes;
 	__u8 per_dport;
 	// dry_run: decide and count as usual, but deliver every packet.
@@ -1279,6 +1288,18 @@ static __always_inline __u64 decay(const struct config *cfg, __u32 k)
 	return mulq32(d, cfg->d2[(k >> (2 * DECAY_BITS)) & DECAY_MASK]);
 }
 
+// idle_factor (sketch idleFactor): the Q32 factor by which rescale would
+// decay a cell last moved to epoch `last` to bring it to `epoch`, one
+// (Q32_ONE) when rescale leaves the cell alone. The screen reads cells
+// through it without moving them.
+static __always_inline __u64 idle_factor(const struct config *cfg, __u32 last, __u32 epoch)
+{
+	__u32 idle = epoch - last;
+	if (idle == 0 || idle > SKEW_WRAP)
+		return Q32_ONE;
+	return decay(cfg, idle);
+}
+
 // rescale (refresh in internal/sketch) brings a cell last touched in an older
 // epoch to `epoch`, decaying its counters by the idle time; a reading older
 // than the cell's own epoch (SKEW_WRAP) leaves it alone. The hot path, a cell
@@ -1336,6 +1357,13 @@ struct node_work {
 	__u32 network;
 	__u32 pad2;
 	__u64 estimate;
+	// Kept from packet to packet, unlike the rest: by class, whether the
+	// CPU's fair share of the clean budget is bounded, written wherever the
+	// share is (note_share). decide reads it from the line it has just
+	// written instead of looking the shares up for every packet. Zero in
+	// a new map, as the shares start unbounded (Filter.initFairShares).
+	__u8 bounded[NUM_CLASSES];
+	__u8 pad3[8 - NUM_CLASSES];
 };
 
 // The node loop's node_work, one per CPU (see struct node_work).
@@ -1572,6 +1600,13 @@ static __always_inline int enforcing(const struct config *cfg, __u32 class, __u3
 	return cfg->thresh[class][i] != THRESH_UNLIMITED && omin > scale(cfg->over[class][i], g);
 }
 
+// note_share keeps in nw whether the CPU's clean share of class is bounded
+// (node_work.bounded), after each write of the shares.
+static __always_inline void note_share(const struct fair *fs, struct node_work *nw, __u32 class)
+{
+	nw->bounded[class] = fs->share[class][BUDGET_CLEAN] != FAIR_UNBOUNDED;
+}
+
 // judge_node (sketch judgeNode) compares what count_node found with the node's
 // limit: under it the packet passes (JUDGE_PASS); over it, it passes counted
 // as limited (JUDGE_OVER) until the node enforces its limit, which lets it
@@ -1595,8 +1630,10 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	// not enforce.
 	int under = thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g);
 	int enf = (!under || fs) && enforcing(cfg, class, i, omin, nw->g);
-	if (fs && !enf && fs->share[class][budget] != FAIR_UNBOUNDED)
+	if (fs && !enf && fs->share[class][budget] != FAIR_UNBOUNDED) {
 		fs->share[class][budget] = FAIR_UNBOUNDED;
+		note_share(fs, nw, class);
+	}
 	if (under)
 		return JUDGE_PASS;
 	__u32 slot = nw->slot & (SLOTS - 1);
@@ -1610,6 +1647,7 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 		if (fmin < t)
 			return JUDGE_OVER;
 		int a = admit_fair(&fs->share[class][budget], nw, rank(cfg, k, nw->now >> PERIOD_SHIFT), t);
+		note_share(fs, nw, class);
 		if (a == FAIR_RANK)
 			return JUDGE_OVER;
 		return a == FAIR_FLOOR ? JUDGE_FLOOR : JUDGE_DROP;
@@ -1638,6 +1676,28 @@ static __always_inline void forward_node(struct counter *rows[DEPTH], __u32 w, i
 		forward_one(rows[r], w, atomic);
 }
 
+// node_hashes (sketch Limiter.nodeHashes) sets in nw the hashes of the
+// packet's key for node i, whose descriptor n the caller has read (a store
+// to nw between the two reads would make clang load it again), and where
+// the node's rows lie. The address part is hashed once per prefix slot and
+// kept in nw.
+static __always_inline void node_hashes(const struct config *cfg, const struct key *k, struct node_work *nw, __u32 i,
+					__u8 n)
+{
+	int p = node_prefix(n) & (MAX_PREFIXES - 1);
+	if (p + 1 != nw->hashed) {
+		addr_hashes(cfg, k, p, nw->ah);
+		nw->hashed = p + 1;
+	}
+	__u64 pw = port_word(cfg, n, k);
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++)
+		nw->hash[r] = nw->ah[r] + cfg->hash_a[r][PORT_WORD] * pw + cfg->hash_b[r];
+	__u32 class = limiter_class(nw->class);
+	nw->lines = cfg->lines[class][i & (MAX_NODES - 1)];
+	nw->base = cfg->base[class][i & (MAX_NODES - 1)];
+}
+
 // visit_node (sketch visitNode) walks the packet through node i: it hashes the
 // packet's key for the node (the address part once per prefix slot, kept in
 // nw), counts it in the budget v says (limited from the level after the first
@@ -1654,18 +1714,7 @@ static __always_inline int visit_node(const struct config *cfg, const struct key
 	__u32 i = nw->node & (MAX_NODES - 1);
 	__u8 n = cfg->nodes[i];
 	nw->budget = v->limited && node_level(n) > v->level ? BUDGET_LIMITED : BUDGET_CLEAN;
-	int p = node_prefix(n) & (MAX_PREFIXES - 1);
-	if (p + 1 != nw->hashed) {
-		addr_hashes(cfg, k, p, nw->ah);
-		nw->hashed = p + 1;
-	}
-	__u64 pw = port_word(cfg, n, k);
-#pragma unroll
-	for (int r = 0; r < DEPTH; r++)
-		nw->hash[r] = nw->ah[r] + cfg->hash_a[r][PORT_WORD] * pw + cfg->hash_b[r];
-	__u32 class = limiter_class(nw->class);
-	nw->lines = cfg->lines[class][i];
-	nw->base = cfg->base[class][i];
+	node_hashes(cfg, k, nw, i, n);
 	// The socket's total is counted in the CPU's pending counter, the
 	// other nodes in a counter of each row.
 	struct counter *rows[DEPTH] = {};
@@ -1691,27 +1740,19 @@ static __always_inline int visit_node(const struct config *cfg, const struct key
 	return 0;
 }
 
-// visit_nodes: sketch Limiter.Decide for the class in the high half of
-// rnd_class, whose low half is the packet's random number. Returns 1 to drop,
-// 0 to pass, -1 when the sketch cannot be reached; fills v.
-//
-// A global function, verified once, with every node visit inlined: one call
-// per packet rather than one per node, which matters on CPUs that return
-// through a return thunk (AMD's SRSO mitigation: about 7 ns a call). The
-// nodes but the last share one loop body without the total's code; the
-// last node is visited after the loop.
-__noinline int visit_nodes(const struct config *cfg, const struct key *k, struct verdict *v, __u64 now, __u64 rnd_class)
+// packet_work sets up the CPU's node_work for a packet at time now of the
+// class in the high half of rnd_class, whose low half is the packet's random
+// number (the start of sketch Limiter.Decide). Only what the node loop and
+// the screen read before they write needs a reset, not the whole of
+// node_work. Returns NULL when the map cannot be reached.
+static __always_inline struct node_work *packet_work(const struct config *cfg, __u64 now, __u64 rnd_class)
 {
-	if (!cfg || !k || !v)
-		return -1;
 	__u32 zero = 0;
 	struct node_work *nw = bpf_map_lookup_elem(&node_scratch, &zero);
 	if (!nw)
-		return -1;
+		return NULL;
 	__u32 rnd = rnd_class;
 	__u32 slot = (now >> SLOT_SHIFT) & (SLOTS - 1);
-	// Only what the node loop reads before it writes needs a reset, not
-	// the whole of node_work.
 	nw->hashed = 0;
 	nw->network = 0;
 	nw->now = now;
@@ -1722,10 +1763,109 @@ __noinline int visit_nodes(const struct config *cfg, const struct key *k, struct
 	nw->dither = rnd >> (32 - FRAC_BITS);
 	nw->coin = (rnd >> FAIR_COIN_SHIFT) & FAIR_COIN_MASK;
 	nw->class = rnd_class >> 32;
+	return nw;
+}
 
+// screen (sketch Limiter.screen) decides, before the node loop, a clean
+// packet that the fair total will refuse: while this CPU's fair share of the
+// class's clean budget is bounded, for a packet whose network node shows no
+// limited traffic and stays under half its limit with it
+// (SCREEN_HEADROOM_SHIFT), it reads the network's
+// cells and the total's without counting and asks admit_fair what the loop
+// would ask it at the total. A refused packet is counted at those two nodes
+// as the loop would have counted it, and dropped; one the total admits is
+// walked as before, the share put back. Returns 1 when it drops the packet,
+// 0 to walk it. A global function: verified once, and called only while the
+// total enforces its share.
+__noinline int screen(const struct config *cfg, const struct key *k, struct verdict *v, struct node_work *nw)
+{
+	__u32 zero = 0;
+
+	if (!cfg || !k || !v || !nw)
+		return 0;
+	__u32 class = limiter_class(nw->class);
+	struct fair *fs = bpf_map_lookup_elem(&fair_shares, &zero);
+	struct pending *pd = bpf_map_lookup_elem(&totals, &zero);
+	if (!fs || !pd)
+		return 0;
+	__u32 ns = cfg->fair_source & (MAX_NODES - 1), nt = cfg->fair_node & (MAX_NODES - 1);
+	if (!applies(cfg, cfg->nodes[ns], k) || !applies(cfg, cfg->nodes[nt], k))
+		return 0;
+	// The CPU's pending counts of the total are flushed by the first
+	// packet of an epoch, which the loop counts.
+	struct cell *p = &pd->cell[class];
+	if (p->epoch != nw->epoch)
+		return 0;
+	// The network's node: the clean count the loop would find with this
+	// packet, and the limited count.
+	struct cell *nc[DEPTH];
+	node_hashes(cfg, k, nw, ns, cfg->nodes[ns]);
+	if (node_cells(nw, nc) < 0)
+		return 0;
+	__u32 network = U32_MAX, limited = U32_MAX;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		__u64 d = idle_factor(cfg, nc[r]->epoch, nw->epoch);
+		network = min32(network, sat_add(decay32(nc[r]->budget[BUDGET_CLEAN].offered, d), nw->w));
+		limited = min32(limited, decay32(nc[r]->budget[BUDGET_LIMITED].offered, d));
+	}
+	if (limited != 0 || network > scale(cfg->thresh[class][ns], nw->g) >> SCREEN_HEADROOM_SHIFT)
+		return 0;
+	// The total: its offered and forwarded counts with this packet.
+	struct cell *tc[DEPTH];
+	node_hashes(cfg, k, nw, nt, cfg->nodes[nt]);
+	if (node_cells(nw, tc) < 0)
+		return 0;
+	struct counter *ctr = &p->budget[BUDGET_CLEAN];
+	__u32 offered = sat_add(ctr->offered, nw->w);
+	__u32 omin = U32_MAX, fmin = U32_MAX;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		omin = min32(omin, sat_add(tc[r]->budget[BUDGET_CLEAN].offered, offered));
+		fmin = min32(fmin, sat_add(tc[r]->budget[BUDGET_CLEAN].forwarded, ctr->forwarded));
+	}
+	__u64 thr = scale(cfg->thresh[class][nt], nw->g);
+	if (omin <= thr || !enforcing(cfg, class, nt, omin, nw->g) || fmin < thr)
+		return 0;
+	nw->omin = omin;
+	nw->fmin = fmin;
+	nw->network = network;
+	__u64 *share = &fs->share[class][BUDGET_CLEAN];
+	__u64 was = *share;
+	if (admit_fair(share, nw, rank(cfg, k, nw->now >> PERIOD_SHIFT), thr) != FAIR_REFUSE) {
+		*share = was;
+		return 0;
+	}
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		if (nc[r]->epoch != nw->epoch)
+			rescale(nc[r], cfg, nw->epoch);
+		struct counter *c = &nc[r]->budget[BUDGET_CLEAN];
+		c->offered = sat_add(c->offered, nw->w);
+		forward_one(c, nw->w, 0);
+	}
+	ctr->offered = offered;
+	set_verdict(v, 1, cfg->nodes[nt], mulq32(omin, cfg->ginv[nw->slot & (SLOTS - 1)]));
+	return 1;
+}
+
+// visit_nodes: sketch Limiter.Decide for the class in the high half of
+// rnd_class, whose low half is the packet's random number. Returns 1 to drop,
+// 0 to pass, -1 when the sketch cannot be reached; fills v.
+//
+// A global function, verified once, with every node visit inlined: one call
+// per packet rather than one per node, which matters on CPUs that return
+// through a return thunk (AMD's SRSO mitigation: about 7 ns a call). The
+// nodes but the last share one loop body without the total's code; the
+// last node is visited after the loop.
+__noinline int visit_nodes(const struct config *cfg, const struct key *k, struct verdict *v, struct node_work *nw)
+{
+	if (!cfg || !k || !v || !nw)
+		return -1;
 	__u32 visited = cfg->visited[limiter_class(nw->class)];
 	if (visited == 0)
 		return 0;
+
 	// visited is at most MAX_NODES; the mask bounds it for the verifier.
 	__u32 last = (visited - 1) & (MAX_NODES - 1);
 	// A real loop, not unrolled: unrolling makes the program several
@@ -1748,11 +1888,27 @@ __noinline int visit_nodes(const struct config *cfg, const struct key *k, struct
 	return visit_node(cfg, k, nw, v, 1);
 }
 
-// decide: sketch Limiter.Decide for class `class` (visit_nodes).
+// decide: sketch Limiter.Decide for class `class`: the screen, then
+// visit_nodes, on the CPU's node_work for the packet.
 static __always_inline int decide(const struct config *cfg, int class, const struct key *k, __u64 now, __u32 rnd,
 				  struct verdict *v)
 {
-	return visit_nodes(cfg, k, v, now, (__u64)class << 32 | rnd);
+	struct node_work *nw = packet_work(cfg, now, (__u64)class << 32 | rnd);
+	if (!nw)
+		return -1;
+	// The screen, only while this CPU's clean share of the class is
+	// bounded: the call costs even when it walks the packet. A call
+	// beside visit_nodes, not in it, for the stack: the two frames would
+	// add up over what the verifier allows. One the screen leaves to the
+	// walk starts it afresh, as in Limiter.Decide.
+	__u32 c = limiter_class(class);
+	if (cfg->screen[c] && nw->bounded[c]) {
+		if (screen(cfg, k, v, nw))
+			return 1;
+		nw->hashed = 0;
+		nw->network = 0;
+	}
+	return visit_nodes(cfg, k, v, nw);
 }
 
 // gcra admits an event at now to the pacer in slot which: at most one per

@@ -52,6 +52,7 @@ type rakelimitConfig struct {
 	TickNs        uint64
 	Nodes         [16]uint8
 	Visited       [3]uint8
+	Screen        [3]uint8
 	NumPrefixes   uint8
 	PerDport      uint8
 	DryRun        uint8
@@ -63,9 +64,8 @@ type rakelimitConfig struct {
 	TotalNode     uint8
 	CoarseClock   uint8
 	VerifyIds     uint8
-	_             [1]byte
+	_             [2]byte
 	TrackMask     uint32
-	_             [4]byte
 }
 
 type rakelimitCpuState struct {
@@ -122,6 +122,8 @@ type rakelimitNodeWork struct {
 	Network  uint32
 	Pad2     uint32
 	Estimate uint64
+	Bounded  [3]uint8
+	Pad3     [5]uint8
 }
 
 type rakelimitPeerKey struct {

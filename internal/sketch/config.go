@@ -306,6 +306,13 @@ type Params struct {
 	// are not counted (established connections' socket total, unlimited
 	// by default, costs nothing per packet). 0 when the class has no limit.
 	Visited [NumClasses]int
+	// Screen says, by class, whether a clean packet is screened at the fair
+	// total before the walk (Limiter.screen): when the class has a fair
+	// total and a limited network node, and every node more specific than
+	// the network's has a limit no lower than it, so that a stream over
+	// such a node's limit is over the network's too, which stops the
+	// screen for its network.
+	Screen [NumClasses]bool
 	// Prefix4 and Prefix6 are the prefix lengths by prefix slot.
 	Prefix4, Prefix6 [MaxPrefixes]uint8
 	// NumPrefixes is the number of prefix slots in use.
@@ -416,6 +423,9 @@ func Compile(c Config) (*Params, error) {
 			p.TotalLines += Depth * int(lines)
 		}
 	}
+	for class := range NumClasses {
+		p.Screen[class] = screens(p, class)
+	}
 	w := float64(p.WindowNanos)
 	for s := range Slots {
 		t := float64(uint64(s) << SlotShift)
@@ -430,6 +440,27 @@ func Compile(c Config) (*Params, error) {
 		p.D2[j] = uint64(math.Round(math.Exp(-e*DecayEntries*DecayEntries/w) * oneQ32f))
 	}
 	return p, nil
+}
+
+// screens reports whether class's clean packets are screened at the fair
+// total (Params.Screen): the class has a fair total on the socket's total,
+// both it and the network node have limits, and no node more specific than
+// the network's (a prefix at most as long, any source port) has a lower
+// limit than the network's.
+func screens(p *Params, class int) bool {
+	if p.FairNode < 0 || p.FairSource < 0 || p.FairNode != p.TotalNode {
+		return false
+	}
+	network := p.Thresh[class][p.FairSource]
+	if network == ThreshUnlimited || p.Thresh[class][p.FairNode] == ThreshUnlimited {
+		return false
+	}
+	for i, n := range p.Nodes {
+		if n.Prefix() <= p.Nodes[p.FairSource].Prefix() && p.Thresh[class][i] < network {
+			return false
+		}
+	}
+	return true
 }
 
 // threshold converts a limit in packets per second into a count per window:

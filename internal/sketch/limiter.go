@@ -163,6 +163,18 @@ func refresh(p *Params, c *Cell, e uint32) {
 	c.Epoch = e
 }
 
+// idleFactor is the factor, Q32, by which refresh would decay a cell last
+// moved to epoch last to bring it to epoch e: one (1 << 32) when refresh
+// leaves the cell alone (idle_factor in the C program). The screen reads a
+// cell through it without moving the cell.
+func idleFactor(p *Params, last, e uint32) uint64 {
+	idle := e - last
+	if idle == 0 || idle > maxU32-SkewEpochs {
+		return 1 << 32
+	}
+	return p.decay(idle)
+}
+
 // nodeWork is what Decide and visitNode share about one packet and one
 // node: struct node_work in the C program, field for field (the C keeps it
 // to give the verifier a node loop without state of its own; here it keeps
@@ -489,6 +501,113 @@ func forwardOne(ctr *Counter, w uint32) {
 	ctr.Forwarded = satAdd(ctr.Forwarded, w)
 }
 
+// ScreenHeadroomShift bounds the networks the screen judges alone to those
+// whose clean count, with the packet, is at most their limit >>
+// ScreenHeadroomShift (SCREEN_HEADROOM_SHIFT in the C program): half of it.
+// The packets the screen drops are not counted at the nodes more specific
+// than the network's, so a stream's estimate there falls short by at most
+// what the network counted of them; the headroom keeps that shortfall under
+// half a limit, so that a network that grows past it is walked again well
+// before its specific nodes reach their limits, and they limit it where the
+// walk alone would (see "The screen" in the package doc).
+const ScreenHeadroomShift = 1
+
+// nodeHashes sets in nw the hashes of the packet's key for node i, and where
+// the node's rows lie (node_hashes in the C program). The address part is
+// hashed once per prefix slot and kept in nw.
+func (l *Limiter) nodeHashes(k *Key, nw *nodeWork, i int) {
+	p := l.p
+	n := p.Nodes[i]
+	if s := n.Prefix(); s+1 != nw.hashed {
+		l.hk.addrHashes(p, k, s, &nw.ah)
+		nw.hashed = s + 1
+	}
+	pw := portWord(n, k, p.PerDstPort)
+	for r := range Depth {
+		nw.hash[r] = l.hk.nodeHash(r, nw.ah[r], pw)
+	}
+	nw.lines = p.Lines[nw.class][i]
+	nw.base = p.Base[nw.class][i]
+}
+
+// screen decides, before the walk, a clean packet that the fair total will
+// refuse (screen in the C program; see "The screen" in the package doc).
+// It runs while the fair share of the class's clean budget is bounded (the
+// total enforced it on the last packet it ranked), for a packet whose
+// network node shows no limited traffic and stays under its headroom, half
+// its limit (ScreenHeadroomShift), with it:
+// it reads the network's cells and the total's without counting, and asks
+// admitFair what the walk would ask it at the total, with the same counts.
+// A refused packet is counted where the walk would have counted it at those
+// two nodes (offered and, at the network's node, forwarded), the share keeps
+// what admitFair made of it, and the packet is dropped: the nodes the walk
+// visits on the way, those more specific than the network's and the
+// reflection node, do not count it. A packet the total admits, by rank or by
+// the floor, is walked as before: the share is put back, and the walk finds
+// the same counts and asks the same question. It reports whether the packet
+// is dropped; Decide starts the walk afresh from nw's hashes and network
+// after it.
+func (l *Limiter) screen(k *Key, nw *nodeWork, v *Verdict) bool {
+	p, class := l.p, nw.class
+	if !p.Screen[class] || l.fair[class][Clean] == FairUnbounded {
+		return false
+	}
+	ns, nt := p.FairSource, p.FairNode
+	if !applies(p, p.Nodes[ns], k) || !applies(p, p.Nodes[nt], k) {
+		return false
+	}
+	// The pending counts of the total are flushed by the first packet of
+	// an epoch, which the walk counts.
+	pending := &l.pending[class]
+	if pending.Epoch != nw.epoch {
+		return false
+	}
+	// The network's node: the clean count the walk would find with this
+	// packet, and the limited count.
+	l.nodeHashes(k, nw, ns)
+	var nc [Depth]*Cell
+	network, limited := maxU32, maxU32
+	for r := range Depth {
+		c := l.cell(nw.base, nw.lines, r, nw.hash[r])
+		d := idleFactor(p, c.Epoch, nw.epoch)
+		network = min(network, satAdd(uint32(mulQ32(uint64(c.Budget[Clean].Offered), d)), nw.w))
+		limited = min(limited, uint32(mulQ32(uint64(c.Budget[Limited].Offered), d)))
+		nc[r] = c
+	}
+	if limited != 0 || uint64(network) > scale(p.Thresh[class][ns], nw.g)>>ScreenHeadroomShift {
+		return false
+	}
+	// The total: its offered and forwarded counts with this packet.
+	l.nodeHashes(k, nw, nt)
+	ctr := &pending.Budget[Clean]
+	offered := satAdd(ctr.Offered, nw.w)
+	omin, fmin := maxU32, maxU32
+	for r := range Depth {
+		sh := &l.cell(nw.base, nw.lines, r, nw.hash[r]).Budget[Clean]
+		omin = min(omin, satAdd(sh.Offered, offered))
+		fmin = min(fmin, satAdd(sh.Forwarded, ctr.Forwarded))
+	}
+	thr := scale(p.Thresh[class][nt], nw.g)
+	if uint64(omin) <= thr || !p.enforcing(class, nt, omin, nw.g) || uint64(fmin) < thr {
+		return false
+	}
+	nw.omin, nw.fmin, nw.network = omin, fmin, network
+	share := &l.fair[class][Clean]
+	was := *share
+	if admitFair(share, nw, l.hk.rank(k, nw.now>>PeriodShift), thr) != fairRefuse {
+		*share = was
+		return false
+	}
+	for _, c := range nc {
+		refresh(p, c, nw.epoch)
+		c.Budget[Clean].Offered = satAdd(c.Budget[Clean].Offered, nw.w)
+		forwardOne(&c.Budget[Clean], nw.w)
+	}
+	ctr.Offered = offered
+	setVerdict(v, true, p.Nodes[nt], mulQ32(uint64(omin), p.GInv[nw.slot]))
+	return true
+}
+
 // visitNode walks the packet through node nw.node (visit_node in the C
 // program): it hashes the packet's key for the node (the address part once
 // per prefix slot, kept in nw), counts it in the budget v says (limited from
@@ -503,16 +622,7 @@ func (l *Limiter) visitNode(k *Key, nw *nodeWork, v *Verdict) bool {
 	if v.Limited && n.Level() > v.Level {
 		nw.budget = Limited
 	}
-	if s := n.Prefix(); s+1 != nw.hashed {
-		l.hk.addrHashes(p, k, s, &nw.ah)
-		nw.hashed = s + 1
-	}
-	pw := portWord(n, k, p.PerDstPort)
-	for r := range Depth {
-		nw.hash[r] = l.hk.nodeHash(r, nw.ah[r], pw)
-	}
-	nw.lines = p.Lines[nw.class][nw.node]
-	nw.base = p.Base[nw.class][nw.node]
+	l.nodeHashes(k, nw, nw.node)
 	// The socket's total is counted in the pending counter, the other
 	// nodes in a counter of each row.
 	var rows [Depth]*Counter
@@ -553,7 +663,9 @@ func (l *Limiter) visitNode(k *Key, nw *nodeWork, v *Verdict) bool {
 // dropped, and not counted further up, or it survives and is counted as
 // limited from the next level on. At the socket's total the limit is shared
 // max-min fairly among networks, and whole sources rather than random
-// packets are dropped (see the package doc).
+// packets are dropped (see the package doc). While the total enforces that
+// share, a clean packet it refuses is screened: counted at its network's
+// node and the total only, and dropped before the walk (see screen).
 func (l *Limiter) Decide(k *Key, class int, now int64, rnd uint32) Verdict {
 	p := l.p
 	t := uint64(now)
@@ -569,6 +681,10 @@ func (l *Limiter) Decide(k *Key, class int, now int64, rnd uint32) Verdict {
 		class:  class,
 	}
 	v := Verdict{Level: -1}
+	if l.screen(k, &nw, &v) {
+		return v
+	}
+	nw.hashed, nw.network = 0, 0
 	for i, n := range p.Nodes[:p.Visited[class]] {
 		if !applies(p, n, k) {
 			continue

@@ -1,0 +1,156 @@
+package sketch
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// spoofedKey is a new random address and port in 10.128.0.0/9, the source of
+// one packet of a spoofed flood.
+func spoofedKey(rng *rand.Rand) Key {
+	a := netip.AddrFrom4([4]byte{10, byte(128 + rng.IntN(128)), byte(rng.IntN(256)), byte(rng.IntN(256))})
+	return KeyFrom(netip.AddrPortFrom(a, uint16(1024+rng.IntN(64000))), 443)
+}
+
+// TestScreenParams checks which configurations screen: a fair total whose
+// network node has a limit, and no node more specific than the network's
+// with a lower one.
+func TestScreenParams(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   [NumClasses]bool
+	}{
+		{"defaults", func(*Config) {}, [NumClasses]bool{true, false, true}},
+		{"a lower limit at level 0", func(c *Config) { c.LevelLimits = map[int]uint32{0: 500} }, [NumClasses]bool{false, false, true}},
+		{"a higher limit at level 0", func(c *Config) { c.LevelLimits = map[int]uint32{0: 5000} }, [NumClasses]bool{true, false, true}},
+		{"specific levels unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{0: Unlimited, 1: Unlimited} }, [NumClasses]bool{true, false, true}},
+		{"networks unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{2: Unlimited} }, [NumClasses]bool{false, false, true}},
+		{"total unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{3: Unlimited} }, [NumClasses]bool{false, false, true}},
+		{"one drop rate at the total", func(c *Config) { c.ProportionalTotal = true }, [NumClasses]bool{}},
+		{"a single prefix", func(c *Config) {
+			c.IPv4Prefixes, c.IPv6Prefixes = []uint8{0}, []uint8{0}
+			c.Established.LevelLimits = map[int]uint32{1: Unlimited}
+		}, [NumClasses]bool{}},
+		{"per destination port", func(c *Config) { c.PerDstPort = true }, [NumClasses]bool{true, false, true}},
+		{"established with a total", func(c *Config) {
+			c.Established = Limits{Limit: 200_000, LevelLimits: map[int]uint32{3: 400_000}}
+		}, [NumClasses]bool{true, true, true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Config{Limit: 1000, Window: time.Second,
+				Established: Limits{Limit: 200_000, LevelLimits: map[int]uint32{3: Unlimited}}}
+			tt.mutate(&c)
+			p, err := Compile(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Screen != tt.want {
+				t.Fatalf("Screen = %v, want %v", p.Screen, tt.want)
+			}
+		})
+	}
+}
+
+// TestScreenSpoofed runs one spoofed flood, ten times the total's cap,
+// through a limiter that screens and one that does not: every verdict must
+// be the same (a new source is under every limit, so the nodes the screen
+// skips decide nothing), and the screen must decide nearly every drop: the
+// dropped packet leaves its source's estimate at the most specific node as
+// it was, where the walk counts it there.
+func TestScreenSpoofed(t *testing.T) {
+	c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 2000}}
+	screened, walked := newLimiter(t, c), newLimiter(t, c)
+	walked.p.Screen = [NumClasses]bool{}
+	n0 := screened.p.Nodes[0]
+	rng := rand.New(rand.NewPCG(5, 6))
+	now := start
+	drops, uncounted := 0, 0
+	for i := range 40_000 { // 20,000 pps for 2 s
+		now += int64(time.Second) / 20_000
+		k, rnd := spoofedKey(rng), rng.Uint32()
+		before := screened.Estimate(&k, 0, n0, Clean, now)
+		a, b := screened.Decide(&k, 0, now, rnd), walked.Decide(&k, 0, now, rnd)
+		if a != b {
+			t.Fatalf("packet %d: the screen decided %+v, the walk %+v", i, a, b)
+		}
+		if a.Drop {
+			drops++
+			if screened.Estimate(&k, 0, n0, Clean, now) == before {
+				uncounted++
+			}
+		}
+	}
+	if drops < 30_000 {
+		t.Fatalf("%d drops of 40,000: the flood was not over the total", drops)
+	}
+	if uncounted < drops*9/10 {
+		t.Fatalf("the screen decided %d of %d drops, want at least 90%%", uncounted, drops)
+	}
+	t.Logf("%d drops, %d decided by the screen", drops, uncounted)
+}
+
+// TestScreenWalks checks that the screen leaves to the walk the packets of a
+// network it cannot judge alone, during a spoofed flood that keeps the
+// total's share bounded: every packet of such a network is counted at its
+// most specific node, as the walk counts it, whether the total admits it or
+// not.
+func TestScreenWalks(t *testing.T) {
+	tests := []struct {
+		name string
+		// neighbour is the network's other traffic, sent before and
+		// with the client's packets: pps from one source, or from a
+		// new address of the /24 each packet.
+		neighbourPPS int
+		spread       bool
+	}{
+		// A source over its own limit: its network holds limited
+		// traffic, which the screen cannot place.
+		{"limited traffic in the network", 3000, false},
+		// Sources each under their limit, their /24 over its own.
+		{"the network over its limit", 3000, true},
+		// Sources each under their limit, their /24 under its own but
+		// over the screen's headroom (ScreenHeadroomShift).
+		{"the network over half its limit", 700, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 2000}}
+			l := newLimiter(t, c)
+			rng := rand.New(rand.NewPCG(7, 8))
+			now := start
+			const floodPPS = 20_000
+			send := func(k Key) Verdict { return l.Decide(&k, 0, now, rng.Uint32()) }
+			every := floodPPS / tt.neighbourPPS
+			for i := range 2 * floodPPS { // two seconds: the share settles
+				now += int64(time.Second) / floodPPS
+				send(spoofedKey(rng))
+				if i%every == 0 {
+					if tt.spread {
+						send(key("192.0.2." + strconv.Itoa(1+rng.IntN(250)) + ":" + strconv.Itoa(1024+rng.IntN(60000))))
+					} else {
+						send(key("192.0.2.7:5000"))
+					}
+				}
+			}
+			if l.fair[0][Clean] == FairUnbounded {
+				t.Fatal("the flood left the total's share unbounded: the premise failed")
+			}
+			client := key("192.0.2.200:40000")
+			const packets = 20
+			for range packets {
+				now += int64(time.Millisecond) / 10
+				send(client)
+				send(spoofedKey(rng))
+			}
+			got := l.Estimate(&client, 0, l.p.Nodes[0], Clean, now) >> FracBits
+			if got < packets-1 {
+				t.Fatalf("the client's most specific node counts %d of its %d packets: the screen decided them", got, packets)
+			}
+		})
+	}
+}
