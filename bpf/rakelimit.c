@@ -1358,11 +1358,11 @@ struct node_work {
 	__u32 pad2;
 	__u64 estimate;
 	// Kept from packet to packet, unlike the rest: by class, whether the
-	// CPU's fair share of the clean budget is bounded, written wherever the
-	// share is (note_share). decide reads it from the line it has just
-	// written instead of looking the shares up for every packet. Zero in
-	// a new map, as the shares start unbounded (Filter.initFairShares).
-	__u8 bounded[NUM_CLASSES];
+	// screen runs (sketch Limiter.screening), set at the fair total by
+	// note_screen. decide reads it from the line it has just written
+	// instead of looking the shares up for every packet. Zero in a new
+	// map: the screen starts off.
+	__u8 screening[NUM_CLASSES];
 	__u8 pad3[8 - NUM_CLASSES];
 };
 
@@ -1600,11 +1600,12 @@ static __always_inline int enforcing(const struct config *cfg, __u32 class, __u3
 	return cfg->thresh[class][i] != THRESH_UNLIMITED && omin > scale(cfg->over[class][i], g);
 }
 
-// note_share keeps in nw whether the CPU's clean share of class is bounded
-// (node_work.bounded), after each write of the shares.
-static __always_inline void note_share(const struct fair *fs, struct node_work *nw, __u32 class)
+// note_screen (sketch Limiter.noteScreen) sets, for a packet at the fair
+// total in budget, whether the screen runs for class's next packets: when
+// this one is clean and the CPU's clean share is bounded.
+static __always_inline void note_screen(const struct fair *fs, struct node_work *nw, __u32 class, __u32 budget)
 {
-	nw->bounded[class] = fs->share[class][BUDGET_CLEAN] != FAIR_UNBOUNDED;
+	nw->screening[class] = budget == BUDGET_CLEAN && fs->share[class][BUDGET_CLEAN] != FAIR_UNBOUNDED;
 }
 
 // judge_node (sketch judgeNode) compares what count_node found with the node's
@@ -1630,9 +1631,10 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	// not enforce.
 	int under = thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g);
 	int enf = (!under || fs) && enforcing(cfg, class, i, omin, nw->g);
-	if (fs && !enf && fs->share[class][budget] != FAIR_UNBOUNDED) {
-		fs->share[class][budget] = FAIR_UNBOUNDED;
-		note_share(fs, nw, class);
+	if (fs) {
+		if (!enf && fs->share[class][budget] != FAIR_UNBOUNDED)
+			fs->share[class][budget] = FAIR_UNBOUNDED;
+		note_screen(fs, nw, class, budget);
 	}
 	if (under)
 		return JUDGE_PASS;
@@ -1647,7 +1649,7 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 		if (fmin < t)
 			return JUDGE_OVER;
 		int a = admit_fair(&fs->share[class][budget], nw, rank(cfg, k, nw->now >> PERIOD_SHIFT), t);
-		note_share(fs, nw, class);
+		note_screen(fs, nw, class, budget);
 		if (a == FAIR_RANK)
 			return JUDGE_OVER;
 		return a == FAIR_FLOOR ? JUDGE_FLOOR : JUDGE_DROP;
@@ -1767,16 +1769,16 @@ static __always_inline struct node_work *packet_work(const struct config *cfg, _
 }
 
 // screen (sketch Limiter.screen) decides, before the node loop, a clean
-// packet that the fair total will refuse: while this CPU's fair share of the
-// class's clean budget is bounded, for a packet whose network node shows no
-// limited traffic and stays under half its limit with it
-// (SCREEN_HEADROOM_SHIFT), it reads the network's
-// cells and the total's without counting and asks admit_fair what the loop
-// would ask it at the total. A refused packet is counted at those two nodes
+// packet that the fair total will refuse: while the screen runs for the
+// class (node_work.screening: the fair total's last packet was clean, its
+// share bounded), for a packet whose network node shows no limited traffic
+// and stays under half its limit with it (SCREEN_HEADROOM_SHIFT), it reads
+// the network's cells and the total's without counting and asks admit_fair
+// what the loop would ask it at the total. A refused packet is counted at those two nodes
 // as the loop would have counted it, and dropped; one the total admits is
 // walked as before, the share put back. Returns 1 when it drops the packet,
 // 0 to walk it. A global function: verified once, and called only while the
-// total enforces its share.
+// screen runs.
 __noinline int screen(const struct config *cfg, const struct key *k, struct verdict *v, struct node_work *nw)
 {
 	__u32 zero = 0;
@@ -1896,13 +1898,14 @@ static __always_inline int decide(const struct config *cfg, int class, const str
 	struct node_work *nw = packet_work(cfg, now, (__u64)class << 32 | rnd);
 	if (!nw)
 		return -1;
-	// The screen, only while this CPU's clean share of the class is
-	// bounded: the call costs even when it walks the packet. A call
+	// The screen, only while the last packet of the class at the fair
+	// total was clean and its share bounded (note_screen): the call costs
+	// even when it walks the packet. A call
 	// beside visit_nodes, not in it, for the stack: the two frames would
 	// add up over what the verifier allows. One the screen leaves to the
 	// walk starts it afresh, as in Limiter.Decide.
 	__u32 c = limiter_class(class);
-	if (cfg->screen[c] && nw->bounded[c]) {
+	if (cfg->screen[c] && nw->screening[c]) {
 		if (screen(cfg, k, v, nw))
 			return 1;
 		nw->hashed = 0;

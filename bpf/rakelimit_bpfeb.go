@@ -100,30 +100,30 @@ type rakelimitLine struct {
 }
 
 type rakelimitNodeWork struct {
-	_        structs.HostLayout
-	Now      uint64
-	G        uint64
-	Epoch    uint32
-	Slot     uint32
-	W        uint32
-	Dither   uint32
-	Coin     uint32
-	Class    uint32
-	Node     uint32
-	Pad1     uint32
-	Budget   uint32
-	Lines    uint32
-	Base     uint32
-	Hashed   uint32
-	Ah       [2]uint64
-	Hash     [2]uint64
-	Omin     uint32
-	Fmin     uint32
-	Network  uint32
-	Pad2     uint32
-	Estimate uint64
-	Bounded  [3]uint8
-	Pad3     [5]uint8
+	_         structs.HostLayout
+	Now       uint64
+	G         uint64
+	Epoch     uint32
+	Slot      uint32
+	W         uint32
+	Dither    uint32
+	Coin      uint32
+	Class     uint32
+	Node      uint32
+	Pad1      uint32
+	Budget    uint32
+	Lines     uint32
+	Base      uint32
+	Hashed    uint32
+	Ah        [2]uint64
+	Hash      [2]uint64
+	Omin      uint32
+	Fmin      uint32
+	Network   uint32
+	Pad2      uint32
+	Estimate  uint64
+	Screening [3]uint8
+	Pad3      [5]uint8
 }
 
 type rakelimitPeerKey struct {

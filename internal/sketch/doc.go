@@ -247,8 +247,9 @@
 // total refuses, and the walk counts it at every node on the way, the cells
 // of each a cache miss (a new source's cost is its cells), to no end: a new
 // source is under every limit but the total's. So while the total enforces
-// its share of the clean budget (the share is bounded), a clean packet is
-// first screened at the total (Limiter.screen): its network node's cells
+// its share of the clean budget on clean traffic (the last packet at the
+// fair total was clean and the share bounded: Limiter.screening), a clean
+// packet is first screened at the total (Limiter.screen): its network node's cells
 // and the total's are read without counting, and admitFair is asked what
 // the walk would ask it there, with the counts the walk would find. If the
 // total refuses the packet, it is counted at those two nodes as the walk

@@ -73,6 +73,12 @@ type Limiter struct {
 	// fair is the fair share of the total, by class and budget (see
 	// admitFair).
 	fair [NumClasses][2]uint64
+	// screening says, by class, whether the screen runs (see screen): the
+	// last packet at the fair total was clean and the clean share bounded
+	// (noteScreen). A flood the walk limits below the total reaches it as
+	// limited traffic and turns the screen off, which would only walk its
+	// packets at a cost. node_work.screening in the C program, one per CPU.
+	screening [NumClasses]bool
 	// pending is the socket's total's counts not yet added to its cells,
 	// by class (see countTotal): the one CPU's pending cells the C
 	// program keeps for each CPU.
@@ -451,8 +457,11 @@ func (l *Limiter) judgeNode(k *Key, nw *nodeWork) int {
 	// not enforce.
 	under := thr == ThreshUnlimited || uint64(omin) <= scale(thr, nw.g)
 	enforcing := (!under || fair) && p.enforcing(class, i, omin, nw.g)
-	if fair && !enforcing && l.fair[class][budget] != FairUnbounded {
-		l.fair[class][budget] = FairUnbounded
+	if fair {
+		if !enforcing && l.fair[class][budget] != FairUnbounded {
+			l.fair[class][budget] = FairUnbounded
+		}
+		l.noteScreen(class, budget)
 	}
 	if under {
 		return judgePass
@@ -473,7 +482,9 @@ func (l *Limiter) judgeNode(k *Key, nw *nodeWork) int {
 		if uint64(fmin) < t {
 			return judgeOver
 		}
-		switch admitFair(&l.fair[class][budget], nw, l.hk.rank(k, nw.now>>PeriodShift), t) {
+		a := admitFair(&l.fair[class][budget], nw, l.hk.rank(k, nw.now>>PeriodShift), t)
+		l.noteScreen(class, budget)
+		switch a {
 		case fairRank:
 			return judgeOver
 		case fairFloor:
@@ -512,6 +523,13 @@ func forwardOne(ctr *Counter, w uint32) {
 // walk alone would (see "The screen" in the package doc).
 const ScreenHeadroomShift = 1
 
+// noteScreen sets, for a packet at the fair total in budget, whether the
+// screen runs for class's next packets (Limiter.screening): when this one is
+// clean and the clean share is bounded (note_screen in the C program).
+func (l *Limiter) noteScreen(class, budget int) {
+	l.screening[class] = budget == Clean && l.fair[class][Clean] != FairUnbounded
+}
+
 // nodeHashes sets in nw the hashes of the packet's key for node i, and where
 // the node's rows lie (node_hashes in the C program). The address part is
 // hashed once per prefix slot and kept in nw.
@@ -532,11 +550,10 @@ func (l *Limiter) nodeHashes(k *Key, nw *nodeWork, i int) {
 
 // screen decides, before the walk, a clean packet that the fair total will
 // refuse (screen in the C program; see "The screen" in the package doc).
-// It runs while the fair share of the class's clean budget is bounded (the
-// total enforced it on the last packet it ranked), for a packet whose
-// network node shows no limited traffic and stays under its headroom, half
-// its limit (ScreenHeadroomShift), with it:
-// it reads the network's cells and the total's without counting, and asks
+// It runs while Limiter.screening says so (the last packet at the fair
+// total was clean, and the clean share bounded), for a packet whose network
+// node shows no limited traffic and stays under its headroom, half its limit
+// (ScreenHeadroomShift), with it: it reads the network's cells and the total's without counting, and asks
 // admitFair what the walk would ask it at the total, with the same counts.
 // A refused packet is counted where the walk would have counted it at those
 // two nodes (offered and, at the network's node, forwarded), the share keeps
@@ -549,7 +566,7 @@ func (l *Limiter) nodeHashes(k *Key, nw *nodeWork, i int) {
 // after it.
 func (l *Limiter) screen(k *Key, nw *nodeWork, v *Verdict) bool {
 	p, class := l.p, nw.class
-	if !p.Screen[class] || l.fair[class][Clean] == FairUnbounded {
+	if !p.Screen[class] || !l.screening[class] {
 		return false
 	}
 	ns, nt := p.FairSource, p.FairNode

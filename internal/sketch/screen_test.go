@@ -154,3 +154,36 @@ func TestScreenWalks(t *testing.T) {
 		})
 	}
 }
+
+// TestScreenTurnsOff checks when the screen runs (Limiter.screening): a
+// spoofed flood over the total turns it on, and a flood from one source that
+// the walk limits below the total, reaching the total as limited traffic,
+// turns it off again, though the clean share it left stays bounded; then
+// each of that flood's packets is walked straight away instead of paying for
+// a screen that would leave it to the walk.
+func TestScreenTurnsOff(t *testing.T) {
+	c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 500}}
+	l := newLimiter(t, c)
+	rng := rand.New(rand.NewPCG(9, 10))
+	now := start
+	const pps = 20_000
+	for range 2 * pps {
+		now += int64(time.Second) / pps
+		k := spoofedKey(rng)
+		l.Decide(&k, 0, now, rng.Uint32())
+	}
+	if !l.screening[0] {
+		t.Fatal("a spoofed flood over the total left the screen off")
+	}
+	flood := key("198.51.100.7:4000")
+	for range 2 * pps {
+		now += int64(time.Second) / pps
+		l.Decide(&flood, 0, now, rng.Uint32())
+	}
+	if l.fair[0][Clean] == FairUnbounded {
+		t.Fatal("the clean share is unbounded: the premise failed")
+	}
+	if l.screening[0] {
+		t.Fatal("a flood limited below the total left the screen on")
+	}
+}
