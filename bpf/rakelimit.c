@@ -1288,6 +1288,14 @@ static __always_inline __u64 decay(const struct config *cfg, __u32 k)
 	return mulq32(d, cfg->d2[(k >> (2 * DECAY_BITS)) & DECAY_MASK]);
 }
 
+// decaying (sketch decaying): whether a cell idle for `idle` epochs is
+// decayed to the reading's epoch: not one read in its own epoch (0), nor one
+// older than the cell's (over SKEW_WRAP).
+static __always_inline int decaying(__u32 idle)
+{
+	return idle != 0 && idle <= SKEW_WRAP;
+}
+
 // idle_factor (sketch idleFactor): the Q32 factor by which rescale would
 // decay a cell last moved to epoch `last` to bring it to `epoch`, one
 // (Q32_ONE) when rescale leaves the cell alone. The screen reads cells
@@ -1295,9 +1303,7 @@ static __always_inline __u64 decay(const struct config *cfg, __u32 k)
 static __always_inline __u64 idle_factor(const struct config *cfg, __u32 last, __u32 epoch)
 {
 	__u32 idle = epoch - last;
-	if (idle == 0 || idle > SKEW_WRAP)
-		return Q32_ONE;
-	return decay(cfg, idle);
+	return decaying(idle) ? decay(cfg, idle) : Q32_ONE;
 }
 
 // rescale (refresh in internal/sketch) brings a cell last touched in an older
@@ -1311,7 +1317,7 @@ static __always_inline void rescale(struct cell *c, const struct config *cfg, __
 {
 	__u32 last = c->epoch;
 	__u32 idle = epoch - last;
-	if (idle == 0 || idle > SKEW_WRAP || __sync_val_compare_and_swap(&c->epoch, last, epoch) != last)
+	if (!decaying(idle) || __sync_val_compare_and_swap(&c->epoch, last, epoch) != last)
 		return;
 	__u64 d = decay(cfg, idle);
 	c->budget[0].offered = decay32(c->budget[0].offered, d);
@@ -1507,7 +1513,7 @@ static __always_inline int count_node(const struct config *cfg, struct node_work
 static __always_inline void flush_pending(const struct config *cfg, const struct cell *p, struct cell *s)
 {
 	__u32 idle = s->epoch - p->epoch;
-	int decays = idle != 0 && idle <= SKEW_WRAP;
+	int decays = decaying(idle);
 	__u64 d = decays ? decay(cfg, idle) : 0;
 
 #pragma unroll
@@ -1551,6 +1557,22 @@ __noinline int flush_total(const struct config *cfg, const struct node_work *nw,
 	return 0;
 }
 
+// total_minima (sketch totalMinima) sets in nw the offered and forwarded
+// minima over the rows of the socket's total: its cells cl in budget, plus
+// the CPU's pending counts offered and forwarded.
+static __always_inline void total_minima(struct cell *cl[DEPTH], __u32 budget, __u32 offered, __u32 forwarded,
+					 struct node_work *nw)
+{
+	nw->omin = U32_MAX;
+	nw->fmin = U32_MAX;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		const struct counter *sh = &cl[r]->budget[budget & 1];
+		nw->omin = min32(nw->omin, sat_add(sh->offered, offered));
+		nw->fmin = min32(nw->fmin, sat_add(sh->forwarded, forwarded));
+	}
+}
+
 // count_total (sketch countTotal) is count_node for the socket's total: the
 // one stream that every packet of the class counts, whose shared cells every
 // CPU would otherwise write on every packet, moving their cache line from
@@ -1580,14 +1602,7 @@ static __always_inline int count_total(const struct config *cfg, struct node_wor
 		return -1;
 	struct counter *ctr = &p->budget[nw->budget & 1];
 	ctr->offered = sat_add(ctr->offered, nw->w);
-	nw->omin = U32_MAX;
-	nw->fmin = U32_MAX;
-#pragma unroll
-	for (int r = 0; r < DEPTH; r++) {
-		const struct counter *sh = &cl[r]->budget[nw->budget & 1];
-		nw->omin = min32(nw->omin, sat_add(sh->offered, ctr->offered));
-		nw->fmin = min32(nw->fmin, sat_add(sh->forwarded, ctr->forwarded));
-	}
+	total_minima(cl, nw->budget, ctr->offered, ctr->forwarded, nw);
 	*pending = ctr;
 	return 0;
 }
@@ -1820,17 +1835,11 @@ __noinline int screen(const struct config *cfg, const struct key *k, struct verd
 		return 0;
 	struct counter *ctr = &p->budget[BUDGET_CLEAN];
 	__u32 offered = sat_add(ctr->offered, nw->w);
-	__u32 omin = U32_MAX, fmin = U32_MAX;
-#pragma unroll
-	for (int r = 0; r < DEPTH; r++) {
-		omin = min32(omin, sat_add(tc[r]->budget[BUDGET_CLEAN].offered, offered));
-		fmin = min32(fmin, sat_add(tc[r]->budget[BUDGET_CLEAN].forwarded, ctr->forwarded));
-	}
+	total_minima(tc, BUDGET_CLEAN, offered, ctr->forwarded, nw);
+	__u32 omin = nw->omin, fmin = nw->fmin;
 	__u64 thr = scale(cfg->thresh[class][nt], nw->g);
 	if (omin <= thr || !enforcing(cfg, class, nt, omin, nw->g) || fmin < thr)
 		return 0;
-	nw->omin = omin;
-	nw->fmin = fmin;
 	nw->network = network;
 	__u64 *share = &fs->share[class][BUDGET_CLEAN];
 	__u64 was = *share;

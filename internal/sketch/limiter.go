@@ -153,12 +153,19 @@ func applies(p *Params, n Node, k *Key) bool {
 	return k.Family != Unknown || n.Prefix() == p.NumPrefixes-1
 }
 
+// decaying reports whether a cell idle for idle epochs is decayed to the
+// reading's epoch: not one read in its own epoch (0), nor one older than
+// the cell's (see SkewEpochs); decaying in the C program.
+func decaying(idle uint32) bool {
+	return idle != 0 && idle <= maxU32-SkewEpochs
+}
+
 // refresh brings cell c to epoch e (the low 32 bits of the epoch number),
 // decaying its counters by the idle time. A reading slightly older than the
 // cell's epoch leaves the cell alone (see SkewEpochs).
 func refresh(p *Params, c *Cell, e uint32) {
 	idle := e - c.Epoch
-	if idle == 0 || idle > maxU32-SkewEpochs {
+	if !decaying(idle) {
 		return
 	}
 	d := p.decay(idle)
@@ -174,11 +181,10 @@ func refresh(p *Params, c *Cell, e uint32) {
 // leaves the cell alone (idle_factor in the C program). The screen reads a
 // cell through it without moving the cell.
 func idleFactor(p *Params, last, e uint32) uint64 {
-	idle := e - last
-	if idle == 0 || idle > maxU32-SkewEpochs {
-		return 1 << 32
+	if idle := e - last; decaying(idle) {
+		return p.decay(idle)
 	}
-	return p.decay(idle)
+	return 1 << 32
 }
 
 // nodeWork is what Decide and visitNode share about one packet and one
@@ -370,7 +376,7 @@ func (l *Limiter) countNode(nw *nodeWork, rows *[Depth]*Counter) {
 // adds near 2^32).
 func flushPending(params *Params, p *Cell, s *Cell) {
 	idle := s.Epoch - p.Epoch
-	decays := idle != 0 && idle <= maxU32-SkewEpochs
+	decays := decaying(idle)
 	var d uint64
 	if decays {
 		d = params.decay(idle)
@@ -399,6 +405,18 @@ func flushTotal(params *Params, epoch uint32, cl *[Depth]*Cell, p *Cell) {
 	*p = Cell{Epoch: cl[0].Epoch}
 }
 
+// totalMinima sets in nw the offered and forwarded minima over the rows of
+// the socket's total: its cells cl in budget, plus the pending counts
+// offered and forwarded (total_minima in the C program).
+func totalMinima(cl *[Depth]*Cell, budget int, offered, forwarded uint32, nw *nodeWork) {
+	nw.omin, nw.fmin = maxU32, maxU32
+	for r := range Depth {
+		sh := &cl[r].Budget[budget]
+		nw.omin = min(nw.omin, satAdd(sh.Offered, offered))
+		nw.fmin = min(nw.fmin, satAdd(sh.Forwarded, forwarded))
+	}
+}
+
 // countTotal is countNode for the socket's total (count_total in the C
 // program): the one stream that every packet of the class counts. The C
 // program counts it on each CPU in a pending cell of that CPU's, so that
@@ -421,12 +439,7 @@ func (l *Limiter) countTotal(nw *nodeWork) *Counter {
 	}
 	ctr := &p.Budget[nw.budget]
 	ctr.Offered = satAdd(ctr.Offered, nw.w)
-	nw.omin, nw.fmin = maxU32, maxU32
-	for r := range Depth {
-		sh := &cl[r].Budget[nw.budget]
-		nw.omin = min(nw.omin, satAdd(sh.Offered, ctr.Offered))
-		nw.fmin = min(nw.fmin, satAdd(sh.Forwarded, ctr.Forwarded))
-	}
+	totalMinima(&cl, nw.budget, ctr.Offered, ctr.Forwarded, nw)
 	return ctr
 }
 
@@ -553,8 +566,9 @@ func (l *Limiter) nodeHashes(k *Key, nw *nodeWork, i int) {
 // It runs while Limiter.screening says so (the last packet at the fair
 // total was clean, and the clean share bounded), for a packet whose network
 // node shows no limited traffic and stays under its headroom, half its limit
-// (ScreenHeadroomShift), with it: it reads the network's cells and the total's without counting, and asks
-// admitFair what the walk would ask it at the total, with the same counts.
+// (ScreenHeadroomShift), with it: it reads the network's cells and the
+// total's without counting, and asks admitFair what the walk would ask it at
+// the total, with the same counts.
 // A refused packet is counted where the walk would have counted it at those
 // two nodes (offered and, at the network's node, forwarded), the share keeps
 // what admitFair made of it, and the packet is dropped: the nodes the walk
@@ -598,17 +612,17 @@ func (l *Limiter) screen(k *Key, nw *nodeWork, v *Verdict) bool {
 	l.nodeHashes(k, nw, nt)
 	ctr := &pending.Budget[Clean]
 	offered := satAdd(ctr.Offered, nw.w)
-	omin, fmin := maxU32, maxU32
+	var tc [Depth]*Cell
 	for r := range Depth {
-		sh := &l.cell(nw.base, nw.lines, r, nw.hash[r]).Budget[Clean]
-		omin = min(omin, satAdd(sh.Offered, offered))
-		fmin = min(fmin, satAdd(sh.Forwarded, ctr.Forwarded))
+		tc[r] = l.cell(nw.base, nw.lines, r, nw.hash[r])
 	}
+	totalMinima(&tc, Clean, offered, ctr.Forwarded, nw)
+	omin, fmin := nw.omin, nw.fmin
 	thr := scale(p.Thresh[class][nt], nw.g)
 	if uint64(omin) <= thr || !p.enforcing(class, nt, omin, nw.g) || uint64(fmin) < thr {
 		return false
 	}
-	nw.omin, nw.fmin, nw.network = omin, fmin, network
+	nw.network = network
 	share := &l.fair[class][Clean]
 	was := *share
 	if admitFair(share, nw, l.hk.rank(k, nw.now>>PeriodShift), thr) != fairRefuse {
