@@ -499,12 +499,13 @@ func (f *Filter) compiled(c datagram.Config, p *sketch.Params, next allowSet) *r
 	}
 	for class, n := range p.Visited {
 		k.Visited[class] = uint8(n)
-		k.Screen[class] = boolByte(p.Screen[class])
+		k.Screen[class] = p.Screen[class]
 	}
 	k.NumPrefixes = uint8(p.NumPrefixes)
 	k.PerDport = boolByte(p.PerDstPort)
 	k.FairNode, k.FairSource = nodeIndex(p.FairNode), nodeIndex(p.FairSource)
 	k.TotalNode = nodeIndex(p.TotalNode)
+	k.ReflectNode = nodeIndex(p.Reflect)
 	k.Classify = boolByte(c.Classify)
 	k.VerifyIds = boolByte(c.VerifyIDs)
 	if c.BlockedPorts != nil {

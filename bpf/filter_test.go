@@ -431,50 +431,80 @@ func TestDifferential(t *testing.T) {
 	}
 }
 
-// TestDifferentialSpoofed runs a spoofed flood over the total through the
-// program and the Go twin: a new random source address and port in
-// 10.128.0.0/9 on every packet, ten times the total's cap, and a quiet /24
-// sending among it. Every /24 of the flood looks alike and the quiet one
-// heavier, so the fair share admits it at a small fraction of the
-// proportional share; the proportional floor (sketch.admitFair) lifts it:
-// packets that pass the total without being counted forwarded there. Every
-// verdict, counter and cell must agree, and the quiet /24 must keep about
-// cap / offered of its packets (10%, so 15 of the 150 it sends after the
-// first second; without the floor, none).
+// TestDifferentialSpoofed runs floods of a new random source address on
+// every packet through the program and the Go twin, ten times the total's
+// cap, with a quiet /24 sending among them: a spoofed flood (a random port
+// too) over the total, and a reflection flood (one source port) over the
+// reflection node. Every verdict, counter and cell must agree, and the Go
+// twin must have screened most drops (the source's most specific node left
+// as it was), so that the program did too. Under the spoofed flood every
+// /24 looks alike and the quiet one heavier, so the fair share admits it at
+// a small fraction of the proportional share; the proportional floor
+// (sketch.admitFair) lifts it: packets that pass the total without being
+// counted forwarded there. The quiet /24 must keep about cap / offered of
+// its packets (10%, so 15 of the 150 it sends after the first second;
+// without the floor, none). The reflection flood reaches the total as
+// limited traffic, and the quiet /24 keeps nearly everything.
 func TestDifferentialSpoofed(t *testing.T) {
-	c := testutil.Limits(1000)
-	top := c.Limiter.WithDefaults().Levels() - 1
-	c.Limiter.LevelLimits = map[int]uint32{top: 400}
-	w := newTwin(t, c)
-	rng := rand.New(rand.NewPCG(8, 8))
-	const floodPPS, quietPPS, seconds = 4000, 50, 4
-	now := start
-	sent, kept := 0, 0
-	for i := range floodPPS * seconds {
-		now += int64(time.Second) / floodPPS
-		a := netip.AddrFrom4([4]byte{10, byte(128 + rng.IntN(128)), byte(rng.IntN(256)), byte(rng.IntN(256))})
-		p := udp(a.String(), uint16(1024+rng.IntN(64000)))
-		w.step(p, p.datagram(true), now, rng.Uint32())
-		if i%(floodPPS/quietPPS) != 0 {
-			continue
-		}
-		q := udp("192.0.2.10", uint16(1024+rng.IntN(64000)))
-		o := w.step(q, q.datagram(true), now, rng.Uint32())
-		if now-start > int64(time.Second) {
-			sent++
-			if !o.Verdict.Drop {
-				kept++
+	tests := []struct {
+		name     string
+		port     func(*rand.Rand) uint16
+		keptLow  int
+		keptHigh int
+	}{
+		{"spoofed", func(rng *rand.Rand) uint16 { return uint16(1024 + rng.IntN(64000)) }, 5, 40},
+		{"reflection", func(*rand.Rand) uint16 { return 53 }, 140, 150},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := testutil.Limits(1000)
+			top := c.Limiter.WithDefaults().Levels() - 1
+			c.Limiter.LevelLimits = map[int]uint32{top: 400}
+			w := newTwin(t, c)
+			lim := w.d.Limiter()
+			n0 := lim.Params().Nodes[0]
+			rng := rand.New(rand.NewPCG(8, 8))
+			const floodPPS, quietPPS, seconds = 4000, 50, 4
+			now := start
+			sent, kept, drops, screened := 0, 0, 0, 0
+			for i := range floodPPS * seconds {
+				now += int64(time.Second) / floodPPS
+				a := netip.AddrFrom4([4]byte{10, byte(128 + rng.IntN(128)), byte(rng.IntN(256)), byte(rng.IntN(256))})
+				p := udp(a.String(), tt.port(rng))
+				d := p.datagram(true)
+				before := lim.Estimate(&d.Key, 0, n0, sketch.Clean, now)
+				if o := w.step(p, d, now, rng.Uint32()); o.Verdict.Drop {
+					drops++
+					if lim.Estimate(&d.Key, 0, n0, sketch.Clean, now) == before {
+						screened++
+					}
+				}
+				if i%(floodPPS/quietPPS) != 0 {
+					continue
+				}
+				q := udp("192.0.2.10", uint16(1024+rng.IntN(64000)))
+				o := w.step(q, q.datagram(true), now, rng.Uint32())
+				if now-start > int64(time.Second) {
+					sent++
+					if !o.Verdict.Drop {
+						kept++
+					}
+				}
+				if i%(floodPPS/2) == 0 {
+					w.compareState()
+				}
 			}
-		}
-		if i%(floodPPS/2) == 0 {
 			w.compareState()
-		}
+			if kept < tt.keptLow || kept > tt.keptHigh {
+				t.Fatalf("the quiet /24 kept %d of %d packets after the first second, want %d to %d", kept, sent, tt.keptLow, tt.keptHigh)
+			}
+			if screened < drops/2 {
+				t.Fatalf("the screen decided %d of %d drops, want at least half", screened, drops)
+			}
+			t.Logf("the quiet /24 kept %d of %d packets after the first second; the screen decided %d of %d drops",
+				kept, sent, screened, drops)
+		})
 	}
-	w.compareState()
-	if kept < 5 || kept > 40 {
-		t.Fatalf("the quiet /24 kept %d of %d packets after the first second, want about 10%% (5 to 40)", kept, sent)
-	}
-	t.Logf("the quiet /24 kept %d of %d packets after the first second", kept, sent)
 }
 
 // TestLatticeNodes sends, for each lattice node of each family, a flood

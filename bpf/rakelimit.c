@@ -67,6 +67,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 // ScreenHeadroomShift): the nodes more specific than the network's miss
 // what the screen drops, and the headroom bounds that shortfall.
 #define SCREEN_HEADROOM_SHIFT 1
+// Where the screen asks (sketch.ScreenFair, ScreenReflect): a bit each in
+// config.screen and node_work.screening.
+#define SCREEN_FAIR 1
+#define SCREEN_REFLECT 2
 // Verdicts of admit_fair.
 #define FAIR_REFUSE 0
 #define FAIR_RANK 1
@@ -286,8 +290,8 @@ struct config {
 	// visited: how many of the nodes, from the first, each class visits
 	// (sketch.Params.Visited): up to its last limited node.
 	__u8 visited[NUM_CLASSES];
-	// screen: whether each class's clean packets are screened at the fair
-	// total before the node loop (sketch.Params.Screen).
+	// screen: where each class's clean packets are screened before the
+	// node loop, SCREEN_FAIR and SCREEN_REFLECT bits (sketch.Params.Screen).
 	__u8 screen[NUM_CLASSES];
 	__u8 num_prefixes;
 	__u8 per_dport;
@@ -306,6 +310,9 @@ struct config {
 	__u8 fair_source;
 	// The socket's total node, counted per CPU (count_total), or 0xff.
 	__u8 total_node;
+	// The reflection node (all sources from one source port) the screen
+	// asks, or 0xff (sketch.Params.Reflect).
+	__u8 reflect_node;
 	// coarse_clock: read the kernel's coarse clock, whose resolution is
 	// the timer tick, when the window is long enough for it (see clock).
 	__u8 coarse_clock;
@@ -1363,11 +1370,11 @@ struct node_work {
 	__u32 network;
 	__u32 pad2;
 	__u64 estimate;
-	// Kept from packet to packet, unlike the rest: by class, whether the
-	// screen runs (sketch Limiter.screening), set at the fair total by
-	// note_screen. decide reads it from the line it has just written
-	// instead of looking the shares up for every packet. Zero in a new
-	// map: the screen starts off.
+	// Kept from packet to packet, unlike the rest: by class, where the
+	// screen runs (sketch Limiter.screening), SCREEN_FAIR set at the fair
+	// total by note_screen, SCREEN_REFLECT by note_reflect. decide reads
+	// it from the line it has just written instead of looking the shares
+	// up for every packet. Zero in a new map: the screen starts off.
 	__u8 screening[NUM_CLASSES];
 	__u8 pad3[8 - NUM_CLASSES];
 };
@@ -1620,7 +1627,17 @@ static __always_inline int enforcing(const struct config *cfg, __u32 class, __u3
 // this one is clean and the CPU's clean share is bounded.
 static __always_inline void note_screen(const struct fair *fs, struct node_work *nw, __u32 class, __u32 budget)
 {
-	nw->screening[class] = budget == BUDGET_CLEAN && fs->share[class][BUDGET_CLEAN] != FAIR_UNBOUNDED;
+	__u8 on = budget == BUDGET_CLEAN && fs->share[class][BUDGET_CLEAN] != FAIR_UNBOUNDED ? SCREEN_FAIR : 0;
+	nw->screening[class] = (nw->screening[class] & ~SCREEN_FAIR) | on;
+}
+
+// note_reflect (sketch Limiter.noteReflect) sets whether the screen runs at
+// the reflection node for class's next packets: from a clean packet dropped
+// there, by the walk or the screen, until the screen finds one the node
+// would not drop.
+static __always_inline void note_reflect(struct node_work *nw, __u32 class, int on)
+{
+	nw->screening[class] = (nw->screening[class] & ~SCREEN_REFLECT) | (on ? SCREEN_REFLECT : 0);
 }
 
 // judge_node (sketch judgeNode) compares what count_node found with the node's
@@ -1741,6 +1758,8 @@ static __always_inline int visit_node(const struct config *cfg, const struct key
 		return -1;
 	int j = judge_node(cfg, k, nw, last);
 	if (j == JUDGE_DROP) {
+		if (i == cfg->reflect_node && nw->budget == BUDGET_CLEAN)
+			note_reflect(nw, limiter_class(nw->class), 1);
 		set_verdict(v, 1, n, nw->estimate);
 		return 1;
 	}
@@ -1783,40 +1802,35 @@ static __always_inline struct node_work *packet_work(const struct config *cfg, _
 	return nw;
 }
 
-// screen (sketch Limiter.screen) decides, before the node loop, a clean
-// packet that the fair total will refuse: while the screen runs for the
-// class (node_work.screening: the fair total's last packet was clean, its
-// share bounded), for a packet whose network node shows no limited traffic
-// and stays under half its limit with it (SCREEN_HEADROOM_SHIFT), it reads
-// the network's cells and the total's without counting and asks admit_fair
-// what the loop would ask it at the total. A refused packet is counted at those two nodes
-// as the loop would have counted it, and dropped; one the total admits is
-// walked as before, the share put back. Returns 1 when it drops the packet,
-// 0 to walk it. A global function: verified once, and called only while the
-// screen runs.
-__noinline int screen(const struct config *cfg, const struct key *k, struct verdict *v, struct node_work *nw)
+// count_screened (sketch Limiter.countScreened) counts a packet the screen
+// drops at its network's node, whose cells are nc, as the loop counts it
+// there: offered and forwarded, a clean packet under the node's limit.
+static __always_inline void count_screened(const struct config *cfg, struct node_work *nw, struct cell *nc[DEPTH])
 {
-	__u32 zero = 0;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		if (nc[r]->epoch != nw->epoch)
+			rescale(nc[r], cfg, nw->epoch);
+		struct counter *c = &nc[r]->budget[BUDGET_CLEAN];
+		c->offered = sat_add(c->offered, nw->w);
+		forward_one(c, nw->w, 0);
+	}
+}
 
-	if (!cfg || !k || !v || !nw)
-		return 0;
+// screen_network (sketch Limiter.screenNetwork) reads the packet's network
+// node for the screen without counting: its cells go to nc, and it returns
+// the clean count the loop would find there with the packet, or 0 when the
+// screen cannot judge the network alone: it holds limited traffic, or the
+// count is over half its limit (SCREEN_HEADROOM_SHIFT).
+static __always_inline __u32 screen_network(const struct config *cfg, const struct key *k, struct node_work *nw,
+					    struct cell *nc[DEPTH])
+{
 	__u32 class = limiter_class(nw->class);
-	struct fair *fs = bpf_map_lookup_elem(&fair_shares, &zero);
-	struct pending *pd = bpf_map_lookup_elem(&totals, &zero);
-	if (!fs || !pd)
+	__u32 ns = cfg->fair_source & (MAX_NODES - 1);
+	__u8 n = cfg->nodes[ns];
+	if (!applies(cfg, n, k))
 		return 0;
-	__u32 ns = cfg->fair_source & (MAX_NODES - 1), nt = cfg->fair_node & (MAX_NODES - 1);
-	if (!applies(cfg, cfg->nodes[ns], k) || !applies(cfg, cfg->nodes[nt], k))
-		return 0;
-	// The CPU's pending counts of the total are flushed by the first
-	// packet of an epoch, which the loop counts.
-	struct cell *p = &pd->cell[class];
-	if (p->epoch != nw->epoch)
-		return 0;
-	// The network's node: the clean count the loop would find with this
-	// packet, and the limited count.
-	struct cell *nc[DEPTH];
-	node_hashes(cfg, k, nw, ns, cfg->nodes[ns]);
+	node_hashes(cfg, k, nw, ns, n);
 	if (node_cells(nw, nc) < 0)
 		return 0;
 	__u32 network = U32_MAX, limited = U32_MAX;
@@ -1828,9 +1842,94 @@ __noinline int screen(const struct config *cfg, const struct key *k, struct verd
 	}
 	if (limited != 0 || network > scale(cfg->thresh[class][ns], nw->g) >> SCREEN_HEADROOM_SHIFT)
 		return 0;
-	// The total: its offered and forwarded counts with this packet.
+	return network;
+}
+
+// screen_reflect (sketch Limiter.screenReflect) asks the reflection node
+// about a packet whose network the screen can judge alone (screen_network):
+// it reads the node's clean counts with the packet without counting, and
+// drops the packet as judge_node would there, over the node's enforcing
+// threshold and its forwarded count at or over the dithered limit. A
+// dropped packet is counted offered at the node, and at the network's node
+// offered and forwarded, and keeps the screen on at the node
+// (note_reflect). Returns 1 when it drops the packet. A global function of
+// its own, beside screen_fair: one frame holding both would put the
+// program's stack over its 512 bytes.
+__noinline int screen_reflect(const struct config *cfg, const struct key *k, struct verdict *v, struct node_work *nw)
+{
+	if (!cfg || !k || !v || !nw)
+		return 0;
+	struct cell *nc[DEPTH];
+	if (screen_network(cfg, k, nw, nc) == 0)
+		return 0;
+	__u32 class = limiter_class(nw->class);
+	__u32 nr = cfg->reflect_node & (MAX_NODES - 1);
+	__u8 n = cfg->nodes[nr];
+	if (!applies(cfg, n, k))
+		return 0;
+	struct cell *rc[DEPTH];
+	node_hashes(cfg, k, nw, nr, n);
+	if (node_cells(nw, rc) < 0)
+		return 0;
+	__u32 omin = U32_MAX, fmin = U32_MAX;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		__u64 d = idle_factor(cfg, rc[r]->epoch, nw->epoch);
+		omin = min32(omin, sat_add(decay32(rc[r]->budget[BUDGET_CLEAN].offered, d), nw->w));
+		fmin = min32(fmin, decay32(rc[r]->budget[BUDGET_CLEAN].forwarded, d));
+	}
+	__u32 thr = cfg->thresh[class][nr];
+	if (omin <= scale(thr, nw->g) || !enforcing(cfg, class, nr, omin, nw->g) ||
+	    fmin < scale(thr - nw->dither, nw->g))
+		return 0;
+	count_screened(cfg, nw, nc);
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		if (rc[r]->epoch != nw->epoch)
+			rescale(rc[r], cfg, nw->epoch);
+		struct counter *c = &rc[r]->budget[BUDGET_CLEAN];
+		c->offered = sat_add(c->offered, nw->w);
+	}
+	note_reflect(nw, class, 1);
+	set_verdict(v, 1, n, mulq32(omin, cfg->ginv[nw->slot & (SLOTS - 1)]));
+	return 1;
+}
+
+// screen_fair (sketch Limiter.screenFair) asks the fair total about a
+// packet whose network the screen can judge alone (screen_network): it
+// reads the total's counts with the packet without counting, and asks
+// admit_fair what the loop would ask it. A refused packet is counted
+// offered at the total and at the network's node offered and forwarded,
+// the share keeps what admit_fair made of it, and the packet is dropped;
+// for one the total admits, by rank or by the floor, the share is put back,
+// and the loop finds the same counts and asks the same question. Returns 1
+// when it drops the packet. A global function: verified once.
+__noinline int screen_fair(const struct config *cfg, const struct key *k, struct verdict *v, struct node_work *nw)
+{
+	__u32 zero = 0;
+
+	if (!cfg || !k || !v || !nw)
+		return 0;
+	__u32 class = limiter_class(nw->class);
+	__u32 nt = cfg->fair_node & (MAX_NODES - 1);
+	__u8 n = cfg->nodes[nt];
+	if (!applies(cfg, n, k))
+		return 0;
+	struct fair *fs = bpf_map_lookup_elem(&fair_shares, &zero);
+	struct pending *pd = bpf_map_lookup_elem(&totals, &zero);
+	if (!fs || !pd)
+		return 0;
+	// The CPU's pending counts of the total are flushed by the first
+	// packet of an epoch, which the loop counts.
+	struct cell *p = &pd->cell[class];
+	if (p->epoch != nw->epoch)
+		return 0;
+	struct cell *nc[DEPTH];
+	__u32 network = screen_network(cfg, k, nw, nc);
+	if (network == 0)
+		return 0;
 	struct cell *tc[DEPTH];
-	node_hashes(cfg, k, nw, nt, cfg->nodes[nt]);
+	node_hashes(cfg, k, nw, nt, n);
 	if (node_cells(nw, tc) < 0)
 		return 0;
 	struct counter *ctr = &p->budget[BUDGET_CLEAN];
@@ -1847,17 +1946,31 @@ __noinline int screen(const struct config *cfg, const struct key *k, struct verd
 		*share = was;
 		return 0;
 	}
-#pragma unroll
-	for (int r = 0; r < DEPTH; r++) {
-		if (nc[r]->epoch != nw->epoch)
-			rescale(nc[r], cfg, nw->epoch);
-		struct counter *c = &nc[r]->budget[BUDGET_CLEAN];
-		c->offered = sat_add(c->offered, nw->w);
-		forward_one(c, nw->w, 0);
-	}
+	count_screened(cfg, nw, nc);
 	ctr->offered = offered;
-	set_verdict(v, 1, cfg->nodes[nt], mulq32(omin, cfg->ginv[nw->slot & (SLOTS - 1)]));
+	set_verdict(v, 1, n, mulq32(omin, cfg->ginv[nw->slot & (SLOTS - 1)]));
 	return 1;
+}
+
+// screen (sketch Limiter.screen) decides, before the node loop, a clean
+// packet that the reflection node or the fair total will drop, where the
+// screen runs for the class (node_work.screening, masked by config.screen):
+// it asks the reflection node (screen_reflect), then the fair total
+// (screen_fair), what the loop would ask them, for a packet whose network
+// node shows no limited traffic and stays under half its limit with it. A
+// dropped packet is counted at the network's node and the node that drops
+// it, as the loop would have counted it there; a packet neither drops is
+// walked as before. Returns 1 when it drops the packet, 0 to walk it.
+static __always_inline int screen(const struct config *cfg, const struct key *k, struct verdict *v, struct node_work *nw)
+{
+	__u32 class = limiter_class(nw->class);
+	__u8 on = cfg->screen[class] & nw->screening[class];
+	if (on & SCREEN_REFLECT) {
+		note_reflect(nw, class, 0);
+		if (screen_reflect(cfg, k, v, nw))
+			return 1;
+	}
+	return (on & SCREEN_FAIR) && screen_fair(cfg, k, v, nw);
 }
 
 // visit_nodes: sketch Limiter.Decide for the class in the high half of
@@ -1907,14 +2020,13 @@ static __always_inline int decide(const struct config *cfg, int class, const str
 	struct node_work *nw = packet_work(cfg, now, (__u64)class << 32 | rnd);
 	if (!nw)
 		return -1;
-	// The screen, only while the last packet of the class at the fair
-	// total was clean and its share bounded (note_screen): the call costs
-	// even when it walks the packet. A call
+	// The screen, only where it runs (note_screen, note_reflect): the call
+	// costs even when it walks the packet. A call
 	// beside visit_nodes, not in it, for the stack: the two frames would
 	// add up over what the verifier allows. One the screen leaves to the
 	// walk starts it afresh, as in Limiter.Decide.
 	__u32 c = limiter_class(class);
-	if (cfg->screen[c] && nw->screening[c]) {
+	if (cfg->screen[c] & nw->screening[c]) {
 		if (screen(cfg, k, v, nw))
 			return 1;
 		nw->hashed = 0;

@@ -62,9 +62,10 @@ type rakelimitConfig struct {
 	FairNode      uint8
 	FairSource    uint8
 	TotalNode     uint8
+	ReflectNode   uint8
 	CoarseClock   uint8
 	VerifyIds     uint8
-	_             [2]byte
+	_             [1]byte
 	TrackMask     uint32
 }
 

@@ -306,13 +306,20 @@ type Params struct {
 	// are not counted (established connections' socket total, unlimited
 	// by default, costs nothing per packet). 0 when the class has no limit.
 	Visited [NumClasses]int
-	// Screen says, by class, whether a clean packet is screened at the fair
-	// total before the walk (Limiter.screen): when the class has a fair
-	// total and a limited network node, and every node more specific than
-	// the network's has a limit no lower than it, so that a stream over
-	// such a node's limit is over the network's too, which stops the
-	// screen for its network.
-	Screen [NumClasses]bool
+	// Reflect is the index of the reflection node (all sources from one
+	// source port: the /0 prefix with the source port), which the screen
+	// may ask before the walk, or -1 when the lattice has none after the
+	// network node (a single prefix, or the destination port dimension).
+	Reflect int
+	// Screen says, by class, where a clean packet is screened before the
+	// walk (Limiter.screen): ScreenFair at the fair total, ScreenReflect
+	// at the reflection node. Either needs a limited network node
+	// (FairSource) such that every node more specific than it has a limit
+	// no lower than its own, so that a stream over such a node's limit is
+	// over the network's too, which stops the screen for its network; and
+	// a limit at the node it asks: a fair total on the socket's total, a
+	// limited reflection node.
+	Screen [NumClasses]uint8
 	// Prefix4 and Prefix6 are the prefix lengths by prefix slot.
 	Prefix4, Prefix6 [MaxPrefixes]uint8
 	// NumPrefixes is the number of prefix slots in use.
@@ -357,6 +364,7 @@ func Compile(c Config) (*Params, error) {
 		FairNode:    -1,
 		FairSource:  -1,
 		TotalNode:   -1,
+		Reflect:     -1,
 	}
 	copy(p.Prefix4[:], c.IPv4Prefixes)
 	copy(p.Prefix6[:], c.IPv6Prefixes)
@@ -406,6 +414,9 @@ func Compile(c Config) (*Params, error) {
 			total, networks = total&^1, networks&^1
 		}
 		p.FairNode, p.FairSource = slices.Index(p.Nodes, total), slices.Index(p.Nodes, networks)
+		if !c.PerDstPort {
+			p.Reflect = slices.Index(p.Nodes, NewNode(p.NumPrefixes-1, false, false))
+		}
 	}
 	for class := range NumClasses {
 		for i := range p.Nodes {
@@ -442,25 +453,41 @@ func Compile(c Config) (*Params, error) {
 	return p, nil
 }
 
-// screens reports whether class's clean packets are screened at the fair
-// total (Params.Screen): the class has a fair total on the socket's total,
-// both it and the network node have limits, and no node more specific than
-// the network's (a prefix at most as long, any source port) has a lower
-// limit than the network's.
-func screens(p *Params, class int) bool {
-	if p.FairNode < 0 || p.FairSource < 0 || p.FairNode != p.TotalNode {
-		return false
+// Where the screen asks (Params.Screen), a bit each.
+const (
+	// ScreenFair screens at the fair total.
+	ScreenFair = 1 << iota
+	// ScreenReflect screens at the reflection node.
+	ScreenReflect
+)
+
+// screens says where class's clean packets are screened (Params.Screen):
+// nowhere unless the network node has a limit and no node more specific
+// than it (a prefix at most as long, any source port) has a lower one; at
+// the fair total when the class has one on the socket's total, limited;
+// at the reflection node when it follows the network node and is limited.
+func screens(p *Params, class int) uint8 {
+	if p.FairSource < 0 {
+		return 0
 	}
+	limited := func(i int) bool { return i >= 0 && p.Thresh[class][i] != ThreshUnlimited }
 	network := p.Thresh[class][p.FairSource]
-	if network == ThreshUnlimited || p.Thresh[class][p.FairNode] == ThreshUnlimited {
-		return false
+	if network == ThreshUnlimited {
+		return 0
 	}
 	for i, n := range p.Nodes {
 		if n.Prefix() <= p.Nodes[p.FairSource].Prefix() && p.Thresh[class][i] < network {
-			return false
+			return 0
 		}
 	}
-	return true
+	var s uint8
+	if p.FairNode >= 0 && p.FairNode == p.TotalNode && limited(p.FairNode) {
+		s |= ScreenFair
+	}
+	if p.Reflect > p.FairSource && limited(p.Reflect) {
+		s |= ScreenReflect
+	}
+	return s
 }
 
 // threshold converts a limit in packets per second into a count per window:

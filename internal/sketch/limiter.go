@@ -73,12 +73,15 @@ type Limiter struct {
 	// fair is the fair share of the total, by class and budget (see
 	// admitFair).
 	fair [NumClasses][2]uint64
-	// screening says, by class, whether the screen runs (see screen): the
-	// last packet at the fair total was clean and the clean share bounded
-	// (noteScreen). A flood the walk limits below the total reaches it as
-	// limited traffic and turns the screen off, which would only walk its
-	// packets at a cost. node_work.screening in the C program, one per CPU.
-	screening [NumClasses]bool
+	// screening says, by class, where the screen runs (see screen), a bit
+	// each as in Params.Screen: at the fair total while the last packet
+	// there was clean and the clean share bounded (noteScreen), at the
+	// reflection node from a clean packet the walk drops there until the
+	// screen leaves one to the walk (noteReflect). A flood the walk limits
+	// below the total reaches it as limited traffic and turns the fair
+	// total's screen off, which would only walk its packets at a cost.
+	// node_work.screening in the C program, one per CPU.
+	screening [NumClasses]uint8
 	// pending is the socket's total's counts not yet added to its cells,
 	// by class (see countTotal): the one CPU's pending cells the C
 	// program keeps for each CPU.
@@ -537,10 +540,25 @@ func forwardOne(ctr *Counter, w uint32) {
 const ScreenHeadroomShift = 1
 
 // noteScreen sets, for a packet at the fair total in budget, whether the
-// screen runs for class's next packets (Limiter.screening): when this one is
-// clean and the clean share is bounded (note_screen in the C program).
+// screen runs at the total for class's next packets (Limiter.screening):
+// when this one is clean and the clean share is bounded (note_screen in the
+// C program).
 func (l *Limiter) noteScreen(class, budget int) {
-	l.screening[class] = budget == Clean && l.fair[class][Clean] != FairUnbounded
+	l.screening[class] &^= ScreenFair
+	if budget == Clean && l.fair[class][Clean] != FairUnbounded {
+		l.screening[class] |= ScreenFair
+	}
+}
+
+// noteReflect sets whether the screen runs at the reflection node for
+// class's next packets (Limiter.screening): from a clean packet dropped
+// there, by the walk or the screen, until the screen finds one the node
+// would not drop (note_reflect in the C program).
+func (l *Limiter) noteReflect(class int, on bool) {
+	l.screening[class] &^= ScreenReflect
+	if on {
+		l.screening[class] |= ScreenReflect
+	}
 }
 
 // nodeHashes sets in nw the hashes of the packet's key for node i, and where
@@ -561,42 +579,42 @@ func (l *Limiter) nodeHashes(k *Key, nw *nodeWork, i int) {
 	nw.base = p.Base[nw.class][i]
 }
 
-// screen decides, before the walk, a clean packet that the fair total will
-// refuse (screen in the C program; see "The screen" in the package doc).
-// It runs while Limiter.screening says so (the last packet at the fair
-// total was clean, and the clean share bounded), for a packet whose network
-// node shows no limited traffic and stays under its headroom, half its limit
-// (ScreenHeadroomShift), with it: it reads the network's cells and the
-// total's without counting, and asks admitFair what the walk would ask it at
-// the total, with the same counts.
-// A refused packet is counted where the walk would have counted it at those
-// two nodes (offered and, at the network's node, forwarded), the share keeps
-// what admitFair made of it, and the packet is dropped: the nodes the walk
-// visits on the way, those more specific than the network's and the
-// reflection node, do not count it. A packet the total admits, by rank or by
-// the floor, is walked as before: the share is put back, and the walk finds
-// the same counts and asks the same question. It reports whether the packet
-// is dropped; Decide starts the walk afresh from nw's hashes and network
-// after it.
+// screen decides, before the walk, a clean packet that the reflection node
+// or the fair total will drop (screen in the C program; see "The screen" in
+// the package doc), where Limiter.screening says the screen runs: it asks
+// the reflection node (screenReflect), then the fair total (screenFair),
+// what the walk would ask them with the same counts, for a packet whose
+// network node shows no limited traffic and stays under its headroom, half
+// its limit (ScreenHeadroomShift), with it (screenNetwork). A packet one of
+// them drops is counted where the walk would have counted it at the
+// network's node and that node, and dropped: the nodes the walk visits on
+// the way, those more specific than the network's (and, at the fair total,
+// the reflection node), do not count it. A packet neither drops is walked
+// as before. It reports whether the packet is dropped; Decide starts the
+// walk afresh from nw's hashes and network after it.
 func (l *Limiter) screen(k *Key, nw *nodeWork, v *Verdict) bool {
-	p, class := l.p, nw.class
-	if !p.Screen[class] || !l.screening[class] {
-		return false
+	class := nw.class
+	on := l.p.Screen[class] & l.screening[class]
+	if on&ScreenReflect != 0 {
+		l.noteReflect(class, false)
+		if l.screenReflect(k, nw, v) {
+			return true
+		}
 	}
-	ns, nt := p.FairSource, p.FairNode
-	if !applies(p, p.Nodes[ns], k) || !applies(p, p.Nodes[nt], k) {
-		return false
+	return on&ScreenFair != 0 && l.screenFair(k, nw, v)
+}
+
+// screenNetwork reads the packet's network node for the screen without
+// counting (screen_network in the C program): its cells go to nc, and it
+// returns the clean count the walk would find there with the packet, or 0
+// when the screen cannot judge the network alone: it holds limited traffic,
+// or the count is over its headroom.
+func (l *Limiter) screenNetwork(k *Key, nw *nodeWork, nc *[Depth]*Cell) uint32 {
+	p, class, ns := l.p, nw.class, l.p.FairSource
+	if !applies(p, p.Nodes[ns], k) {
+		return 0
 	}
-	// The pending counts of the total are flushed by the first packet of
-	// an epoch, which the walk counts.
-	pending := &l.pending[class]
-	if pending.Epoch != nw.epoch {
-		return false
-	}
-	// The network's node: the clean count the walk would find with this
-	// packet, and the limited count.
 	l.nodeHashes(k, nw, ns)
-	var nc [Depth]*Cell
 	network, limited := maxU32, maxU32
 	for r := range Depth {
 		c := l.cell(nw.base, nw.lines, r, nw.hash[r])
@@ -606,9 +624,78 @@ func (l *Limiter) screen(k *Key, nw *nodeWork, v *Verdict) bool {
 		nc[r] = c
 	}
 	if limited != 0 || uint64(network) > scale(p.Thresh[class][ns], nw.g)>>ScreenHeadroomShift {
+		return 0
+	}
+	return network
+}
+
+// screenReflect asks the reflection node about a packet whose network the
+// screen can judge alone (screenNetwork; screen_reflect in the C program):
+// it reads the node's clean counts with the packet without counting, and
+// drops the packet as judgeNode would there, over the node's enforcing
+// threshold and its forwarded count at or over the dithered limit. A
+// dropped packet is counted offered at the node, and at the network's node
+// offered and forwarded, and keeps the screen on at the node (noteReflect);
+// it reports whether the packet is dropped.
+func (l *Limiter) screenReflect(k *Key, nw *nodeWork, v *Verdict) bool {
+	var nc [Depth]*Cell
+	if l.screenNetwork(k, nw, &nc) == 0 {
 		return false
 	}
-	// The total: its offered and forwarded counts with this packet.
+	p, class, nr := l.p, nw.class, l.p.Reflect
+	if !applies(p, p.Nodes[nr], k) {
+		return false
+	}
+	l.nodeHashes(k, nw, nr)
+	var rc [Depth]*Cell
+	omin, fmin := maxU32, maxU32
+	for r := range Depth {
+		c := l.cell(nw.base, nw.lines, r, nw.hash[r])
+		d := idleFactor(p, c.Epoch, nw.epoch)
+		omin = min(omin, satAdd(uint32(mulQ32(uint64(c.Budget[Clean].Offered), d)), nw.w))
+		fmin = min(fmin, uint32(mulQ32(uint64(c.Budget[Clean].Forwarded), d)))
+		rc[r] = c
+	}
+	thr := p.Thresh[class][nr]
+	if uint64(omin) <= scale(thr, nw.g) || !p.enforcing(class, nr, omin, nw.g) ||
+		uint64(fmin) < scale(thr-nw.dither, nw.g) {
+		return false
+	}
+	l.countScreened(nw, &nc)
+	for _, c := range rc {
+		refresh(p, c, nw.epoch)
+		c.Budget[Clean].Offered = satAdd(c.Budget[Clean].Offered, nw.w)
+	}
+	l.noteReflect(class, true)
+	setVerdict(v, true, p.Nodes[nr], mulQ32(uint64(omin), p.GInv[nw.slot]))
+	return true
+}
+
+// screenFair asks the fair total about a packet whose network the screen
+// can judge alone (screenNetwork; screen_fair in the C program): it reads
+// the total's counts with the packet without counting, and asks admitFair
+// what the walk would ask it. A refused packet is counted offered at the
+// total and at the network's node offered and forwarded, the share keeps
+// what admitFair made of it, and the packet is dropped; for one the total
+// admits, by rank or by the floor, the share is put back, and the walk
+// finds the same counts and asks the same question. It reports whether the
+// packet is dropped.
+func (l *Limiter) screenFair(k *Key, nw *nodeWork, v *Verdict) bool {
+	p, class, nt := l.p, nw.class, l.p.FairNode
+	if !applies(p, p.Nodes[nt], k) {
+		return false
+	}
+	// The pending counts of the total are flushed by the first packet of
+	// an epoch, which the walk counts.
+	pending := &l.pending[class]
+	if pending.Epoch != nw.epoch {
+		return false
+	}
+	var nc [Depth]*Cell
+	network := l.screenNetwork(k, nw, &nc)
+	if network == 0 {
+		return false
+	}
 	l.nodeHashes(k, nw, nt)
 	ctr := &pending.Budget[Clean]
 	offered := satAdd(ctr.Offered, nw.w)
@@ -629,14 +716,21 @@ func (l *Limiter) screen(k *Key, nw *nodeWork, v *Verdict) bool {
 		*share = was
 		return false
 	}
-	for _, c := range nc {
-		refresh(p, c, nw.epoch)
-		c.Budget[Clean].Offered = satAdd(c.Budget[Clean].Offered, nw.w)
-		forwardOne(&c.Budget[Clean], nw.w)
-	}
+	l.countScreened(nw, &nc)
 	ctr.Offered = offered
 	setVerdict(v, true, p.Nodes[nt], mulQ32(uint64(omin), p.GInv[nw.slot]))
 	return true
+}
+
+// countScreened counts a packet the screen drops at its network's node,
+// whose cells are nc, as the walk counts it there: offered and forwarded,
+// a clean packet under the node's limit (count_screened in the C program).
+func (l *Limiter) countScreened(nw *nodeWork, nc *[Depth]*Cell) {
+	for _, c := range nc {
+		refresh(l.p, c, nw.epoch)
+		c.Budget[Clean].Offered = satAdd(c.Budget[Clean].Offered, nw.w)
+		forwardOne(&c.Budget[Clean], nw.w)
+	}
 }
 
 // visitNode walks the packet through node nw.node (visit_node in the C
@@ -665,6 +759,9 @@ func (l *Limiter) visitNode(k *Key, nw *nodeWork, v *Verdict) bool {
 	}
 	j := l.judgeNode(k, nw)
 	if j == judgeDrop {
+		if nw.node == p.Reflect && nw.budget == Clean {
+			l.noteReflect(nw.class, true)
+		}
 		setVerdict(v, true, n, nw.estimate)
 		return true
 	}
@@ -696,7 +793,8 @@ func (l *Limiter) visitNode(k *Key, nw *nodeWork, v *Verdict) bool {
 // max-min fairly among networks, and whole sources rather than random
 // packets are dropped (see the package doc). While the total enforces that
 // share, a clean packet it refuses is screened: counted at its network's
-// node and the total only, and dropped before the walk (see screen).
+// node and the total only, and dropped before the walk; so is one that the
+// reflection node drops while it drops clean packets (see screen).
 func (l *Limiter) Decide(k *Key, class int, now int64, rnd uint32) Verdict {
 	p := l.p
 	t := uint64(now)

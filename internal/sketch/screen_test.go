@@ -15,30 +15,43 @@ func spoofedKey(rng *rand.Rand) Key {
 	return KeyFrom(netip.AddrPortFrom(a, uint16(1024+rng.IntN(64000))), 443)
 }
 
-// TestScreenParams checks which configurations screen: a fair total whose
-// network node has a limit, and no node more specific than the network's
-// with a lower one.
+// reflectPort is the source port of the reflection floods in these tests.
+const reflectPort = 53
+
+// reflectedKey is a new random address in 10.128.0.0/9 from port
+// reflectPort, the source of one packet of a reflection flood (or a spoofed
+// flood that keeps one source port).
+func reflectedKey(rng *rand.Rand) Key {
+	k := spoofedKey(rng)
+	k.SrcPort = reflectPort
+	return k
+}
+
+// TestScreenParams checks where configurations screen: at a fair total or a
+// limited reflection node, with a network node that has a limit and no node
+// more specific than the network's with a lower one.
 func TestScreenParams(t *testing.T) {
+	const both = ScreenFair | ScreenReflect
 	tests := []struct {
 		name   string
 		mutate func(*Config)
-		want   [NumClasses]bool
+		want   [NumClasses]uint8
 	}{
-		{"defaults", func(*Config) {}, [NumClasses]bool{true, false, true}},
-		{"a lower limit at level 0", func(c *Config) { c.LevelLimits = map[int]uint32{0: 500} }, [NumClasses]bool{false, false, true}},
-		{"a higher limit at level 0", func(c *Config) { c.LevelLimits = map[int]uint32{0: 5000} }, [NumClasses]bool{true, false, true}},
-		{"specific levels unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{0: Unlimited, 1: Unlimited} }, [NumClasses]bool{true, false, true}},
-		{"networks unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{2: Unlimited} }, [NumClasses]bool{false, false, true}},
-		{"total unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{3: Unlimited} }, [NumClasses]bool{false, false, true}},
-		{"one drop rate at the total", func(c *Config) { c.ProportionalTotal = true }, [NumClasses]bool{}},
+		{"defaults", func(*Config) {}, [NumClasses]uint8{both, ScreenReflect, both}},
+		{"a lower limit at level 0", func(c *Config) { c.LevelLimits = map[int]uint32{0: 500} }, [NumClasses]uint8{0, ScreenReflect, both}},
+		{"a higher limit at level 0", func(c *Config) { c.LevelLimits = map[int]uint32{0: 5000} }, [NumClasses]uint8{both, ScreenReflect, both}},
+		{"specific levels unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{0: Unlimited, 1: Unlimited} }, [NumClasses]uint8{both, ScreenReflect, both}},
+		{"networks unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{2: Unlimited} }, [NumClasses]uint8{0, ScreenReflect, both}},
+		{"total unlimited", func(c *Config) { c.LevelLimits = map[int]uint32{3: Unlimited} }, [NumClasses]uint8{ScreenReflect, ScreenReflect, both}},
+		{"one drop rate at the total", func(c *Config) { c.ProportionalTotal = true }, [NumClasses]uint8{}},
 		{"a single prefix", func(c *Config) {
 			c.IPv4Prefixes, c.IPv6Prefixes = []uint8{0}, []uint8{0}
 			c.Established.LevelLimits = map[int]uint32{1: Unlimited}
-		}, [NumClasses]bool{}},
-		{"per destination port", func(c *Config) { c.PerDstPort = true }, [NumClasses]bool{true, false, true}},
+		}, [NumClasses]uint8{}},
+		{"per destination port", func(c *Config) { c.PerDstPort = true }, [NumClasses]uint8{ScreenFair, 0, ScreenFair}},
 		{"established with a total", func(c *Config) {
 			c.Established = Limits{Limit: 200_000, LevelLimits: map[int]uint32{3: 400_000}}
-		}, [NumClasses]bool{true, true, true}},
+		}, [NumClasses]uint8{both, both, both}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -56,51 +69,71 @@ func TestScreenParams(t *testing.T) {
 	}
 }
 
-// TestScreenSpoofed runs one spoofed flood, ten times the total's cap,
-// through a limiter that screens and one that does not: every verdict must
-// be the same (a new source is under every limit, so the nodes the screen
-// skips decide nothing), and the screen must decide nearly every drop: the
-// dropped packet leaves its source's estimate at the most specific node as
-// it was, where the walk counts it there.
+// TestScreenSpoofed runs floods of a new random source on every packet, ten
+// times the limit that catches them, through a limiter that screens and one
+// that does not: a spoofed flood (a random port too), which the fair total
+// limits, and a reflection flood (one source port), which the reflection
+// node limits. Every verdict must be the same (a new source is under every
+// limit but the one that catches the flood, so the nodes the screen skips
+// decide nothing), and the screen must decide nearly every drop, at the
+// node that limits the flood: the dropped packet leaves its source's
+// estimate at the most specific node as it was, where the walk counts it
+// there.
 func TestScreenSpoofed(t *testing.T) {
-	c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 2000}}
-	screened, walked := newLimiter(t, c), newLimiter(t, c)
-	walked.p.Screen = [NumClasses]bool{}
-	n0 := screened.p.Nodes[0]
-	rng := rand.New(rand.NewPCG(5, 6))
-	now := start
-	drops, uncounted := 0, 0
-	for i := range 40_000 { // 20,000 pps for 2 s
-		now += int64(time.Second) / 20_000
-		k, rnd := spoofedKey(rng), rng.Uint32()
-		before := screened.Estimate(&k, 0, n0, Clean, now)
-		a, b := screened.Decide(&k, 0, now, rnd), walked.Decide(&k, 0, now, rnd)
-		if a != b {
-			t.Fatalf("packet %d: the screen decided %+v, the walk %+v", i, a, b)
-		}
-		if a.Drop {
-			drops++
-			if screened.Estimate(&k, 0, n0, Clean, now) == before {
-				uncounted++
+	tests := []struct {
+		name  string
+		flood func(*rand.Rand) Key
+		node  Node
+	}{
+		{"spoofed, at the fair total", spoofedKey, NewNode(2, true, false)},
+		{"reflection, at the reflection node", reflectedKey, NewNode(2, false, false)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 2000}}
+			screened, walked := newLimiter(t, c), newLimiter(t, c)
+			walked.p.Screen = [NumClasses]uint8{}
+			n0 := screened.p.Nodes[0]
+			rng := rand.New(rand.NewPCG(5, 6))
+			now := start
+			drops, uncounted := 0, 0
+			for i := range 40_000 { // 20,000 pps for 2 s
+				now += int64(time.Second) / 20_000
+				k, rnd := tt.flood(rng), rng.Uint32()
+				before := screened.Estimate(&k, 0, n0, Clean, now)
+				a, b := screened.Decide(&k, 0, now, rnd), walked.Decide(&k, 0, now, rnd)
+				if a != b {
+					t.Fatalf("packet %d: the screen decided %+v, the walk %+v", i, a, b)
+				}
+				if a.Drop {
+					if a.Node != tt.node {
+						t.Fatalf("packet %d dropped at %v, want %v", i, a.Node, tt.node)
+					}
+					drops++
+					if screened.Estimate(&k, 0, n0, Clean, now) == before {
+						uncounted++
+					}
+				}
 			}
-		}
+			if drops < 30_000 {
+				t.Fatalf("%d drops of 40,000: the flood was not over its limit", drops)
+			}
+			if uncounted < drops*9/10 {
+				t.Fatalf("the screen decided %d of %d drops, want at least 90%%", uncounted, drops)
+			}
+			t.Logf("%d drops, %d decided by the screen", drops, uncounted)
+		})
 	}
-	if drops < 30_000 {
-		t.Fatalf("%d drops of 40,000: the flood was not over the total", drops)
-	}
-	if uncounted < drops*9/10 {
-		t.Fatalf("the screen decided %d of %d drops, want at least 90%%", uncounted, drops)
-	}
-	t.Logf("%d drops, %d decided by the screen", drops, uncounted)
 }
 
 // TestScreenWalks checks that the screen leaves to the walk the packets of a
-// network it cannot judge alone, during a spoofed flood that keeps the
-// total's share bounded: every packet of such a network is counted at its
-// most specific node, as the walk counts it, whether the total admits it or
-// not.
+// network it cannot judge alone, during a flood that keeps the screen on (a
+// spoofed flood, which bounds the total's share, or a reflection flood,
+// which the reflection node drops, the client sending from its port): every
+// packet of such a network is counted at its most specific node, as the
+// walk counts it, whether the flood's node drops it or not.
 func TestScreenWalks(t *testing.T) {
-	tests := []struct {
+	networks := []struct {
 		name string
 		// neighbour is the network's other traffic, sent before and
 		// with the client's packets: pps from one source, or from a
@@ -117,41 +150,59 @@ func TestScreenWalks(t *testing.T) {
 		// over the screen's headroom (ScreenHeadroomShift).
 		{"the network over half its limit", 700, true},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 2000}}
-			l := newLimiter(t, c)
-			rng := rand.New(rand.NewPCG(7, 8))
-			now := start
-			const floodPPS = 20_000
-			send := func(k Key) Verdict { return l.Decide(&k, 0, now, rng.Uint32()) }
-			every := floodPPS / tt.neighbourPPS
-			for i := range 2 * floodPPS { // two seconds: the share settles
-				now += int64(time.Second) / floodPPS
-				send(spoofedKey(rng))
-				if i%every == 0 {
-					if tt.spread {
-						send(key("192.0.2." + strconv.Itoa(1+rng.IntN(250)) + ":" + strconv.Itoa(1024+rng.IntN(60000))))
-					} else {
-						send(key("192.0.2.7:5000"))
+	floods := []struct {
+		name  string
+		flood func(*rand.Rand) Key
+		// on is where the flood must have turned the screen on.
+		on   uint8
+		port uint16 // the client's source port
+	}{
+		{"spoofed", spoofedKey, ScreenFair, 40000},
+		{"reflection", reflectedKey, ScreenReflect, reflectPort},
+	}
+	for _, fl := range floods {
+		for _, tt := range networks {
+			t.Run(fl.name+", "+tt.name, func(t *testing.T) {
+				c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 2000}}
+				l := newLimiter(t, c)
+				rng := rand.New(rand.NewPCG(7, 8))
+				now := start
+				const floodPPS = 20_000
+				send := func(k Key) Verdict { return l.Decide(&k, 0, now, rng.Uint32()) }
+				every := floodPPS / tt.neighbourPPS
+				for i := range 2 * floodPPS { // two seconds: the share settles
+					now += int64(time.Second) / floodPPS
+					send(fl.flood(rng))
+					if i%every == 0 {
+						if tt.spread {
+							send(key("192.0.2." + strconv.Itoa(1+rng.IntN(250)) + ":" + strconv.Itoa(1024+rng.IntN(60000))))
+						} else {
+							send(key("192.0.2.7:5000"))
+						}
 					}
 				}
-			}
-			if l.fair[0][Clean] == FairUnbounded {
-				t.Fatal("the flood left the total's share unbounded: the premise failed")
-			}
-			client := key("192.0.2.200:40000")
-			const packets = 20
-			for range packets {
-				now += int64(time.Millisecond) / 10
-				send(client)
-				send(spoofedKey(rng))
-			}
-			got := l.Estimate(&client, 0, l.p.Nodes[0], Clean, now) >> FracBits
-			if got < packets-1 {
-				t.Fatalf("the client's most specific node counts %d of its %d packets: the screen decided them", got, packets)
-			}
-		})
+				// A flood packet that its node lets through turns the
+				// reflection node's screen off until the next drop.
+				for i := 0; l.screening[0]&fl.on == 0; i++ {
+					if i == 100 {
+						t.Fatalf("the flood left the screen off (%b): the premise failed", l.screening[0])
+					}
+					now += int64(time.Second) / floodPPS
+					send(fl.flood(rng))
+				}
+				client := key("192.0.2.200:" + strconv.Itoa(int(fl.port)))
+				const packets = 20
+				for range packets {
+					now += int64(time.Millisecond) / 10
+					send(client)
+					send(fl.flood(rng))
+				}
+				got := l.Estimate(&client, 0, l.p.Nodes[0], Clean, now) >> FracBits
+				if got < packets-1 {
+					t.Fatalf("the client's most specific node counts %d of its %d packets: the screen decided them", got, packets)
+				}
+			})
+		}
 	}
 }
 
@@ -172,7 +223,7 @@ func TestScreenTurnsOff(t *testing.T) {
 		k := spoofedKey(rng)
 		l.Decide(&k, 0, now, rng.Uint32())
 	}
-	if !l.screening[0] {
+	if l.screening[0]&ScreenFair == 0 {
 		t.Fatal("a spoofed flood over the total left the screen off")
 	}
 	flood := key("198.51.100.7:4000")
@@ -183,7 +234,35 @@ func TestScreenTurnsOff(t *testing.T) {
 	if l.fair[0][Clean] == FairUnbounded {
 		t.Fatal("the clean share is unbounded: the premise failed")
 	}
-	if l.screening[0] {
+	if l.screening[0]&ScreenFair != 0 {
 		t.Fatal("a flood limited below the total left the screen on")
+	}
+}
+
+// TestScreenReflectTurnsOff checks when the screen runs at the reflection
+// node: a reflection flood turns it on, and a spoofed flood that follows it
+// (a random port on every packet, no port over its limit) turns it off on
+// its first packets, which the reflection node would not drop.
+func TestScreenReflectTurnsOff(t *testing.T) {
+	c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 2000}}
+	l := newLimiter(t, c)
+	rng := rand.New(rand.NewPCG(11, 12))
+	now := start
+	const pps = 20_000
+	for range pps {
+		now += int64(time.Second) / pps
+		k := reflectedKey(rng)
+		l.Decide(&k, 0, now, rng.Uint32())
+	}
+	if l.screening[0]&ScreenReflect == 0 {
+		t.Fatal("a reflection flood left the screen off at the reflection node")
+	}
+	for range 10 {
+		now += int64(time.Second) / pps
+		k := spoofedKey(rng)
+		l.Decide(&k, 0, now, rng.Uint32())
+	}
+	if l.screening[0]&ScreenReflect != 0 {
+		t.Fatal("a flood the reflection node does not drop left the screen on there")
 	}
 }
