@@ -243,33 +243,46 @@
 //
 // # The screen
 //
-// Under a spoofed flood nearly every packet is a new source that the fair
-// total refuses, and the walk counts it at every node on the way, the cells
-// of each a cache miss (a new source's cost is its cells), to no end: a new
-// source is under every limit but the total's. So while the total enforces
-// its share of the clean budget on clean traffic (the last packet at the
-// fair total was clean and the share bounded: Limiter.screening), a clean
-// packet is first screened at the total (Limiter.screen): its network node's cells
-// and the total's are read without counting, and admitFair is asked what
-// the walk would ask it there, with the counts the walk would find. If the
-// total refuses the packet, it is counted at those two nodes as the walk
-// would have counted it (offered, and forwarded at the network's node, which
-// it passes), the share moves as in the walk, and the packet is dropped. If
-// the total admits it, by rank or by the floor, the share is put back and
-// the packet is walked: the walk finds the same counts and gets the same
-// answer. A refused new source costs two nodes instead of six (with the
-// default lattice).
+// Under a spoofed flood nearly every packet is a new source that one general
+// node drops, and the walk counts it at every node on the way, the cells of
+// each a cache miss (a new source's cost is its cells), to no end: a new
+// source is under every limit but that node's. The node is the fair total
+// when the flood's source ports are random too, and the reflection node
+// (all sources from one port) when the flood keeps one source port. So
+// where such a node drops clean traffic (Limiter.screening), a clean packet
+// is first screened there (Limiter.screen): its network node's cells and
+// the node's are read without counting, and the node is asked what the walk
+// would ask it, with the counts the walk would find. If the node drops the
+// packet, it is counted at those two nodes as the walk would have counted
+// it (offered, and forwarded at the network's node, which it passes), and
+// dropped. If not, the packet is walked: the walk finds the same counts and
+// gets the same answer. A new source dropped by the screen costs two nodes
+// instead of six (with the default lattice), and one of the two, the node
+// that drops the flood, is in the cache.
+//
+// The screen runs at the fair total while the last packet there was clean
+// and the clean share bounded (noteScreen): the total enforces its share on
+// clean traffic. A flood the walk limits below the total reaches it as
+// limited traffic and turns that screen off. At the reflection node it runs
+// from a clean packet dropped there, by the walk or the screen, until the
+// screen meets a packet the node would not drop (noteReflect), which the
+// walk then decides. The reflection node is asked first, as the walk would
+// meet it first; the total's screen asks admitFair and moves the share as
+// the walk would (a packet the total admits has the share put back), the
+// reflection node's drops a packet over its enforcing threshold whose
+// forwarded count is at the dithered limit, as judgeNode.
 //
 // What changes: the nodes the screen skips, those more specific than the
-// network's and the reflection node (all sources from one port), do not
-// count the packets it drops, so they count what the total admits; the
-// verdict names the total, where the walk might have named a more specific
-// node that dropped the packet first. For a new source under every limit
-// nothing else changes: in scenario spoofed every verdict and count the
-// total and the networks see is the walk's, and TestScreenSpoofed finds
-// the same verdict for every packet of a spoofed flood with and without the
-// screen. The screen cannot know what the skipped nodes would have found,
-// so it only screens what they cannot change:
+// network's and, at the total, the reflection node, do not count the
+// packets it drops, so they count what the screening node admits; the
+// verdict names the screening node, where the walk might have named a more
+// specific node that dropped the packet first. For a new source under every
+// limit nothing else changes: in scenarios spoofed and paper-2 every
+// verdict and count the screening node and the networks see is the walk's,
+// and TestScreenSpoofed finds the same verdict for every packet of a
+// spoofed flood and of a reflection flood with and without the screen. The
+// screen cannot know what the skipped nodes would have found, so it only
+// screens what they cannot change:
 //
 //   - a packet whose network node holds any limited traffic (a stream that
 //     some node below found over its limit), or is over half its limit with
@@ -295,22 +308,31 @@
 //     starts from what it passed: at most one burst (limit x window) more
 //     than the walk would have let through at that node, once per period
 //     change, with the total still bounding everything;
-//   - a reflection flood (many sources, one port) refused at the total is
-//     counted at the reflection node only for what the total admits, which
-//     that node still holds to its limit.
+//   - a reflection flood refused at the total (its port's node under its
+//     limit, or no reflection screen) is counted at the reflection node
+//     only for what the total admits, which that node still holds to its
+//     limit.
+//
+// The reflection node's screen needs a lattice where it follows the
+// network node (not with the destination port dimension) and a network
+// node (a fair total: not with ProportionalTotal).
 //
 // Over the scenarios (seed 1): in spoofed (about 3 pps a /24) the screen
-// decides 734,241 packets, 76,000 a second, nearly every drop. In
-// quiet-network (each /24 at 800 pps, over the headroom) it decides the
-// flood only while the networks' estimates rise: 142,077 packets in second
-// 0, 3,407 in second 1, none after; the flood is then held at 20,380 to
-// 21,116 pps (20,393 to 21,250 without) and the client loses nothing. In
-// quiet-network-pulse it decides the start of each pulse (81,405 to 109,233
-// packets a pulse), in queue-follow 76,780 packets in the flood's first
-// second. Scenarios whose flood is limited below the total (distributed,
-// the paper's) are walked and unchanged. Per packet, a new random source
-// address and port decided at the total costs about half of what the walk
-// costs (see the README's Development section).
+// decides 734,241 packets, 76,000 a second, nearly every drop, all at the
+// total. In quiet-network (each /24 at 800 pps, over the headroom) it
+// decides the flood only while the networks' estimates rise: 142,077
+// packets in second 0, 3,407 in second 1, none after; the flood is then
+// held at 20,380 to 21,116 pps (20,393 to 21,250 without) and the client
+// loses nothing. In quiet-network-pulse it decides the start of each pulse
+// (81,405 to 109,233 packets a pulse), in queue-follow 76,780 packets in the
+// flood's first second. In paper-2 (100 pps from random addresses, all from
+// port 53, a limit of 25) the reflection node's screen decides 2,640 of the
+// flood's 4,346 drops; the rest are walked, each after a packet the node
+// let through.
+// Scenarios whose flood is limited below the total and the reflection node
+// (distributed, the other papers') are walked and unchanged. Per packet, a
+// new random source dropped by the screen costs about half of what the
+// walk costs (see the README's Development section).
 //
 // # The sketches
 //
