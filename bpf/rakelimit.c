@@ -1455,7 +1455,7 @@ static __always_inline void set_verdict(struct verdict *v, int drop, __u8 n, __u
 #define JUDGE_DROP 2
 #define JUDGE_FLOOR 3
 
-// node_cells (sketch Limiter.cell) finds the node's cell in each row, by the
+// node_cells (sketch Limiter.nodeCells) finds the node's cell in each row, by the
 // hashes visit_node computed. Returns -1 when a cell cannot be reached.
 static __always_inline int node_cells(const struct node_work *nw, struct cell *cl[DEPTH])
 {
@@ -1802,18 +1802,41 @@ static __always_inline struct node_work *packet_work(const struct config *cfg, _
 	return nw;
 }
 
-// count_screened (sketch Limiter.countScreened) counts a packet the screen
-// drops at its network's node, whose cells are nc, as the loop counts it
-// there: offered and forwarded, a clean packet under the node's limit.
-static __always_inline void count_screened(const struct config *cfg, struct node_work *nw, struct cell *nc[DEPTH])
+// peek_cells (sketch peekCells) reads a node's cells cl as count_node would
+// find them with the packet, without moving them: the minima over the rows
+// of the clean offered count with the packet's weight, of the clean
+// forwarded count and of the limited offered count, each decayed to the
+// packet's epoch.
+static __always_inline void peek_cells(const struct config *cfg, const struct node_work *nw, struct cell *cl[DEPTH],
+				       __u32 *offered, __u32 *forwarded, __u32 *limited)
+{
+	__u32 o = U32_MAX, f = U32_MAX, l = U32_MAX;
+#pragma unroll
+	for (int r = 0; r < DEPTH; r++) {
+		__u64 d = idle_factor(cfg, cl[r]->epoch, nw->epoch);
+		o = min32(o, sat_add(decay32(cl[r]->budget[BUDGET_CLEAN].offered, d), nw->w));
+		f = min32(f, decay32(cl[r]->budget[BUDGET_CLEAN].forwarded, d));
+		l = min32(l, decay32(cl[r]->budget[BUDGET_LIMITED].offered, d));
+	}
+	*offered = o;
+	*forwarded = f;
+	*limited = l;
+}
+
+// count_screened (sketch countScreened) counts a clean packet the screen
+// drops in a node's cells cl as the loop counts it there: offered, and
+// forwarded too at a node it passes (its network's).
+static __always_inline void count_screened(const struct config *cfg, struct node_work *nw, struct cell *cl[DEPTH],
+					   int forwarded)
 {
 #pragma unroll
 	for (int r = 0; r < DEPTH; r++) {
-		if (nc[r]->epoch != nw->epoch)
-			rescale(nc[r], cfg, nw->epoch);
-		struct counter *c = &nc[r]->budget[BUDGET_CLEAN];
+		if (cl[r]->epoch != nw->epoch)
+			rescale(cl[r], cfg, nw->epoch);
+		struct counter *c = &cl[r]->budget[BUDGET_CLEAN];
 		c->offered = sat_add(c->offered, nw->w);
-		forward_one(c, nw->w, 0);
+		if (forwarded)
+			forward_one(c, nw->w, 0);
 	}
 }
 
@@ -1833,13 +1856,8 @@ static __always_inline __u32 screen_network(const struct config *cfg, const stru
 	node_hashes(cfg, k, nw, ns, n);
 	if (node_cells(nw, nc) < 0)
 		return 0;
-	__u32 network = U32_MAX, limited = U32_MAX;
-#pragma unroll
-	for (int r = 0; r < DEPTH; r++) {
-		__u64 d = idle_factor(cfg, nc[r]->epoch, nw->epoch);
-		network = min32(network, sat_add(decay32(nc[r]->budget[BUDGET_CLEAN].offered, d), nw->w));
-		limited = min32(limited, decay32(nc[r]->budget[BUDGET_LIMITED].offered, d));
-	}
+	__u32 network, forwarded, limited;
+	peek_cells(cfg, nw, nc, &network, &forwarded, &limited);
 	if (limited != 0 || network > scale(cfg->thresh[class][ns], nw->g) >> SCREEN_HEADROOM_SHIFT)
 		return 0;
 	return network;
@@ -1871,25 +1889,14 @@ __noinline int screen_reflect(const struct config *cfg, const struct key *k, str
 	node_hashes(cfg, k, nw, nr, n);
 	if (node_cells(nw, rc) < 0)
 		return 0;
-	__u32 omin = U32_MAX, fmin = U32_MAX;
-#pragma unroll
-	for (int r = 0; r < DEPTH; r++) {
-		__u64 d = idle_factor(cfg, rc[r]->epoch, nw->epoch);
-		omin = min32(omin, sat_add(decay32(rc[r]->budget[BUDGET_CLEAN].offered, d), nw->w));
-		fmin = min32(fmin, decay32(rc[r]->budget[BUDGET_CLEAN].forwarded, d));
-	}
+	__u32 omin, fmin, limited;
+	peek_cells(cfg, nw, rc, &omin, &fmin, &limited);
 	__u32 thr = cfg->thresh[class][nr];
 	if (omin <= scale(thr, nw->g) || !enforcing(cfg, class, nr, omin, nw->g) ||
 	    fmin < scale(thr - nw->dither, nw->g))
 		return 0;
-	count_screened(cfg, nw, nc);
-#pragma unroll
-	for (int r = 0; r < DEPTH; r++) {
-		if (rc[r]->epoch != nw->epoch)
-			rescale(rc[r], cfg, nw->epoch);
-		struct counter *c = &rc[r]->budget[BUDGET_CLEAN];
-		c->offered = sat_add(c->offered, nw->w);
-	}
+	count_screened(cfg, nw, nc, 1);
+	count_screened(cfg, nw, rc, 0);
 	note_reflect(nw, class, 1);
 	set_verdict(v, 1, n, mulq32(omin, cfg->ginv[nw->slot & (SLOTS - 1)]));
 	return 1;
@@ -1946,7 +1953,7 @@ __noinline int screen_fair(const struct config *cfg, const struct key *k, struct
 		*share = was;
 		return 0;
 	}
-	count_screened(cfg, nw, nc);
+	count_screened(cfg, nw, nc, 1);
 	ctr->offered = offered;
 	set_verdict(v, 1, n, mulq32(omin, cfg->ginv[nw->slot & (SLOTS - 1)]));
 	return 1;

@@ -146,6 +146,15 @@ func (l *Limiter) cell(base, lines uint32, r int, h uint64) *Cell {
 	return &l.lines[base+uint32(r)*lines+uint32(line)].Cells[slot]
 }
 
+// nodeCells returns the node's cell in each row, by the hashes nodeHashes
+// set in nw (node_cells in the C program).
+func (l *Limiter) nodeCells(nw *nodeWork) (cl [Depth]*Cell) {
+	for r := range Depth {
+		cl[r] = l.cell(nw.base, nw.lines, r, nw.hash[r])
+	}
+	return cl
+}
+
 // applies reports whether node n counts packets with key k: a packet without
 // ports only reaches port-wildcard nodes, and one without an address only the
 // all-sources nodes.
@@ -432,10 +441,7 @@ func totalMinima(cl *[Depth]*Cell, budget int, offered, forwarded uint32, nw *no
 // (1.05 ms) of their packets. It returns the pending counter, where
 // forwarded packets are counted too.
 func (l *Limiter) countTotal(nw *nodeWork) *Counter {
-	var cl [Depth]*Cell
-	for r := range Depth {
-		cl[r] = l.cell(nw.base, nw.lines, r, nw.hash[r])
-	}
+	cl := l.nodeCells(nw)
 	p := &l.pending[nw.class]
 	if p.Epoch != nw.epoch {
 		flushTotal(l.p, nw.epoch, &cl, p)
@@ -615,14 +621,8 @@ func (l *Limiter) screenNetwork(k *Key, nw *nodeWork, nc *[Depth]*Cell) uint32 {
 		return 0
 	}
 	l.nodeHashes(k, nw, ns)
-	network, limited := maxU32, maxU32
-	for r := range Depth {
-		c := l.cell(nw.base, nw.lines, r, nw.hash[r])
-		d := idleFactor(p, c.Epoch, nw.epoch)
-		network = min(network, satAdd(uint32(mulQ32(uint64(c.Budget[Clean].Offered), d)), nw.w))
-		limited = min(limited, uint32(mulQ32(uint64(c.Budget[Limited].Offered), d)))
-		nc[r] = c
-	}
+	*nc = l.nodeCells(nw)
+	network, _, limited := peekCells(p, nw, nc)
 	if limited != 0 || uint64(network) > scale(p.Thresh[class][ns], nw.g)>>ScreenHeadroomShift {
 		return 0
 	}
@@ -647,25 +647,15 @@ func (l *Limiter) screenReflect(k *Key, nw *nodeWork, v *Verdict) bool {
 		return false
 	}
 	l.nodeHashes(k, nw, nr)
-	var rc [Depth]*Cell
-	omin, fmin := maxU32, maxU32
-	for r := range Depth {
-		c := l.cell(nw.base, nw.lines, r, nw.hash[r])
-		d := idleFactor(p, c.Epoch, nw.epoch)
-		omin = min(omin, satAdd(uint32(mulQ32(uint64(c.Budget[Clean].Offered), d)), nw.w))
-		fmin = min(fmin, uint32(mulQ32(uint64(c.Budget[Clean].Forwarded), d)))
-		rc[r] = c
-	}
+	rc := l.nodeCells(nw)
+	omin, fmin, _ := peekCells(p, nw, &rc)
 	thr := p.Thresh[class][nr]
 	if uint64(omin) <= scale(thr, nw.g) || !p.enforcing(class, nr, omin, nw.g) ||
 		uint64(fmin) < scale(thr-nw.dither, nw.g) {
 		return false
 	}
-	l.countScreened(nw, &nc)
-	for _, c := range rc {
-		refresh(p, c, nw.epoch)
-		c.Budget[Clean].Offered = satAdd(c.Budget[Clean].Offered, nw.w)
-	}
+	countScreened(p, nw, &nc, true)
+	countScreened(p, nw, &rc, false)
 	l.noteReflect(class, true)
 	setVerdict(v, true, p.Nodes[nr], mulQ32(uint64(omin), p.GInv[nw.slot]))
 	return true
@@ -699,10 +689,7 @@ func (l *Limiter) screenFair(k *Key, nw *nodeWork, v *Verdict) bool {
 	l.nodeHashes(k, nw, nt)
 	ctr := &pending.Budget[Clean]
 	offered := satAdd(ctr.Offered, nw.w)
-	var tc [Depth]*Cell
-	for r := range Depth {
-		tc[r] = l.cell(nw.base, nw.lines, r, nw.hash[r])
-	}
+	tc := l.nodeCells(nw)
 	totalMinima(&tc, Clean, offered, ctr.Forwarded, nw)
 	omin, fmin := nw.omin, nw.fmin
 	thr := scale(p.Thresh[class][nt], nw.g)
@@ -716,20 +703,38 @@ func (l *Limiter) screenFair(k *Key, nw *nodeWork, v *Verdict) bool {
 		*share = was
 		return false
 	}
-	l.countScreened(nw, &nc)
+	countScreened(p, nw, &nc, true)
 	ctr.Offered = offered
 	setVerdict(v, true, p.Nodes[nt], mulQ32(uint64(omin), p.GInv[nw.slot]))
 	return true
 }
 
-// countScreened counts a packet the screen drops at its network's node,
-// whose cells are nc, as the walk counts it there: offered and forwarded,
-// a clean packet under the node's limit (count_screened in the C program).
-func (l *Limiter) countScreened(nw *nodeWork, nc *[Depth]*Cell) {
-	for _, c := range nc {
-		refresh(l.p, c, nw.epoch)
+// peekCells reads a node's cells cl as countNode would find them with the
+// packet, without moving them (peek_cells in the C program): the minima over
+// the rows of the clean offered count with the packet's weight, of the clean
+// forwarded count and of the limited offered count, each decayed to the
+// packet's epoch.
+func peekCells(p *Params, nw *nodeWork, cl *[Depth]*Cell) (offered, forwarded, limited uint32) {
+	offered, forwarded, limited = maxU32, maxU32, maxU32
+	for _, c := range cl {
+		d := idleFactor(p, c.Epoch, nw.epoch)
+		offered = min(offered, satAdd(uint32(mulQ32(uint64(c.Budget[Clean].Offered), d)), nw.w))
+		forwarded = min(forwarded, uint32(mulQ32(uint64(c.Budget[Clean].Forwarded), d)))
+		limited = min(limited, uint32(mulQ32(uint64(c.Budget[Limited].Offered), d)))
+	}
+	return offered, forwarded, limited
+}
+
+// countScreened counts a clean packet the screen drops in a node's cells cl
+// as the walk counts it there (count_screened in the C program): offered,
+// and forwarded too at a node it passes (its network's).
+func countScreened(p *Params, nw *nodeWork, cl *[Depth]*Cell, forwarded bool) {
+	for _, c := range cl {
+		refresh(p, c, nw.epoch)
 		c.Budget[Clean].Offered = satAdd(c.Budget[Clean].Offered, nw.w)
-		forwardOne(&c.Budget[Clean], nw.w)
+		if forwarded {
+			forwardOne(&c.Budget[Clean], nw.w)
+		}
 	}
 }
 

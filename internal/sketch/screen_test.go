@@ -206,63 +206,57 @@ func TestScreenWalks(t *testing.T) {
 	}
 }
 
-// TestScreenTurnsOff checks when the screen runs (Limiter.screening): a
-// spoofed flood over the total turns it on, and a flood from one source that
-// the walk limits below the total, reaching the total as limited traffic,
-// turns it off again, though the clean share it left stays bounded; then
-// each of that flood's packets is walked straight away instead of paying for
-// a screen that would leave it to the walk.
+// TestScreenTurnsOff checks when the screen runs (Limiter.screening), at
+// each node it asks. At the fair total: a spoofed flood over the total turns
+// it on, and a flood from one source that the walk limits below the total,
+// reaching the total as limited traffic, turns it off again, though the
+// clean share it left stays bounded; each of that flood's packets is then
+// walked straight away instead of paying for a screen that would leave it
+// to the walk. At the reflection node: a reflection flood turns it on, and a
+// spoofed flood that follows it (a random port on every packet, no port
+// over its limit) turns it off on its first packets, which the node would
+// not drop.
 func TestScreenTurnsOff(t *testing.T) {
-	c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 500}}
-	l := newLimiter(t, c)
-	rng := rand.New(rand.NewPCG(9, 10))
-	now := start
 	const pps = 20_000
-	for range 2 * pps {
-		now += int64(time.Second) / pps
-		k := spoofedKey(rng)
-		l.Decide(&k, 0, now, rng.Uint32())
+	tests := []struct {
+		name      string
+		at        uint8
+		total     uint32 // the socket total's limit
+		on, off   func(*rand.Rand) Key
+		offPacket int // how many packets of off to send
+	}{
+		{"at the fair total", ScreenFair, 500, spoofedKey, func(*rand.Rand) Key { return key("198.51.100.7:4000") }, 2 * pps},
+		{"at the reflection node", ScreenReflect, 2000, reflectedKey, spoofedKey, 10},
 	}
-	if l.screening[0]&ScreenFair == 0 {
-		t.Fatal("a spoofed flood over the total left the screen off")
-	}
-	flood := key("198.51.100.7:4000")
-	for range 2 * pps {
-		now += int64(time.Second) / pps
-		l.Decide(&flood, 0, now, rng.Uint32())
-	}
-	if l.fair[0][Clean] == FairUnbounded {
-		t.Fatal("the clean share is unbounded: the premise failed")
-	}
-	if l.screening[0]&ScreenFair != 0 {
-		t.Fatal("a flood limited below the total left the screen on")
-	}
-}
-
-// TestScreenReflectTurnsOff checks when the screen runs at the reflection
-// node: a reflection flood turns it on, and a spoofed flood that follows it
-// (a random port on every packet, no port over its limit) turns it off on
-// its first packets, which the reflection node would not drop.
-func TestScreenReflectTurnsOff(t *testing.T) {
-	c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 2000}}
-	l := newLimiter(t, c)
-	rng := rand.New(rand.NewPCG(11, 12))
-	now := start
-	const pps = 20_000
-	for range pps {
-		now += int64(time.Second) / pps
-		k := reflectedKey(rng)
-		l.Decide(&k, 0, now, rng.Uint32())
-	}
-	if l.screening[0]&ScreenReflect == 0 {
-		t.Fatal("a reflection flood left the screen off at the reflection node")
-	}
-	for range 10 {
-		now += int64(time.Second) / pps
-		k := spoofedKey(rng)
-		l.Decide(&k, 0, now, rng.Uint32())
-	}
-	if l.screening[0]&ScreenReflect != 0 {
-		t.Fatal("a flood the reflection node does not drop left the screen on there")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: tt.total}}
+			l := newLimiter(t, c)
+			rng := rand.New(rand.NewPCG(9, 10))
+			now := start
+			send := func(flood func(*rand.Rand) Key, n int) {
+				for range n {
+					now += int64(time.Second) / pps
+					k := flood(rng)
+					l.Decide(&k, 0, now, rng.Uint32())
+				}
+			}
+			send(tt.on, 2*pps)
+			// A packet the reflection node lets through turns its
+			// screen off until the next drop.
+			for i := 0; l.screening[0]&tt.at == 0; i++ {
+				if i == 100 {
+					t.Fatal("the flood that the node drops left the screen off")
+				}
+				send(tt.on, 1)
+			}
+			send(tt.off, tt.offPacket)
+			if tt.at == ScreenFair && l.fair[0][Clean] == FairUnbounded {
+				t.Fatal("the clean share is unbounded: the premise failed")
+			}
+			if l.screening[0]&tt.at != 0 {
+				t.Fatal("a flood the node does not drop left the screen on")
+			}
+		})
 	}
 }
