@@ -10,7 +10,13 @@
 // is the median over the rounds. A case with one source repeats its frame
 // (kernel-measured time per run); a case with a new source on every packet
 // runs each of a batch of distinct frames once, for both programs, and
-// subtracts the floor program's time on the same batch. This filter runs as
+// subtracts the floor program's time on the same batch. Each limiter first
+// runs a lead-in of distinct frames from other new sources, untimed
+// (-lead-in): over the gap between rounds the counts of the nodes every
+// packet shares decay, and a batch timed after it would begin by passing
+// into the room under their limits, as the first packets of a flood do, not
+// the packets of a sustained one. The report gives the share of the timed
+// packets each program dropped. This filter runs as
 // Caddy configures it by default (QUIC classes, connection ID
 // verification), and in three cases without classes, as Cloudflare's
 // counts every datagram alike. Each run checks that every case times the

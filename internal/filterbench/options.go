@@ -35,6 +35,14 @@ type Options struct {
 	// Once is how many distinct frames a round runs, each once, in a case
 	// with a new source on every packet.
 	Once int
+	// LeadIn is how many distinct frames from other new sources each
+	// program runs, untimed, just before every timed batch of a case with
+	// a new source on every packet, so that the batch meets the limiter as
+	// a sustained flood keeps it: the nodes every packet shares at their
+	// limits. Without, their counts decay over the gap between rounds
+	// (seconds, with every case), and the first packets of each batch pass
+	// into the room that opened, as if the flood had paused. 0 runs none.
+	LeadIn int
 	// Warmup is how many packets each program gets before the first round,
 	// so that a flood is over its limit before it is timed.
 	Warmup int
@@ -66,6 +74,7 @@ func DefaultOptions() Options {
 		Rounds:            15,
 		Repeat:            200_000,
 		Once:              5_000,
+		LeadIn:            defaultLeadIn,
 		Warmup:            100_000,
 		Clock:             ClockKernel,
 		Parallel:          slices.Clone(DefaultParallel),
@@ -73,6 +82,11 @@ func DefaultOptions() Options {
 		CloudflareVersion: CloudflareVersion,
 	}
 }
+
+// defaultLeadIn is Options.LeadIn's default: twice what randomLimit lets
+// through in a window of one second, more than the room any gap between
+// rounds can open.
+const defaultLeadIn = 2 * randomLimit
 
 // defaultCacheDir is the user's cache directory's rakelimit-filterbench,
 // or one in the temporary directory without a cache directory.
@@ -89,13 +103,16 @@ func (o *Options) Validate() error {
 	for _, c := range []struct {
 		name     string
 		v, least int
-	}{{"rounds", o.Rounds, 1}, {"repeat", o.Repeat, 1}, {"once", o.Once, 1}, {"warmup", o.Warmup, 0}} {
+	}{{"rounds", o.Rounds, 1}, {"repeat", o.Repeat, 1}, {"once", o.Once, 1}, {"lead-in", o.LeadIn, 0}, {"warmup", o.Warmup, 0}} {
 		if c.v < c.least {
 			return fmt.Errorf("-%s %d: want at least %d", c.name, c.v, c.least)
 		}
 	}
 	if o.Repeat > 1<<31 {
 		return fmt.Errorf("-repeat %d: want at most %d", o.Repeat, 1<<31)
+	}
+	if o.LeadIn > 1<<24 {
+		return fmt.Errorf("-lead-in %d: want at most %d", o.LeadIn, 1<<24)
 	}
 	if o.Warmup > 1<<31 {
 		return fmt.Errorf("-warmup %d: want at most %d", o.Warmup, 1<<31)
@@ -128,6 +145,7 @@ func ParseFlags(args []string, usage io.Writer) (*Options, error) {
 	fs.IntVar(&o.Rounds, "rounds", o.Rounds, "interleaved rounds; figures are medians over them")
 	fs.IntVar(&o.Repeat, "repeat", o.Repeat, "runs of a one-source case's frame per round")
 	fs.IntVar(&o.Once, "once", o.Once, "distinct frames, each run once, per round of a new-source case")
+	fs.IntVar(&o.LeadIn, "lead-in", o.LeadIn, "distinct frames from other new sources run untimed before each timed batch of a new-source case, so that it meets a sustained flood's state (0: none)")
 	fs.IntVar(&o.Warmup, "warmup", o.Warmup, "packets per program before the first round")
 	fs.StringVar(&o.Clock, "clock", o.Clock, "kernel (BPF_PROG_TEST_RUN's own time) or wall")
 	cases := fs.String("cases", "", "comma-separated case keys (default all): "+strings.Join(CaseKeys(), ","))

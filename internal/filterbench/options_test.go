@@ -15,7 +15,7 @@ func TestParseFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	def := DefaultOptions()
-	if o.Rounds != 15 || o.Repeat != def.Repeat || o.Once != def.Once || o.Clock != ClockKernel || o.Cases != nil ||
+	if o.Rounds != 15 || o.Repeat != def.Repeat || o.Once != def.Once || o.LeadIn != defaultLeadIn || o.Clock != ClockKernel || o.Cases != nil ||
 		o.CloudflareVersion != CloudflareVersion || o.CacheDir == "" {
 		t.Errorf("defaults: %+v", o)
 	}
@@ -38,6 +38,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"-repeat", "-5"}, "-repeat -5: want at least 1"},
 		{[]string{"-once", "0"}, "-once 0: want at least 1"},
 		{[]string{"-warmup", "-1"}, "-warmup -1: want at least 0"},
+		{[]string{"-lead-in", "-1"}, "-lead-in -1: want at least 0"},
+		{[]string{"-lead-in", "20000000"}, "-lead-in 20000000: want at most"},
 		{[]string{"-repeat", "4294967296"}, "-repeat 4294967296: want at most"},
 		{[]string{"-clock", "tsc"}, `-clock "tsc": want kernel or wall`},
 		{[]string{"-cases", "ipv4-under,nope"}, `-cases "nope": unknown case`},

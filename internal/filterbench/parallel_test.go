@@ -264,19 +264,19 @@ func TestParallelText(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	// The CPU, the header, 2 rows, a blank line, the method, the header
-	// and 2 rows.
-	if len(lines) != 9 || lines[4] != "" || !strings.HasPrefix(lines[5], "On all CPUs (2): ") {
-		t.Fatalf("%d lines, want 9 with the table on all CPUs after a blank line:\n%s", len(lines), b.String())
+	// The CPU, the header, 3 rows, the new sources' drops, a blank line,
+	// the method, the header and 2 rows.
+	if len(lines) != 11 || lines[6] != "" || !strings.HasPrefix(lines[7], "On all CPUs (2): ") {
+		t.Fatalf("%d lines, want 11 with the table on all CPUs after a blank line:\n%s", len(lines), b.String())
 	}
-	col := strings.Index(lines[6], "program")
-	for _, l := range lines[7:] {
+	col := strings.Index(lines[8], "program")
+	for _, l := range lines[9:] {
 		if col >= len(l) || l[col-1] != ' ' || l[col] == ' ' {
 			t.Errorf("row not aligned at column %d: %q", col, l)
 		}
 	}
-	if !strings.Contains(lines[7], "1.85") {
-		t.Errorf("row %q lacks the ratio 1.85", lines[7])
+	if !strings.Contains(lines[9], "1.85") {
+		t.Errorf("row %q lacks the ratio 1.85", lines[9])
 	}
 	r := testReport()
 	r.ParallelSkipped = "one CPU"

@@ -131,7 +131,7 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 		}
 	}
 	rep := &Report{CPU: cpuModel(), Kernel: kernelRelease(), Cloudflare: source,
-		Rounds: o.Rounds, Repeat: o.Repeat, Once: o.Once, Clock: o.Clock,
+		Rounds: o.Rounds, Repeat: o.Repeat, Once: o.Once, LeadIn: o.LeadIn, Clock: o.Clock,
 		CPUs: len(cpus), ParallelSkipped: skipped}
 	for _, r := range runs {
 		if err := r.checkCounters(o); err != nil {
@@ -253,11 +253,14 @@ func (r *running) warmUp(o *Options) error {
 // measure takes one round's sample of every program of the case, in an
 // order that moves with the round.
 func (r *running) measure(o *Options, round int) error {
-	var frames [][]byte
+	var frames, leadIn [][]byte
 	if r.once {
-		// New sources every round: no source is seen twice.
+		// New sources every round: no source is seen twice. The lead-in's
+		// are drawn after the timed frames, which stay those of a run
+		// without one.
 		rng := rand.New(rand.NewPCG(uint64(round), uint64(len(r.key))<<32|uint64(r.ipv6Bit())))
 		frames = randomFrames(r.frame, r.ipv6, r.randomPort, o.Once, rng)
+		leadIn = randomFrames(r.frame, r.ipv6, r.randomPort, o.LeadIn, rng)
 	}
 	var ns [numProgs]float64
 	for i := range numProgs {
@@ -267,6 +270,12 @@ func (r *running) measure(o *Options, round int) error {
 			continue
 		}
 		if r.once {
+			// The floor program keeps no state to lead in.
+			if p != progFloor && len(leadIn) > 0 {
+				if _, _, err := runOnce(prog, leadIn, o.Clock); err != nil {
+					return fmt.Errorf("%s: lead-in: %w", progNames[p], err)
+				}
+			}
 			t, drops, err := runOnce(prog, frames, o.Clock)
 			if err != nil {
 				return fmt.Errorf("%s: %w", progNames[p], err)
@@ -371,10 +380,16 @@ func (r *running) checkCounters(o *Options) error {
 
 // row returns the case's medians.
 func (r *running) row() Row {
-	row := Row{Key: r.key, Case: r.name, Ours: math.NaN(), Cloudflare: math.NaN(), Floor: math.NaN()}
+	row := Row{Key: r.key, Case: r.name, Ours: math.NaN(), Cloudflare: math.NaN(), Floor: math.NaN(),
+		NewSources: r.once, OursDropped: math.NaN(), CloudflareDropped: math.NaN()}
 	for p, dst := range [numProgs]*float64{&row.Ours, &row.Cloudflare, &row.Floor} {
 		if r.progs[p] != nil {
 			*dst = median(r.samples[p])
+		}
+	}
+	for p, dst := range [...]*float64{progOurs: &row.OursDropped, progCloudflare: &row.CloudflareDropped} {
+		if r.onceSent[p] > 0 {
+			*dst = float64(r.onceDropped[p]) / float64(r.onceSent[p])
 		}
 	}
 	return row

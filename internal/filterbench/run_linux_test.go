@@ -116,6 +116,49 @@ func TestRunWallClock(t *testing.T) {
 	}
 }
 
+// TestRunLeadIn times one batch of new sources on a limiter that has seen
+// none (no warm-up): without a lead-in, the batch fills the room under the
+// shared nodes' limits, a thousand packets that pass; after one, it meets
+// the nodes at their limits, as a sustained flood keeps them, and is almost
+// all dropped. Each row says what share it dropped.
+func TestRunLeadIn(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, tt := range []struct {
+		name   string
+		leadIn int
+		// The share of the timed batch this filter dropped is within
+		// [least, most].
+		least, most float64
+	}{
+		{"none", 0, 0, 0.6},
+		{"default", defaultLeadIn, 0.75, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := DefaultOptions()
+			o.CloudflareObject = cloudflareForTest(t)
+			o.Rounds, o.Once, o.Warmup, o.LeadIn = 1, floodBatch, 0, tt.leadIn
+			o.Cases, o.Parallel = []string{"ipv4-random"}, nil
+			rep, err := Run(context.Background(), &o, io.Discard)
+			testutil.RequireBPF(t, err)
+			if err != nil {
+				t.Fatal(err)
+			}
+			row := rep.Rows[0]
+			if !row.NewSources || rep.LeadIn != tt.leadIn {
+				t.Fatalf("row %+v, lead-in %d", row, rep.LeadIn)
+			}
+			t.Logf("this filter dropped %.3f of the batch, Cloudflare's %.3f", row.OursDropped, row.CloudflareDropped)
+			if !(row.OursDropped >= tt.least && row.OursDropped <= tt.most) {
+				t.Errorf("this filter dropped %.3f of the batch, want within [%v, %v]", row.OursDropped, tt.least, tt.most)
+			}
+			if peer := o.CloudflareObject != NoPeer; peer != !math.IsNaN(row.CloudflareDropped) ||
+				peer && !(row.CloudflareDropped > 0 && row.CloudflareDropped <= 1) {
+				t.Errorf("Cloudflare's dropped %v of the batch (run: %v)", row.CloudflareDropped, peer)
+			}
+		})
+	}
+}
+
 // TestTogetherFloor runs the floor program on one thread pinned to each
 // CPU, together: every thread is pinned to its CPU alone when it runs, and
 // every run returns the floor's verdict, the packet's length (the frame's

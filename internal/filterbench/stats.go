@@ -39,6 +39,11 @@ type Row struct {
 	// new source on every packet has it subtracted from Ours and
 	// Cloudflare already.
 	Floor float64
+	// NewSources says the case has a new source on every packet;
+	// OursDropped and CloudflareDropped are then the share of the timed
+	// packets each program dropped (0 to 1), NaN for a program not run.
+	NewSources                     bool
+	OursDropped, CloudflareDropped float64
 }
 
 // Ratio is Ours over Cloudflare: below 1, this filter is the cheaper. NaN
@@ -56,8 +61,8 @@ type Report struct {
 	CPU, Kernel string
 	// Cloudflare says which object of Cloudflare's was measured.
 	Cloudflare string
-	// Rounds, Repeat and Once are the run's sizes (Options).
-	Rounds, Repeat, Once int
+	// Rounds, Repeat, Once and LeadIn are the run's sizes (Options).
+	Rounds, Repeat, Once, LeadIn int
 	// Clock is how time was taken (Options.Clock).
 	Clock string
 	Rows  []Row
@@ -111,14 +116,41 @@ func (r *Report) WriteText(w io.Writer) error {
 	for _, row := range r.Rows {
 		fmt.Fprintln(tw, strings.Join(row.cells(), "\t"))
 	}
+	for _, l := range r.droppedLines() {
+		fmt.Fprintln(tw, l)
+	}
 	r.writeParallelText(tw)
 	return tw.Flush()
 }
 
 // method says in one sentence how the figures were taken.
 func (r *Report) method() string {
-	return fmt.Sprintf("%s; %d interleaved rounds, medians; %s repetitions of one frame, or %s distinct frames run once each; %s clock",
-		r.Cloudflare, r.Rounds, thousands(r.Repeat), thousands(r.Once), r.Clock)
+	return fmt.Sprintf("%s; %d interleaved rounds, medians; %s repetitions of one frame, or %s distinct frames run once each after a lead-in of %s; %s clock",
+		r.Cloudflare, r.Rounds, thousands(r.Repeat), thousands(r.Once), thousands(r.LeadIn), r.Clock)
+}
+
+// share formats a share as a percentage with one decimal, or a dash for
+// none.
+func share(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f%%", 100*x)
+}
+
+// droppedLines says, for each case with a new source on every packet, what
+// share of the timed packets each program dropped: that both were timed
+// on a flood they decide, not on packets they pass.
+func (r *Report) droppedLines() []string {
+	var out []string
+	for _, row := range r.Rows {
+		if !row.NewSources {
+			continue
+		}
+		out = append(out, fmt.Sprintf("- %s: this filter dropped %s of the timed packets, Cloudflare's %s",
+			row.Case, share(row.OursDropped), share(row.CloudflareDropped)))
+	}
+	return out
 }
 
 // thousands formats n with thousands separators.
@@ -137,13 +169,19 @@ func (r *Report) Markdown() string {
 		"through BPF_PROG_TEST_RUN on the same frames, %d interleaved rounds, medians of nanoseconds per packet "+
 		"(%s clock). A case with one source repeats its frame %s times per round; a case with a new random "+
 		"source on every packet runs %s distinct frames once each, for both programs alike, and subtracts the "+
-		"floor program's time on the same frames. The ratio is this filter's time over Cloudflare's, in the same run: "+
+		"floor program's time on the same frames; each program first runs %s frames from other new sources, untimed, "+
+		"so that the timed ones meet it as a sustained flood keeps it (the nodes every packet shares at their "+
+		"limits, not decayed over the gap between rounds). The ratio is this filter's time over Cloudflare's, in the same run: "+
 		"below 1, this filter is the cheaper. Ratios to a peer measured in the same run travel between machines; "+
-		"absolute times and ratios to the floor do not.\n\n", r.Rounds, r.Clock, thousands(r.Repeat), thousands(r.Once))
+		"absolute times and ratios to the floor do not.\n\n", r.Rounds, r.Clock, thousands(r.Repeat), thousands(r.Once),
+		thousands(r.LeadIn))
 	b.WriteString("| " + strings.Join(header, " | ") + " |\n")
 	b.WriteString("|---|---:|---:|---:|---:|\n")
 	for _, row := range r.Rows {
 		b.WriteString("| " + strings.Join(row.cells(), " | ") + " |\n")
+	}
+	if lines := r.droppedLines(); len(lines) > 0 {
+		b.WriteString("\nPackets from new sources:\n\n" + strings.Join(lines, "\n") + "\n")
 	}
 	b.WriteString(r.parallelMarkdown())
 	return b.String()

@@ -63,10 +63,12 @@ func TestFormatting(t *testing.T) {
 
 func testReport() *Report {
 	return &Report{CPU: "AMD EPYC", Kernel: "6.18.0", Cloudflare: CloudflareModule + "@" + CloudflareVersion,
-		Rounds: 15, Repeat: 200_000, Once: 2_000, Clock: ClockKernel,
+		Rounds: 15, Repeat: 200_000, Once: 2_000, LeadIn: 1_500, Clock: ClockKernel,
 		Rows: []Row{
 			{Key: "ipv4-under", Case: "one source, under the limit", Ours: 273, Cloudflare: 299, Floor: 26},
 			{Key: "ipv4-random-switch", Case: "switch", Ours: 427, Cloudflare: math.NaN(), Floor: 27},
+			{Key: "ipv4-random", Case: "new sources", Ours: 300, Cloudflare: 400, Floor: 60,
+				NewSources: true, OursDropped: 0.9951, CloudflareDropped: math.NaN()},
 		}}
 }
 
@@ -79,6 +81,8 @@ func TestMarkdown(t *testing.T) {
 		"| case | this filter | Cloudflare's | ratio | floor program |",
 		"| one source, under the limit | 273 ns | 299 ns | 0.91 | 26 ns |",
 		"| switch | 427 ns | — | — | 27 ns |",
+		"first runs 1,500 frames from other new sources",
+		"- new sources: this filter dropped 99.5% of the timed packets, Cloudflare's —",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the Markdown lacks %q:\n%s", want, md)
@@ -98,15 +102,18 @@ func TestWriteText(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 4 {
-		t.Fatalf("%d lines, want the CPU, the header and 2 rows:\n%s", len(lines), b.String())
+	if len(lines) != 6 {
+		t.Fatalf("%d lines, want the CPU, the header, 3 rows and the new sources' drops:\n%s", len(lines), b.String())
+	}
+	if want := "- new sources: this filter dropped 99.5%"; !strings.HasPrefix(lines[5], want) {
+		t.Errorf("last line %q, want it to start %q", lines[5], want)
 	}
 	if !strings.HasPrefix(lines[0], "CPU: AMD EPYC;") {
 		t.Errorf("first line %q, want the CPU model", lines[0])
 	}
 	// Aligned: every row's second column starts where the header's does.
 	col := strings.Index(lines[1], "this filter")
-	for _, l := range lines[2:] {
+	for _, l := range lines[2:5] {
 		if col >= len(l) || l[col-1] != ' ' || l[col] == ' ' {
 			t.Errorf("row not aligned at column %d: %q", col, l)
 		}
