@@ -1967,11 +1967,12 @@ __noinline int screen_fair(const struct config *cfg, const struct key *k, struct
 // node shows no limited traffic and stays under half its limit with it. A
 // dropped packet is counted at the network's node and the node that drops
 // it, as the loop would have counted it there; a packet neither drops is
-// walked as before. Returns 1 when it drops the packet, 0 to walk it.
-static __always_inline int screen(const struct config *cfg, const struct key *k, struct verdict *v, struct node_work *nw)
+// walked as before. on is where the screen runs for the packet's class,
+// which decide reads once. Returns 1 when it drops the packet, 0 to walk it.
+static __always_inline int screen(const struct config *cfg, const struct key *k, struct verdict *v, struct node_work *nw,
+				  __u8 on)
 {
 	__u32 class = limiter_class(nw->class);
-	__u8 on = cfg->screen[class] & nw->screening[class];
 	if (on & SCREEN_REFLECT) {
 		note_reflect(nw, class, 0);
 		if (screen_reflect(cfg, k, v, nw))
@@ -2033,8 +2034,9 @@ static __always_inline int decide(const struct config *cfg, int class, const str
 	// add up over what the verifier allows. One the screen leaves to the
 	// walk starts it afresh, as in Limiter.Decide.
 	__u32 c = limiter_class(class);
-	if (cfg->screen[c] & nw->screening[c]) {
-		if (screen(cfg, k, v, nw))
+	__u8 on = cfg->screen[c] & nw->screening[c];
+	if (on) {
+		if (screen(cfg, k, v, nw, on))
 			return 1;
 		nw->hashed = 0;
 		nw->network = 0;

@@ -596,11 +596,11 @@ func (l *Limiter) nodeHashes(k *Key, nw *nodeWork, i int) {
 // network's node and that node, and dropped: the nodes the walk visits on
 // the way, those more specific than the network's (and, at the fair total,
 // the reflection node), do not count it. A packet neither drops is walked
-// as before. It reports whether the packet is dropped; Decide starts the
-// walk afresh from nw's hashes and network after it.
-func (l *Limiter) screen(k *Key, nw *nodeWork, v *Verdict) bool {
+// as before. on is where the screen runs for the packet's class, which
+// Decide reads once. It reports whether the packet is dropped; Decide
+// starts the walk afresh from nw's hashes and network after it.
+func (l *Limiter) screen(k *Key, nw *nodeWork, v *Verdict, on uint8) bool {
 	class := nw.class
-	on := l.p.Screen[class] & l.screening[class]
 	if on&ScreenReflect != 0 {
 		l.noteReflect(class, false)
 		if l.screenReflect(k, nw, v) {
@@ -815,10 +815,12 @@ func (l *Limiter) Decide(k *Key, class int, now int64, rnd uint32) Verdict {
 		class:  class,
 	}
 	v := Verdict{Level: -1}
-	if l.screen(k, &nw, &v) {
-		return v
+	if on := p.Screen[class] & l.screening[class]; on != 0 {
+		if l.screen(k, &nw, &v, on) {
+			return v
+		}
+		nw.hashed, nw.network = 0, 0
 	}
-	nw.hashed, nw.network = 0, 0
 	for i, n := range p.Nodes[:p.Visited[class]] {
 		if !applies(p, n, k) {
 			continue
