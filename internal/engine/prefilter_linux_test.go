@@ -113,6 +113,12 @@ func watchRules(pf Prefiltered, periods int) func() int {
 // invalid datagrams from another: the kernel drops the invalid ones and most
 // of the flood (the socket's drop counter counts a filter's drops), while
 // the userspace limiter still holds the flood to its limit.
+//
+// The estimate of the invalid datagrams dropped in the kernel comes from
+// the random sample of one in 2^prefilter.DefaultSampleShift that passes:
+// a Poisson count. junkSamples of them expected keeps the band below wide
+// of it (with 10,000 junk datagrams, about 10 expected, one run in 30 fell
+// under half).
 func TestPrefilterDropsInKernel(t *testing.T) {
 	const limit = 200
 	ln, pc, pf := prefiltered(t, testutil.QUICLimits(limit, 1000))
@@ -124,25 +130,33 @@ func TestPrefilterDropsInKernel(t *testing.T) {
 	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	junk := []byte{0x01, 0x02, 0x03, 0x04}
 	const rate, seconds = 10_000, 2
+	const junkSamples = 40
+	const junkCount = junkSamples << prefilter.DefaultSampleShift
 	peakRules := watchRules(pf, 4*seconds)
-	errs := make(chan error, 1)
+	type result struct {
+		sent int
+		err  error
+	}
+	junked := make(chan result, 1)
 	go func() {
-		_, err := testutil.Flood{From: []*net.UDPConn{junker}, To: dst, Rate: rate / 2, Count: rate / 2 * seconds,
+		n, err := testutil.Flood{From: []*net.UDPConn{junker}, To: dst, Rate: junkCount / seconds, Count: junkCount,
 			For: seconds * time.Second, Next: func() []byte { return junk }}.Send()
-		errs <- err
+		junked <- result{n, err}
 	}()
 	sent, err := testutil.Flood{From: []*net.UDPConn{flooder}, To: dst, Rate: rate, Count: rate * seconds,
 		For: seconds * time.Second, Next: func() []byte { return initial }}.Send()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := <-errs; err != nil {
-		t.Fatal(err)
+	j := <-junked
+	if j.err != nil {
+		t.Fatal(j.err)
 	}
+	junkSent := j.sent
 	rules := peakRules()
-	drops := settle(t, ln, pc, done, 200*time.Millisecond)
+	// Two periods: the enforcer's last update counts the last samples.
+	drops := settle(t, ln, pc, done, 2*prefilter.Period+100*time.Millisecond)
 	st := pf.Prefilter()
-	junkSent := rate / 2 * seconds
 	t.Logf("flood %d, junk %d: kernel drops %d; delivered %d Initials, %d others; pre-filter %+v",
 		sent, junkSent, drops, long.Load(), other.Load(), st)
 	if rules == 0 {
@@ -163,7 +177,10 @@ func TestPrefilterDropsInKernel(t *testing.T) {
 	for _, n := range st.InvalidDropped {
 		invalid += n
 	}
-	if invalid < uint64(junkSent/2) || invalid > uint64(junkSent*2) {
+	// A quarter to twice what was sent: with 40 samples expected, a count
+	// under 10 or over 80 (a Poisson tail of about 1e-9 each way), or an
+	// estimate that does not scale the sample back up.
+	if invalid < uint64(junkSent/4) || invalid > uint64(junkSent*2) {
 		t.Errorf("estimated %d invalid datagrams dropped in the kernel, sent %d", invalid, junkSent)
 	}
 	if st.Sockets != 1 || st.Instructions == 0 || !st.Stateless {
