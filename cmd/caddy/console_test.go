@@ -116,7 +116,13 @@ func TestOperatorViews(t *testing.T) {
 		if err := top.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(2500 * time.Millisecond)
+		// Two screens (one a second), waited for: a loaded machine may
+		// start the race-built binary late.
+		for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if strings.Count(o.String(), "rakelimit at "+address) >= 2 {
+				break
+			}
+		}
 		top.Process.Signal(syscall.SIGINT)
 		if err := top.Wait(); err != nil {
 			t.Errorf("top after Ctrl-C: %v", err)

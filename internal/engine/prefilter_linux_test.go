@@ -89,23 +89,28 @@ func settle(t *testing.T, ln *net.UDPConn, pc net.PacketConn, done <-chan struct
 	return drops
 }
 
-// watchRules reads the pre-filter's number of rules once a period for
+// watchPeak reads a figure of the pre-filter's stats (of) once a period for
 // `periods` periods; the function it returns waits for the last reading and
 // gives the largest.
-func watchRules(pf Prefiltered, periods int) func() int {
-	var peak int
+func watchPeak[N int | float64](pf Prefiltered, periods int, of func(prefilter.Stats) N) func() N {
+	var peak N
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for range periods {
 			time.Sleep(prefilter.Period)
-			peak = max(peak, pf.Prefilter().Rules)
+			peak = max(peak, of(pf.Prefilter()))
 		}
 	}()
-	return func() int {
+	return func() N {
 		<-done
 		return peak
 	}
+}
+
+// watchRules watches the pre-filter's number of rules (watchPeak).
+func watchRules(pf Prefiltered, periods int) func() int {
+	return watchPeak(pf, periods, func(s prefilter.Stats) int { return s.Rules })
 }
 
 // TestPrefilterDropsInKernel runs the userspace limiter on a real socket,
@@ -139,8 +144,10 @@ func TestPrefilterDropsInKernel(t *testing.T) {
 	}
 	junked := make(chan result, 1)
 	go func() {
+		// Bounded by its count, and by time only far past it: a sender
+		// starved for a while sends the whole sample late, not less of it.
 		n, err := testutil.Flood{From: []*net.UDPConn{junker}, To: dst, Rate: junkCount / seconds, Count: junkCount,
-			For: seconds * time.Second, Next: func() []byte { return junk }}.Send()
+			For: 5 * seconds * time.Second, Next: func() []byte { return junk }}.Send()
 		junked <- result{n, err}
 	}()
 	sent, err := testutil.Flood{From: []*net.UDPConn{flooder}, To: dst, Rate: rate, Count: rate * seconds,
@@ -178,8 +185,8 @@ func TestPrefilterDropsInKernel(t *testing.T) {
 		invalid += n
 	}
 	// A quarter to twice what was sent: with 40 samples expected, a count
-	// under 10 or over 80 (a Poisson tail of about 1e-9 each way), or an
-	// estimate that does not scale the sample back up.
+	// of 10 or fewer or over 80 (a Poisson tail of about 1e-8 each way), or
+	// an estimate that does not scale the sample back up.
 	if invalid < uint64(junkSent/4) || invalid > uint64(junkSent*2) {
 		t.Errorf("estimated %d invalid datagrams dropped in the kernel, sent %d", invalid, junkSent)
 	}
@@ -261,22 +268,27 @@ func TestPrefilterDropsNegotiation(t *testing.T) {
 	flooder := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.4:0"))
 	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
 	const rate, seconds = 5_000, 3
+	// The probability is read while the flood lasts: one read after it
+	// ends may fall on an update that measured the flood over part of its
+	// period only, and lowered the probability for the rate it saw.
+	peakP := watchPeak(pf, 4*seconds-1, func(s prefilter.Stats) float64 { return s.Negotiation })
 	sent, err := testutil.Flood{From: []*net.UDPConn{flooder}, To: dst, Rate: rate, Count: rate * seconds,
 		For: seconds * time.Second, Next: func() []byte { return unknown }}.Send()
 	if err != nil {
 		t.Fatal(err)
 	}
+	p := peakP()
 	drops := settle(t, ln, pc, done, 200*time.Millisecond)
 	st := pf.Prefilter()
-	t.Logf("flood %d: kernel drops %d, estimated %d at p %v; %d reached quic-go", sent, drops, st.NegotiationDropped,
-		st.Negotiation, long.Load())
+	t.Logf("flood %d: kernel drops %d, estimated %d at p %v (at most %v); %d reached quic-go", sent, drops,
+		st.NegotiationDropped, st.Negotiation, p, long.Load())
 	// The first period passes everything to the userspace limiter; the
 	// kernel drops most of the rest.
 	if want := uint64(sent / 2); drops < want {
 		t.Errorf("the kernel dropped %d of %d unknown-version datagrams, want at least %d", drops, sent, want)
 	}
-	if st.Negotiation < 0.9 {
-		t.Errorf("drop probability %v at 50 times the cap, want 0.9 at least", st.Negotiation)
+	if p < 0.9 {
+		t.Errorf("drop probability at most %v at 50 times the cap, want 0.9 at least", p)
 	}
 	if est := st.NegotiationDropped; est < drops/2 || est > drops*2 {
 		t.Errorf("estimated %d kernel drops, the socket counted %d", est, drops)
@@ -393,8 +405,31 @@ func TestOnset(t *testing.T) {
 }
 
 // TestPrefilterOnset: a flood from one source gets its rule within a few
-// OnsetPeriods of its start, not a Period later.
+// OnsetPeriods of its start, not a Period later. The time is wall clock,
+// which a loaded machine stretches (the flood's goroutine, the reader, the
+// update's timer may each start late): an update that waits for the period
+// is late in every attempt, so the test fails only when 3 attempts in a
+// row are.
 func TestPrefilterOnset(t *testing.T) {
+	const attempts = 3
+	var took []time.Duration
+	for range attempts {
+		d := prefilterOnset(t)
+		took = append(took, d)
+		// Generous: the bound catches an update that waits for the
+		// period (250 ms), not a figure.
+		if d <= prefilter.Period-50*time.Millisecond {
+			t.Logf("the flood's rule came after %v (attempts %v)", d, took)
+			return
+		}
+	}
+	t.Errorf("the flood's rule came after %v in %d attempts, want well under the period %v", took, attempts, prefilter.Period)
+}
+
+// prefilterOnset floods a new engine's socket from one source, right after
+// a periodic update, and returns how long its rule took to come.
+func prefilterOnset(t *testing.T) time.Duration {
+	t.Helper()
 	ln, pc, pf := prefiltered(t, testutil.QUICLimits(200, 1000))
 	var long, other atomic.Int64
 	done := drain(pc, &long, &other)
@@ -425,10 +460,5 @@ func TestPrefilterOnset(t *testing.T) {
 	if err := <-flooded; err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("the flood's rule came after %v", took)
-	// Generous: the bound catches an update that waits for the period
-	// (250 ms), not a figure.
-	if took > prefilter.Period-50*time.Millisecond {
-		t.Errorf("the flood's rule came after %v, want well under the period %v", took, prefilter.Period)
-	}
+	return took
 }

@@ -75,7 +75,11 @@ func TestCheckHeld(t *testing.T) {
 		{"fell behind: a burst over part of the second", []int{500, 100, 20, 100}, []int{5000, 5000, 1600, 5000}, false},
 		{"fell behind, and over is over", []int{500, 100, 111, 100}, []int{5000, 5000, 1600, 5000}, true},
 		{"kept pace within 10%, under the limit", []int{500, 100, 89, 100}, []int{5000, 5000, 4600, 5000}, true},
-		{"caught up: over is over", []int{500, 100, 100, 111}, []int{5000, 5000, 50, 9950}, true},
+		{"caught up: the room the stall opened", []int{500, 100, 100, 200}, []int{5000, 5000, 50, 9950}, false},
+		{"caught up: over that room is over", []int{500, 100, 100, 211}, []int{5000, 5000, 50, 9950}, true},
+		{"kept pace: over is over", []int{500, 100, 100, 111}, []int{5000, 5000, 5000, 5000}, true},
+		{"a shortfall of 40%: 40% more", []int{500, 100, 30, 149}, []int{5000, 5000, 3000, 7000}, false},
+		{"a shortfall of 40%: over that is over", []int{500, 100, 30, 151}, []int{5000, 5000, 3000, 7000}, true},
 		{"sent nothing in the last second", []int{500, 100, 100}, []int{5000, 5000, 5000}, false},
 		{"sent in the last second, received nothing", []int{500, 100, 100}, []int{5000, 5000, 5000, 5000}, true},
 	}
