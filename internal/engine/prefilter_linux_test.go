@@ -121,9 +121,9 @@ func watchRules(pf Prefiltered, periods int) func() int {
 //
 // The estimate of the invalid datagrams dropped in the kernel comes from
 // the random sample of one in 2^prefilter.DefaultSampleShift that passes:
-// a Poisson count. junkSamples of them expected keeps the band below wide
-// of it (with 10,000 junk datagrams, about 10 expected, one run in 30 fell
-// under half).
+// a Poisson count. With junkSamples of them expected, the band checked
+// below is far out in both tails (with 10,000 junk datagrams, about 10
+// expected, one run in 30 fell under half of what was sent).
 func TestPrefilterDropsInKernel(t *testing.T) {
 	const limit = 200
 	ln, pc, pf := prefiltered(t, testutil.QUICLimits(limit, 1000))
