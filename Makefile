@@ -38,7 +38,7 @@ deps:
 	fi
 
 generate:
-	cd bpf && go generate ./...
+	cd internal/kernel && go generate ./...
 
 # Caddy with rakelimit on the example config, run as root (loading BPF needs
 # CAP_BPF and CAP_PERFMON).
@@ -47,13 +47,16 @@ run:
 	go build -v -o caddy ./cmd/caddy
 	$(SUDO) ./caddy run --config testdata/Caddyfile
 
-# Every test; the test binaries run as root (BPF, network namespaces,
-# dropping privileges). The race detector checks every package but the
-# simulator, which starts no goroutine and runs six times slower under it.
+# Every test of the plugin's module, then of the lab's (lab/, a module of
+# its own: benchmarks, simulator, charts); the test binaries run as root (BPF,
+# network namespaces, dropping privileges). The race detector checks every
+# package but the simulator, which starts no goroutine and runs six times
+# slower under it.
 TEST_EXEC = $(if $(SUDO),-exec '$(SUDO)' )
 test: deps
-	go test -race $(TEST_EXEC)$$(go list ./... | grep -v /internal/sim$$)
-	go test $(TEST_EXEC)./internal/sim
+	go test -race $(TEST_EXEC)./...
+	cd lab && go test -race $(TEST_EXEC)$$(go list ./... | grep -v /sim$$)
+	cd lab && go test $(TEST_EXEC)./sim
 
 # The fuzzing campaign: each target for FUZZTIME on one worker (the BPF
 # one loads the filter; run as root), then the inputs tried and the
@@ -62,7 +65,7 @@ test: deps
 # minimization of each new input stalls it. Plain `go test` replays the
 # committed corpus.
 FUZZTIME ?= 60s
-FUZZ_TARGETS = ./internal/quicclass:FuzzClassifier ./bpf:FuzzDecision
+FUZZ_TARGETS = ./internal/decide/quicclass:FuzzClassifier ./bpf:FuzzDecision
 fuzz:
 	@total=0; failed=0; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; out=$$(mktemp); \
@@ -74,29 +77,29 @@ fuzz:
 	done; echo "fuzzing: $$total inputs tried"; exit $$failed
 
 # The end-to-end benchmark: Caddy with and without rakelimit, every scenario,
-# 3 repetitions; writes docs/bench/ and the README's bench section. About 20
+# 3 repetitions; writes lab/docs/bench/ and the bench section of lab/README.md. About 20
 # minutes. Built as the caller, run as root (BPF, floods from many loopback
 # addresses). BENCHFLAGS adds flags, e.g. BENCHFLAGS="-variant 'strict=rakelimit 200'".
 bench: deps
 	go build -o caddy ./cmd/caddy
-	go build -o rakebench ./cmd/rakebench
-	$(SUDO) ./rakebench -caddy ./caddy -out docs/bench -readme README.md $(BENCHFLAGS)
+	cd lab && go build -o ../rakebench ./cmd/rakebench
+	$(SUDO) ./rakebench -caddy ./caddy -out lab/docs/bench -readme lab/README.md $(BENCHFLAGS)
 
 # Every scenario once and short (under 2 minutes), into a temporary
 # directory: the smoke test .ci/run runs. It fails on a broken harness, not
 # on figures.
 bench-quick: deps
 	go build -o caddy ./cmd/caddy
-	go build -o rakebench ./cmd/rakebench
+	cd lab && go build -o ../rakebench ./cmd/rakebench
 	$(SUDO) ./rakebench -caddy ./caddy -scale 0.2 -transfer-scale 0.1 -reps 1 -out $$(mktemp -d /tmp/rakebench-quick.XXXXXX) $(BENCHFLAGS)
 
 # The filter per packet against Cloudflare's rakelimit, side by side in one
 # process through BPF_PROG_TEST_RUN: 15 interleaved rounds, medians, ratios
-# in the same run; writes docs/bench/filter.md. About a minute. Cloudflare's
+# in the same run; writes lab/docs/bench/filter.md. About a minute. Cloudflare's
 # object is fetched from the Go module proxy the first time, into the cache
 # directory of the user the program runs as (root), and never committed;
 # BENCHFLAGS adds flags, e.g. BENCHFLAGS="-cloudflare ../rakelimit" for a
 # copy of its repository.
 bench-filter:
-	go build -o rakebench-filter ./cmd/rakebench-filter
-	$(SUDO) ./rakebench-filter -out docs/bench/filter.md $(BENCHFLAGS)
+	cd lab && go build -o ../rakebench-filter ./cmd/rakebench-filter
+	$(SUDO) ./rakebench-filter -out lab/docs/bench/filter.md $(BENCHFLAGS)

@@ -10,10 +10,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
-	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
 )
 
 // Admin serves GET /rakelimit/ on Caddy's admin endpoint: every limiter,
@@ -271,7 +271,7 @@ func viewOf(l *engine.Limiter) (viewLimiter, error) {
 	if err != nil {
 		return al, err
 	}
-	for fam := range datagram.Families {
+	for fam := range decide.Families {
 		ac := viewCounters{Classes: map[string]viewClassCounters{}, Allowlisted: st.Allowed[fam],
 			Negotiation: map[string]uint64{"passed": st.Negotiation[fam][0], "dropped": st.Negotiation[fam][1],
 				"dry_run": st.Negotiation[fam][2]},

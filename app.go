@@ -8,9 +8,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
 // App commits the settings of rakelimit wrappers to running limiters when a
@@ -29,7 +29,7 @@ type App struct {
 	servers map[string]string
 	// configs are the configurations this load gives each limiter, by
 	// name: two wrappers of one load must agree.
-	configs map[string]datagram.Config
+	configs map[string]decide.Config
 }
 
 // commit is one queued change: apply puts it in force; revert undoes it if
@@ -72,7 +72,7 @@ func (a *App) claim(server string, listen []string, name string) (first bool, er
 
 // govern checks that c, in mode, can govern the running limiter l and queues
 // the change for Start.
-func (a *App) govern(l *engine.Limiter, c datagram.Config, mode string, logger *zap.Logger) error {
+func (a *App) govern(l *engine.Limiter, c decide.Config, mode string, logger *zap.Logger) error {
 	name := l.Name()
 	if prev, ok := a.configs[name]; ok && !engine.Equal(prev, c) {
 		return fmt.Errorf("rakelimit %q is configured twice in this configuration with different settings "+
@@ -94,7 +94,7 @@ func (a *App) govern(l *engine.Limiter, c datagram.Config, mode string, logger *
 			"restart Caddy to change the mode (mode auto keeps the one running)", name, running, mode)
 	}
 	if a.configs == nil {
-		a.configs = map[string]datagram.Config{}
+		a.configs = map[string]decide.Config{}
 	}
 	a.configs[name] = c
 	var prev engine.Setting

@@ -12,8 +12,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
 func init() {
@@ -303,7 +303,7 @@ func parseVersionNegotiationOption(r *RakeLimit, d *caddyfile.Dispenser, name st
 		var err error
 		if n, err = strconv.ParseUint(args[0], 10, 32); err != nil {
 			return d.Errf("%s: invalid value %q: want a whole number of datagrams per second from 0 to %d, or off",
-				name, args[0], datagram.MaxNegotiation)
+				name, args[0], decide.MaxNegotiation)
 		}
 	}
 	v := uint32(n)

@@ -13,10 +13,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
 // Defaults for options left out.
@@ -53,7 +53,7 @@ const (
 
 // config validates the module's options and converts them to the decision
 // configuration, reporting the first bad field by its JSON name.
-func (r *RakeLimit) config() (datagram.Config, error) {
+func (r *RakeLimit) config() (decide.Config, error) {
 	c, err := r.convert()
 	if err != nil {
 		return c, jsonError(err)
@@ -64,15 +64,15 @@ func (r *RakeLimit) config() (datagram.Config, error) {
 // convert converts the module's options to the decision configuration and
 // validates it; a value out of range is a *sketch.FieldError, with neutral
 // names.
-func (r *RakeLimit) convert() (datagram.Config, error) {
+func (r *RakeLimit) convert() (decide.Config, error) {
 	if !engine.ValidMode(r.mode()) {
-		return datagram.Config{}, fmt.Errorf("mode %q: want auto, bpf or userspace", r.Mode)
+		return decide.Config{}, fmt.Errorf("mode %q: want auto, bpf or userspace", r.Mode)
 	}
 	c, err := r.limiterConfig()
 	if err != nil {
-		return datagram.Config{}, err
+		return decide.Config{}, err
 	}
-	s := datagram.Config{Limiter: c, DryRun: r.DryRun, Classify: r.classify(), Negotiation: DefaultVersionNegotiation}
+	s := decide.Config{Limiter: c, DryRun: r.DryRun, Classify: r.classify(), Negotiation: DefaultVersionNegotiation}
 	// The default opening total is where an adaptive total starts: it
 	// follows the receive queue from there. One set by level_limits or
 	// unlimited_levels stays where it is set.
@@ -81,20 +81,20 @@ func (r *RakeLimit) convert() (datagram.Config, error) {
 	s.AdaptiveTotal = r.classify() && !totalSet && !slices.Contains(r.UnlimitedLevels, top)
 	verify := r.VerifyConnectionIDs == nil || *r.VerifyConnectionIDs
 	if verify && !r.classify() && r.VerifyConnectionIDs != nil {
-		return datagram.Config{}, errors.New("verify_connection_ids true needs classify: without classes there is nothing to verify")
+		return decide.Config{}, errors.New("verify_connection_ids true needs classify: without classes there is nothing to verify")
 	}
 	s.VerifyIDs = verify && r.classify()
 	if r.VersionNegotiation != nil {
 		s.Negotiation = *r.VersionNegotiation
 	}
 	if s.BlockedPorts, err = blockedPorts(r.BlockSourcePorts); err != nil {
-		return datagram.Config{}, err
+		return decide.Config{}, err
 	}
 	seen := map[netip.Prefix]bool{}
 	for _, a := range r.Allow {
 		p, err := parsePrefix(a)
 		if err != nil {
-			return datagram.Config{}, fmt.Errorf("allow: %w", err)
+			return decide.Config{}, fmt.Errorf("allow: %w", err)
 		}
 		if !seen[p] {
 			seen[p] = true
@@ -102,7 +102,7 @@ func (r *RakeLimit) convert() (datagram.Config, error) {
 		}
 	}
 	if err := s.Validate(); err != nil {
-		return datagram.Config{}, err
+		return decide.Config{}, err
 	}
 	return s, nil
 }

@@ -25,12 +25,11 @@ import (
 	"github.com/cilium/ebpf"
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/bpf"
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
-	"github.com/rakelimit/caddy-rakelimit/internal/latency"
-	"github.com/rakelimit/caddy-rakelimit/internal/procnet"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
+	"github.com/rakelimit/caddy-rakelimit/internal/kernel"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -156,7 +155,7 @@ func limiterStats(t *testing.T, l *engine.Limiter) (passed, dropped uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for fam := range datagram.Families {
+	for fam := range decide.Families {
 		for class := range st.Passed {
 			passed += st.Passed[class][fam]
 			for _, d := range st.Dropped[class][fam] {
@@ -189,7 +188,7 @@ func quicFlood(t *testing.T, src netip.Addr, dst netip.AddrPort, rate int, d tim
 // packets a socket filter refused, or a full receive queue.
 func socketDrops(t *testing.T, port int) uint64 {
 	t.Helper()
-	n, err := procnet.SocketDrops(port)
+	n, err := backlog.SocketDrops(port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,12 +196,12 @@ func socketDrops(t *testing.T, port int) uint64 {
 }
 
 // drops is a reading of the drop counters of one UDP socket.
-type drops struct{ procnet.Drops }
+type drops struct{ backlog.Drops }
 
 // readDrops reads the drop counters of the UDP socket on port.
 func readDrops(t *testing.T, port int) drops {
 	t.Helper()
-	d, err := procnet.ReadDrops(port)
+	d, err := backlog.ReadDrops(port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +217,7 @@ func (d drops) filteredSince(d0 drops) uint64 { return d.FilteredSince(d0.Drops)
 // kernel counts a datagram when the reader takes it off the queue.
 func udpInDatagrams(t *testing.T) uint64 {
 	t.Helper()
-	c, err := procnet.ReadUDPCounters()
+	c, err := backlog.ReadUDPCounters()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +324,7 @@ func TestIntegrationFlood(t *testing.T) {
 	t.Logf("flood: %d packets at %d pps for %d s from %v; filter dropped %d (%.1f%%), socket drops +%d",
 		sent, rate, seconds, floodSrc, dropped, 100*float64(dropped)/float64(sent), drops)
 	t.Logf("legit from %v: %d of %d requests ok during the flood; latency p50 %v p99 %v (quiet: p50 %v)",
-		legitSrc, len(lat)-failed, len(lat), latency.Percentile(lat, 50), latency.Percentile(lat, 99), latency.Percentile(quiet, 50))
+		legitSrc, len(lat)-failed, len(lat), testutil.Percentile(lat, 50), testutil.Percentile(lat, 99), testutil.Percentile(quiet, 50))
 }
 
 // gtlsGet fetches the page with ngtcp2's gtlsclient and returns what it
@@ -954,12 +953,12 @@ func TestReloadTooManyAllowPrefixes(t *testing.T) {
 // once, so that no packet can read a slot that is being rewritten.
 func TestReloadSwitchesConfigurationOnce(t *testing.T) {
 	requireBPF(t)
-	l, err := engine.New("switch-once", datagram.Config{Limiter: sketch.Config{Limit: 100, Window: time.Second}}, ModeBPF, zap.NewNop())
+	l, err := engine.New("switch-once", decide.Config{Limiter: sketch.Config{Limit: 100, Window: time.Second}}, ModeBPF, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	for i, s := range []datagram.Config{
+	for i, s := range []decide.Config{
 		{Limiter: sketch.Config{Limit: 600, Window: 2 * time.Second}, DryRun: true,
 			Allow: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}},
 		{Limiter: sketch.Config{Limit: 200, Window: time.Second}},
@@ -983,7 +982,7 @@ func TestReloadSwitchesConfigurationOnce(t *testing.T) {
 
 // kernelOf returns the limiter's BPF filter; the test fails if it runs in
 // userspace.
-func kernelOf(t *testing.T, l *engine.Limiter) *bpf.Filter {
+func kernelOf(t *testing.T, l *engine.Limiter) *kernel.Filter {
 	t.Helper()
 	k, ok := engine.Kernel(l.Engine())
 	if !ok {

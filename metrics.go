@@ -9,10 +9,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
-	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
 )
 
 // Metrics are read from the filters' per-CPU counters when Prometheus
@@ -126,7 +126,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(collectionErrorsDesc, prometheus.CounterValue, float64(c.pool.collectionErrors.Load()))
 }
 
-var familyNames = [datagram.Families]string{"unknown", "ipv4", "ipv6"}
+var familyNames = [decide.Families]string{"unknown", "ipv4", "ipv6"}
 
 // collect sends the metrics of one limiter.
 func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
@@ -146,7 +146,7 @@ func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
 	for _, ln := range listeners {
 		ch <- prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, 1, name, ln, eng.Mode())
 	}
-	for fam := range datagram.Families {
+	for fam := range decide.Families {
 		for _, class := range engine.LimiterClasses {
 			name := engine.ClassName(set, class)
 			counter(st.Unlimited(int(class), fam), fam, name, "passed", "")
@@ -230,7 +230,7 @@ func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
 
 // collectPrefilter sends the metrics of a userspace limiter's kernel
 // pre-filter.
-func collectPrefilter(name string, set datagram.Config, st prefilter.Stats, ch chan<- prometheus.Metric) {
+func collectPrefilter(name string, set decide.Config, st prefilter.Stats, ch chan<- prometheus.Metric) {
 	for _, r := range prefilter.Stateless {
 		ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.InvalidDropped[r]),
 			name, quicclass.Invalid.String(), r.String())

@@ -2,10 +2,10 @@
 // listeners from packet floods. It attaches a BPF socket filter to the UDP
 // socket quic-go reads from, so that flood packets are dropped in the kernel,
 // before any handshake work. The filter sorts datagrams by QUIC class
-// (internal/quicclass): invalid ones are dropped, packets that open
+// (internal/decide/quicclass): invalid ones are dropped, packets that open
 // connections and packets of established connections each go through a
 // hierarchical fair-share rate limiter over the source address, its prefixes
-// and the ports (internal/sketch).
+// and the ports (internal/decide/sketch).
 package rakelimit
 
 import (
@@ -18,7 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
 
@@ -178,7 +178,7 @@ type RakeLimit struct {
 
 	// set is the decision configuration the options make; logger and
 	// lim are the provisioned wrapper's.
-	set    datagram.Config
+	set    decide.Config
 	logger *zap.Logger
 	lim    *engine.Limiter
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
 
@@ -60,7 +60,7 @@ func (pl pooled) Destruct() error {
 
 // acquire returns the limiter called name, starting it on c in mode if it
 // does not run yet. The caller must release it.
-func (p *pool) acquire(name string, c datagram.Config, mode string, logger *zap.Logger) (*engine.Limiter, error) {
+func (p *pool) acquire(name string, c decide.Config, mode string, logger *zap.Logger) (*engine.Limiter, error) {
 	v, _, err := p.limiters.LoadOrNew(name, func() (caddy.Destructor, error) {
 		l, err := engine.New(name, c, mode, logger)
 		if err != nil {

@@ -16,10 +16,10 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
 )
 
 // TestMigratingClientKeepsConnection: with connection IDs verified (the
@@ -83,7 +83,7 @@ func TestMigratingClientKeepsConnection(t *testing.T) {
 				get(fmt.Sprintf("%d after moving", i+1))
 			}
 			after := engineStats(t, lim)
-			v4 := datagram.FamilyIndex(sketch.IPv4)
+			v4 := decide.FamilyIndex(sketch.IPv4)
 			if after.Passed[tt.class][v4] == before.Passed[tt.class][v4] {
 				t.Errorf("no %v datagram passed after the move", tt.class)
 			}
@@ -108,7 +108,7 @@ func transport(t *testing.T, src netip.Addr) *quic.Transport {
 }
 
 // engineStats reads a limiter's counters.
-func engineStats(t *testing.T, l *engine.Limiter) datagram.Stats {
+func engineStats(t *testing.T, l *engine.Limiter) decide.Stats {
 	t.Helper()
 	st, err := l.Engine().Stats()
 	if err != nil {

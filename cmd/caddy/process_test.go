@@ -23,9 +23,9 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	rakelimit "github.com/rakelimit/caddy-rakelimit"
-	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
-	"github.com/rakelimit/caddy-rakelimit/internal/procnet"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
 )
 
 // These tests need Caddy as a process of its own: its log from start-up, or
@@ -424,9 +424,9 @@ func sumMetric(exposition, name string, want ...string) float64 {
 
 // readDrops reads the drop counters of the sockets on port: with an
 // earlier reading, how many datagrams their filters dropped since.
-func readDrops(t *testing.T, port int) procnet.Drops {
+func readDrops(t *testing.T, port int) backlog.Drops {
 	t.Helper()
-	d, err := procnet.ReadDrops(port)
+	d, err := backlog.ReadDrops(port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -536,12 +536,12 @@ func TestMakeCommands(t *testing.T) {
 		{"root", nil, []string{
 			"go build -v -o caddy ./cmd/caddy",
 			"./caddy run --config testdata/Caddyfile",
-			"go test -race $(go list ./... | grep -v /internal/sim$)",
+			"go test -race $(go list ./... | grep -v /lab/sim$)",
 		}},
 		{"user with sudo", []string{setpriv, fmt.Sprintf("--reuid=%d", testutil.Nobody), fmt.Sprintf("--regid=%d", testutil.Nobody), "--clear-groups"}, []string{
 			"go build -v -o caddy ./cmd/caddy",
 			"sudo --preserve-env=CI,RAKELIMIT_REQUIRE_BPF ./caddy run --config testdata/Caddyfile",
-			"go test -race -exec 'sudo --preserve-env=CI,RAKELIMIT_REQUIRE_BPF' $(go list ./... | grep -v /internal/sim$)",
+			"go test -race -exec 'sudo --preserve-env=CI,RAKELIMIT_REQUIRE_BPF' $(go list ./... | grep -v /lab/sim$)",
 		}},
 	}
 	for _, tt := range tests {

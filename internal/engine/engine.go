@@ -1,5 +1,5 @@
 // Package engine runs a limiter: it opens the engine that decides datagrams
-// (the kernel's BPF socket filter, package bpf, or the userspace limiter in
+// (the kernel's BPF socket filter, package kernel, or the userspace limiter in
 // front of quic-go, package userspace) in the mode asked for, puts it in front
 // of sockets, falls back from BPF to userspace when the filter cannot attach,
 // and runs the goroutines that report on it: newly limited streams, streams
@@ -12,9 +12,9 @@ import (
 	"net"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
@@ -42,19 +42,19 @@ type Engine interface {
 	// Mode is ModeBPF or ModeUserspace.
 	Mode() string
 	// Configure puts a configuration in force, all or nothing.
-	Configure(datagram.Config) error
+	Configure(decide.Config) error
 	// Params is the compiled configuration in force.
 	Params() *sketch.Params
 	// Stats reads the datagram counters.
-	Stats() (datagram.Stats, error)
+	Stats() (decide.Stats, error)
 	// Streams lists the streams with recent drops.
-	Streams() ([]datagram.Stream, error)
+	Streams() ([]decide.Stream, error)
 	// Untracked estimates the drops of streams left untracked because new
-	// streams came faster than datagram.TrackPacing allows.
+	// streams came faster than decide.TrackPacing allows.
 	Untracked() (uint64, error)
 	// ExpireStreams forgets the streams without a drop for idle and
 	// returns them.
-	ExpireStreams(idle time.Duration) ([]datagram.Stream, error)
+	ExpireStreams(idle time.Duration) ([]decide.Stream, error)
 	// Sweep resets the sketch cells idle for so long that their epoch
 	// could wrap.
 	Sweep() (int, error)
@@ -81,14 +81,14 @@ type Engine interface {
 // EventReader reads the reports of newly limited streams. Read returns an
 // error that is os.ErrClosed once the reader is closed.
 type EventReader interface {
-	Read() (datagram.Stream, error)
+	Read() (decide.Stream, error)
 	Close() error
 }
 
 // Open opens the engine of mode for c: for ModeAuto the BPF filter when it
 // loads, else the userspace limiter, and then fallback is the error that
 // kept BPF from being used.
-func Open(mode string, c datagram.Config) (e Engine, fallback error, err error) {
+func Open(mode string, c decide.Config) (e Engine, fallback error, err error) {
 	if mode != ModeUserspace {
 		k, err := OpenKernel(c)
 		switch {

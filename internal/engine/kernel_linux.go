@@ -7,17 +7,17 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/rakelimit/caddy-rakelimit/bpf"
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/kernel"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
 // kernelEngine is the BPF socket filter.
-type kernelEngine struct{ *bpf.Filter }
+type kernelEngine struct{ *kernel.Filter }
 
 // OpenKernel loads the BPF socket filter for c.
-func OpenKernel(c datagram.Config) (Engine, error) {
-	f, err := bpf.Load(c)
+func OpenKernel(c decide.Config) (Engine, error) {
+	f, err := kernel.Load(c)
 	if err != nil {
 		return nil, err
 	}
@@ -25,7 +25,7 @@ func OpenKernel(c datagram.Config) (Engine, error) {
 }
 
 // Kernel returns the BPF filter e runs on, if it is one.
-func Kernel(e Engine) (*bpf.Filter, bool) {
+func Kernel(e Engine) (*kernel.Filter, bool) {
 	k, ok := e.(kernelEngine)
 	return k.Filter, ok
 }
@@ -42,7 +42,7 @@ func (k kernelEngine) Protect(conn *net.UDPConn, _ *userspace.Conn) error {
 
 // Unprotect detaches whatever socket filter the socket has.
 func (kernelEngine) Unprotect(conn *net.UDPConn) (bool, error) {
-	if err := bpf.Detach(conn); err != nil {
+	if err := kernel.Detach(conn); err != nil {
 		if errors.Is(err, net.ErrClosed) {
 			return false, nil
 		}
@@ -54,7 +54,7 @@ func (kernelEngine) Unprotect(conn *net.UDPConn) (bool, error) {
 // VerifierLog is the kernel verifier's log of a failed load, which the
 // one-line error leaves out.
 func VerifierLog(err error) []string {
-	var le *bpf.LoadError
+	var le *kernel.LoadError
 	if errors.As(err, &le) {
 		return le.VerifierLog
 	}

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"runtime"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 )
 
 // OpenKernel fails: BPF socket filters exist on Linux only.
-func OpenKernel(datagram.Config) (Engine, error) {
+func OpenKernel(decide.Config) (Engine, error) {
 	return nil, errors.New("the BPF socket filter needs Linux, and this is " + runtime.GOOS)
 }
 

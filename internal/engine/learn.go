@@ -3,7 +3,7 @@ package engine
 import (
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/egress"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
 )
 
 // The server's connection IDs and peers: each protected socket's conn

@@ -14,10 +14,10 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
@@ -27,7 +27,7 @@ import (
 type Limiter struct {
 	name string
 	// userspace opens the engine a failed attach falls back to.
-	userspace func(datagram.Config) (Engine, error)
+	userspace func(decide.Config) (Engine, error)
 
 	mu sync.Mutex
 	// eng is the engine in force: in ModeAuto it may change from the BPF
@@ -84,7 +84,7 @@ type Limiter struct {
 // limiter to userspace (ModeAuto) or is served unprotected (ModeBPF); it
 // does not change the engine in force.
 type Setting struct {
-	Config datagram.Config
+	Config decide.Config
 	Mode   string
 	Logger *zap.Logger
 	By     any
@@ -93,7 +93,7 @@ type Setting struct {
 // New opens the engine of mode for c and starts the limiter called name,
 // reporting through logger. In ModeAuto, a BPF filter that does not load is
 // replaced by the userspace limiter, with one warning that says why.
-func New(name string, c datagram.Config, mode string, logger *zap.Logger) (*Limiter, error) {
+func New(name string, c decide.Config, mode string, logger *zap.Logger) (*Limiter, error) {
 	eng, fallback, err := Open(mode, c)
 	if log := VerifierLog(err); len(log) > 0 {
 		// The error is one line; the verifier's log, thousands of
@@ -114,7 +114,7 @@ func New(name string, c datagram.Config, mode string, logger *zap.Logger) (*Limi
 
 // start runs the limiter on eng, asked for by put; fallback opens the engine
 // of a fallback to userspace.
-func start(name string, eng Engine, put Setting, fallback func(datagram.Config) (Engine, error)) (*Limiter, error) {
+func start(name string, eng Engine, put Setting, fallback func(decide.Config) (Engine, error)) (*Limiter, error) {
 	events, err := eng.Events()
 	if err != nil {
 		eng.Close()
@@ -270,7 +270,7 @@ func (l *Limiter) Restore(prev Setting, by any) {
 }
 
 // Equal reports whether two configurations would limit alike.
-func Equal(a, b datagram.Config) bool {
+func Equal(a, b decide.Config) bool {
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	return bytes.Equal(ja, jb)
@@ -330,7 +330,7 @@ func (l *Limiter) protect(conn *net.UDPConn) error {
 }
 
 // warnPrefilter logs, once each, the failures of the engine's kernel
-// pre-filter: the userspace limiter still decides every datagram.
+// pre-filter: the userspace limiter still decides every decide.
 func (l *Limiter) warnPrefilter(eng Engine, logger *zap.Logger) {
 	pf, ok := eng.(Prefiltered)
 	if !ok {
@@ -485,7 +485,7 @@ const sweepEvery = 3600
 
 // StreamIdle is how long a stream goes without a drop before it counts as
 // no longer limited: two windows, and at least two seconds.
-func StreamIdle(c datagram.Config) time.Duration {
+func StreamIdle(c decide.Config) time.Duration {
 	return max(2*c.Limiter.Window, 2*time.Second)
 }
 

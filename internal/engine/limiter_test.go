@@ -14,9 +14,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
@@ -29,7 +29,7 @@ type fakeEngine struct {
 	events     *fakeEvents
 
 	mu        sync.Mutex
-	config    datagram.Config
+	config    decide.Config
 	protected []*net.UDPConn
 	closed    bool
 }
@@ -44,7 +44,7 @@ func newFake(t *testing.T, mode string, protectErr error) *fakeEngine {
 }
 
 func (e *fakeEngine) Mode() string { return e.mode }
-func (e *fakeEngine) Configure(c datagram.Config) error {
+func (e *fakeEngine) Configure(c decide.Config) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if c.Limiter.Limit == 0 {
@@ -53,13 +53,13 @@ func (e *fakeEngine) Configure(c datagram.Config) error {
 	e.config = c
 	return nil
 }
-func (e *fakeEngine) Params() *sketch.Params                                 { return e.params }
-func (e *fakeEngine) Stats() (datagram.Stats, error)                         { return datagram.Stats{}, nil }
-func (e *fakeEngine) Streams() ([]datagram.Stream, error)                    { return nil, nil }
-func (e *fakeEngine) Untracked() (uint64, error)                             { return 0, nil }
-func (e *fakeEngine) ExpireStreams(time.Duration) ([]datagram.Stream, error) { return nil, nil }
-func (e *fakeEngine) Sweep() (int, error)                                    { return 0, nil }
-func (e *fakeEngine) Events() (EventReader, error)                           { return e.events, nil }
+func (e *fakeEngine) Params() *sketch.Params                               { return e.params }
+func (e *fakeEngine) Stats() (decide.Stats, error)                         { return decide.Stats{}, nil }
+func (e *fakeEngine) Streams() ([]decide.Stream, error)                    { return nil, nil }
+func (e *fakeEngine) Untracked() (uint64, error)                           { return 0, nil }
+func (e *fakeEngine) ExpireStreams(time.Duration) ([]decide.Stream, error) { return nil, nil }
+func (e *fakeEngine) Sweep() (int, error)                                  { return 0, nil }
+func (e *fakeEngine) Events() (EventReader, error)                         { return e.events, nil }
 func (e *fakeEngine) Protect(conn *net.UDPConn, read *userspace.Conn) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -88,7 +88,7 @@ func (e *fakeEngine) protecting() []*net.UDPConn {
 	defer e.mu.Unlock()
 	return slices.Clone(e.protected)
 }
-func (e *fakeEngine) LearnServerID(datagram.ServerID) error         { return nil }
+func (e *fakeEngine) LearnServerID(decide.ServerID) error           { return nil }
 func (e *fakeEngine) LearnPeer(netip.Addr) error                    { return nil }
 func (e *fakeEngine) ExpireLearned(time.Duration) (int, int, error) { return 0, 0, nil }
 func (e *fakeEngine) Close() error {
@@ -105,21 +105,21 @@ func (e *fakeEngine) isClosed() bool {
 
 // fakeEvents is an event reader fed by a test.
 type fakeEvents struct {
-	ch   chan datagram.Stream
+	ch   chan decide.Stream
 	once sync.Once
 	done chan struct{}
 }
 
 func newFakeEvents() *fakeEvents {
-	return &fakeEvents{ch: make(chan datagram.Stream, 1), done: make(chan struct{})}
+	return &fakeEvents{ch: make(chan decide.Stream, 1), done: make(chan struct{})}
 }
 
-func (f *fakeEvents) Read() (datagram.Stream, error) {
+func (f *fakeEvents) Read() (decide.Stream, error) {
 	select {
 	case st := <-f.ch:
 		return st, nil
 	case <-f.done:
-		return datagram.Stream{}, os.ErrClosed
+		return decide.Stream{}, os.ErrClosed
 	}
 }
 
@@ -128,8 +128,8 @@ func (f *fakeEvents) Close() error {
 	return nil
 }
 
-func testConfig(limit uint32) datagram.Config {
-	return datagram.Config{Limiter: sketch.Config{Limit: limit, Window: time.Second}, Classify: true}
+func testConfig(limit uint32) decide.Config {
+	return decide.Config{Limiter: sketch.Config{Limit: limit, Window: time.Second}, Classify: true}
 }
 
 func listen(t *testing.T) *net.UDPConn {
@@ -149,7 +149,7 @@ func startFake(t *testing.T, mode string, attachErr error) (*Limiter, *fakeEngin
 	core, logs := observer.New(zapcore.InfoLevel)
 	k, u := newFake(t, ModeBPF, attachErr), newFake(t, ModeUserspace, nil)
 	l, err := start("test", k, Setting{Config: testConfig(100), Mode: mode, Logger: zap.New(core)},
-		func(c datagram.Config) (Engine, error) { return u, u.Configure(c) })
+		func(c decide.Config) (Engine, error) { return u, u.Configure(c) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,8 +284,8 @@ func TestLaterSocketFallsBack(t *testing.T) {
 // before and after a fallback replaced the engine.
 func TestEventsAfterFallBack(t *testing.T) {
 	l, k, u, logs := startFake(t, ModeAuto, errors.New("denied"))
-	stream := func(src string) datagram.Stream {
-		return datagram.Stream{Class: quicclass.Invalid, Reason: quicclass.SourcePort,
+	stream := func(src string) decide.Stream {
+		return decide.Stream{Class: quicclass.Invalid, Reason: quicclass.SourcePort,
 			Key: sketch.KeyFrom(netip.MustParseAddrPort(src), 443), First: time.Now(), Last: time.Now()}
 	}
 	waitLog := func(src string) {

@@ -15,19 +15,19 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
 )
 
 // prefiltered opens a userspace engine with configuration c, closed when
 // the test ends, and protects a dual-stack socket with it, read through the
 // returned conn; the engine's pre-filter (returned) must attach.
-func prefiltered(t *testing.T, c datagram.Config) (*net.UDPConn, *userspace.Conn, Prefiltered) {
+func prefiltered(t *testing.T, c decide.Config) (*net.UDPConn, *userspace.Conn, Prefiltered) {
 	t.Helper()
 	eng, err := OpenUserspace(c)
 	if err != nil {

@@ -5,9 +5,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
 // LimiterClasses are the classes with limiters, as the counters index them.
@@ -15,7 +15,7 @@ var LimiterClasses = []quicclass.Class{quicclass.Opening, quicclass.Established,
 
 // ClassName names the limiter class of a stream or counter: opening and
 // established when the filter classifies, all when it does not.
-func ClassName(c datagram.Config, class quicclass.Class) string {
+func ClassName(c decide.Config, class quicclass.Class) string {
 	if !c.Classify && class == quicclass.Opening {
 		return "all"
 	}
@@ -24,7 +24,7 @@ func ClassName(c datagram.Config, class quicclass.Class) string {
 
 // LevelLimit is the limit in packets per second of a level of a class under
 // c, or 0 when the level is unlimited.
-func LevelLimit(c datagram.Config, class, level int) uint32 {
+func LevelLimit(c decide.Config, class, level int) uint32 {
 	lims := c.Limiter.Class(class)
 	lim := lims.Limit
 	if l, ok := lims.LevelLimits[level]; ok {
@@ -37,7 +37,7 @@ func LevelLimit(c datagram.Config, class, level int) uint32 {
 }
 
 // SettingsFields are the log fields that describe c.
-func SettingsFields(c datagram.Config) []zap.Field {
+func SettingsFields(c decide.Config) []zap.Field {
 	lc := c.Limiter.WithDefaults()
 	levels := func(class int) []string {
 		out := make([]string, lc.Levels())
@@ -61,7 +61,7 @@ func SettingsFields(c datagram.Config) []zap.Field {
 
 // Describe names a tracked stream as an operator reads it, with its rate in
 // packets per second (0 for invalid datagrams, which are not measured).
-func (l *Limiter) Describe(st datagram.Stream) (string, float64) {
+func (l *Limiter) Describe(st decide.Stream) (string, float64) {
 	p := l.Engine().Params()
 	if st.Class == quicclass.Invalid {
 		return st.Key.Addr().String() + " -> :" + strconv.Itoa(int(st.Key.DstPort)), 0
@@ -70,7 +70,7 @@ func (l *Limiter) Describe(st datagram.Stream) (string, float64) {
 }
 
 // streamFields are the log fields of a newly limited stream.
-func (l *Limiter) streamFields(c datagram.Config, st datagram.Stream, listeners []string) []zap.Field {
+func (l *Limiter) streamFields(c decide.Config, st decide.Stream, listeners []string) []zap.Field {
 	stream, rate := l.Describe(st)
 	fields := []zap.Field{zap.String("limiter", l.name), zap.Strings("listeners", listeners),
 		zap.String("stream", stream), zap.String("class", ClassName(c, st.Class))}
@@ -85,7 +85,7 @@ func (l *Limiter) streamFields(c datagram.Config, st datagram.Stream, listeners 
 
 // streamKind names a stream's class, and for invalid datagrams the reason,
 // for the summary of the lines left out: "opening", "invalid_length".
-func streamKind(st datagram.Stream) string {
+func streamKind(st decide.Stream) string {
 	if st.Class == quicclass.Invalid {
 		return "invalid_" + st.Reason.String()
 	}
@@ -93,7 +93,7 @@ func streamKind(st datagram.Stream) string {
 }
 
 // expiredMessage is the log message of a stream no longer limited.
-func expiredMessage(st datagram.Stream) string {
+func expiredMessage(st decide.Stream) string {
 	if st.Class == quicclass.Invalid {
 		return "no more invalid datagrams"
 	}
@@ -102,7 +102,7 @@ func expiredMessage(st datagram.Stream) string {
 
 // expiredFields are the log fields of a stream no longer limited: how long
 // its limiting lasted and how many packets it dropped.
-func (l *Limiter) expiredFields(c datagram.Config, st datagram.Stream, listeners []string) []zap.Field {
+func (l *Limiter) expiredFields(c decide.Config, st decide.Stream, listeners []string) []zap.Field {
 	stream, _ := l.Describe(st)
 	fields := []zap.Field{zap.String("limiter", l.name), zap.Strings("listeners", listeners),
 		zap.String("stream", stream), zap.String("class", ClassName(c, st.Class))}

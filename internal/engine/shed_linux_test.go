@@ -13,10 +13,10 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -29,7 +29,7 @@ import (
 // one in ten; once the flood is over the shed stops. The limiter's own
 // limits are out of reach: only the queue decides.
 func TestShedKeepsShortHeaders(t *testing.T) {
-	c := datagram.Config{Classify: true, Limiter: sketch.Config{Limit: 1_000_000, Window: time.Second,
+	c := decide.Config{Classify: true, Limiter: sketch.Config{Limit: 1_000_000, Window: time.Second,
 		Established: sketch.Limits{Limit: 1_000_000}}}
 	core, logs := observer.New(zapcore.InfoLevel)
 	l, err := New("shed", c, ModeUserspace, zap.New(core))

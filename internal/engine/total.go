@@ -6,11 +6,10 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/procnet"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 )
 
 // The opening total, when the configuration makes it adaptive, follows the
@@ -40,7 +39,7 @@ func (l *Limiter) OpeningTotal() OpeningTotal {
 
 // withTotal returns c with the opening total at cap (backlog.Unlimited:
 // lifted).
-func withTotal(c datagram.Config, cap uint32) datagram.Config {
+func withTotal(c decide.Config, cap uint32) decide.Config {
 	top := c.Limiter.WithDefaults().Levels() - 1
 	c.Limiter.LevelLimits = maps.Clone(c.Limiter.LevelLimits)
 	if c.Limiter.LevelLimits == nil {
@@ -59,7 +58,7 @@ func withTotal(c datagram.Config, cap uint32) datagram.Config {
 // server's connection IDs cannot be verified; l.mu must be held. A new
 // setting that makes the total adaptive starts the controller at its level
 // limit; one that makes it fixed stops it.
-func (l *Limiter) effective(c datagram.Config) datagram.Config {
+func (l *Limiter) effective(c decide.Config) decide.Config {
 	c.VerifyIDs = c.VerifyIDs && !l.oddIDs.Load()
 	if !c.AdaptiveTotal {
 		l.ctl = nil
@@ -141,7 +140,7 @@ func (l *Limiter) steerTotal() {
 
 // shed steps the pre-filter's shed of long headers, for an engine that
 // has one, and logs when it starts and ends.
-func (l *Limiter) shed(s backlog.Sample, st datagram.Stats, log *stateLog) {
+func (l *Limiter) shed(s backlog.Sample, st decide.Stats, log *stateLog) {
 	pf, ok := l.Engine().(Prefiltered)
 	if !ok {
 		return
@@ -186,19 +185,19 @@ func (o *overflowCount) add(ns, socks uint64) uint64 {
 
 // sample reads the sockets and the counters for the controllers; it
 // returns the engine's counters it read.
-func (l *Limiter) sample(at int64) (backlog.Sample, datagram.Stats, error) {
+func (l *Limiter) sample(at int64) (backlog.Sample, decide.Stats, error) {
 	queued, capacity, drops, err := backlog.ReadSockets(l.Sockets())
 	if err != nil || capacity == 0 {
-		return backlog.Sample{}, datagram.Stats{}, errNoQueue
+		return backlog.Sample{}, decide.Stats{}, errNoQueue
 	}
 	eng := l.Engine()
 	st, err := eng.Stats()
 	if err != nil {
-		return backlog.Sample{}, datagram.Stats{}, err
+		return backlog.Sample{}, decide.Stats{}, err
 	}
 	s := backlog.Sample{At: at, Queued: queued, Capacity: capacity}
 	var refused uint64
-	for fam := range datagram.Families {
+	for fam := range decide.Families {
 		s.Opened += st.Passed[0][fam]
 		for class := range st.Dropped {
 			s.Received += st.Passed[class][fam]
@@ -228,7 +227,7 @@ func (l *Limiter) sample(at int64) (backlog.Sample, datagram.Stats, error) {
 		// receive-buffer errors, when readable, bound the overflows
 		// exactly.
 		pre := pf.KernelDropped(st)
-		if c, err := procnet.ReadUDPCounters(); err == nil {
+		if c, err := backlog.ReadUDPCounters(); err == nil {
 			s.Overflows = l.overflows.add(c.RcvbufErrors+c.RcvbufErrors6, drops)
 		} else {
 			s.Overflows = max(drops, pre) - pre

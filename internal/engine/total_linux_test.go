@@ -11,10 +11,10 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -65,7 +65,7 @@ func slowReader(pc net.PacketConn, pause time.Duration, got func([]byte)) (stop 
 // adaptive opening total fall from where it starts, and once the flood is
 // over and the queue drained, the total is lifted.
 func TestTotalFollowsQueue(t *testing.T) {
-	c := datagram.Config{Classify: true, AdaptiveTotal: true, Limiter: sketch.Config{Limit: 1000, Window: time.Second,
+	c := decide.Config{Classify: true, AdaptiveTotal: true, Limiter: sketch.Config{Limit: 1000, Window: time.Second,
 		// Only the total limits: the flood is one address.
 		LevelLimits: map[int]uint32{0: sketch.Unlimited, 1: sketch.Unlimited, 2: sketch.Unlimited, 3: 20_000}}}
 	l, err := New("total", c, ModeBPF, zap.NewNop())

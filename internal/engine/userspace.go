@@ -7,10 +7,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/prefilter"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
 )
 
 // userEngine is the userspace limiter, with the packet conns it filters and
@@ -35,7 +35,7 @@ type userEngine struct {
 }
 
 // OpenUserspace opens the userspace limiter for c.
-func OpenUserspace(c datagram.Config) (Engine, error) {
+func OpenUserspace(c decide.Config) (Engine, error) {
 	l, err := userspace.New(c)
 	if err != nil {
 		return nil, err
@@ -51,7 +51,7 @@ func (e *userEngine) Mode() string { return ModeUserspace }
 func (e *userEngine) Events() (EventReader, error) { return e.Limiter.Events() }
 
 // Configure puts c in force, then on the pre-filter.
-func (e *userEngine) Configure(c datagram.Config) error {
+func (e *userEngine) Configure(c decide.Config) error {
 	if err := e.Limiter.Configure(c); err != nil {
 		return err
 	}
@@ -92,7 +92,7 @@ func (e *userEngine) Prefilter() prefilter.Stats { return e.pre.Stats() }
 
 // KernelDropped estimates what the pre-filter dropped, its shed brought up
 // to st, the limiter's counters now.
-func (e *userEngine) KernelDropped(st datagram.Stats) uint64 {
+func (e *userEngine) KernelDropped(st decide.Stats) uint64 {
 	e.pre.Account(st)
 	return e.pre.Stats().Dropped()
 }
@@ -102,7 +102,7 @@ func (e *userEngine) KernelDropped(st datagram.Stats) uint64 {
 // taken with, and puts the drop probability of long headers it returns on
 // the pre-filter. A dry run, or a configuration that does not classify
 // (the program cannot tell a long header), sheds nothing.
-func (e *userEngine) Shed(s backlog.Sample, st datagram.Stats) (backlog.ShedReading, bool) {
+func (e *userEngine) Shed(s backlog.Sample, st decide.Stats) (backlog.ShedReading, bool) {
 	c := e.Limiter.Config()
 	e.mu.Lock()
 	if c.DryRun || !c.Classify {
@@ -233,10 +233,10 @@ type Prefiltered interface {
 	// KernelDropped estimates what the pre-filter dropped, brought up to
 	// st, the limiter's counters now: the socket's drop count holds them
 	// and the queue's overflows.
-	KernelDropped(st datagram.Stats) uint64
+	KernelDropped(st decide.Stats) uint64
 	// Shed steers the pre-filter's shed of long headers with a sample of
 	// the receive queues (package backlog's Shedder) and st, the
 	// limiter's counters it was taken with; it returns what the step saw
 	// and whether the drop probability changed.
-	Shed(s backlog.Sample, st datagram.Stats) (backlog.ShedReading, bool)
+	Shed(s backlog.Sample, st decide.Stats) (backlog.ShedReading, bool)
 }

@@ -31,10 +31,9 @@
 //   - process.go: Nobody and CopyTestBinary, for tests that run this test
 //     binary again without privileges.
 //   - queue.go: WaitRead, which waits until Caddy has read its sockets'
-//     queues (from the kernel's rx_queue, read by package procnet).
+//     queues (from the kernel's rx_queue, read by backlog.SocketQueued).
 //
-// The kernel's own counters of UDP drops are read by package procnet, and
-// latency percentiles computed by package latency: both are shared with the
-// benchmark (internal/bench), which must not import this package, since it
-// imports testing.
+// The benchmark (lab/bench) uses it too: percentiles (latency.go) mean one
+// thing in its reports and in the integration tests. Nothing here registers
+// flags, so a command may import it.
 package testutil

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/procnet"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 )
 
 // WaitRead waits until Caddy has read every datagram queued on its sockets
@@ -13,7 +13,7 @@ func WaitRead(t *testing.T, port int) {
 	t.Helper()
 	time.Sleep(100 * time.Millisecond) // datagrams in flight
 	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		q, err := procnet.SocketQueued(port)
+		q, err := backlog.SocketQueued(port)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 // TestInitials: every datagram is a 1200-byte Initial that the classifier

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/backlog"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 )
 
 // Tally counts the datagrams a test receives, per source (address and port)

@@ -9,20 +9,20 @@ import (
 
 	"golang.org/x/net/ipv4"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // benchConfig is a production-like configuration: QUIC classes, 1000
 // connection-opening packets per second per stream, the default lattice.
-func benchConfig() datagram.Config { return testutil.QUICLimits(1000, 100_000) }
+func benchConfig() decide.Config { return testutil.QUICLimits(1000, 100_000) }
 
 var fixedSource = netip.MustParseAddrPort("192.0.2.1:40000")
 
 // sourceAt is the i-th source of a flood: one address, or a new address
-// (spread over the whole IPv4 space) for each datagram.
+// (spread over the whole IPv4 space) for each decide.
 func sourceAt(i int, fixed bool) netip.AddrPort {
 	if fixed {
 		return fixedSource
@@ -59,14 +59,14 @@ func BenchmarkDecide(b *testing.B) {
 				cfg = testutil.QUICLimits(bc.limit, 100_000)
 			}
 			l := newTestLimiter(b, cfg, nil, -1)
-			ds := make([]datagram.Datagram, 8)
+			ds := make([]decide.Datagram, 8)
 			drop := make([]bool, 8)
 			var sink int
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				j := i % len(ds)
-				ds[j] = datagram.Datagram{Key: sketch.KeyFrom(sourceAt(i, bc.fixed), 443), Length: len(payload),
+				ds[j] = decide.Datagram{Key: sketch.KeyFrom(sourceAt(i, bc.fixed), 443), Length: len(payload),
 					Probe: payload[:quicclass.ProbeBytes]}
 				switch {
 				case bc.floor:
@@ -209,7 +209,7 @@ func benchReadBatch(b *testing.B, withLimiter, fixed bool, limit uint32) {
 		st, _ := l.Stats()
 		var dropped uint64
 		for c := range sketch.NumClasses {
-			for f := range datagram.Families {
+			for f := range decide.Families {
 				for lvl := range sketch.MaxLevels {
 					dropped += st.Dropped[c][f][lvl]
 				}

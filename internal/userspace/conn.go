@@ -11,9 +11,9 @@ import (
 	"github.com/quic-go/quic-go"
 	"golang.org/x/net/ipv4"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
 )
 
 // Conn is the packet conn quic-go reads through: the listener's
@@ -29,7 +29,7 @@ import (
 // and packet info read from the control messages, which Conn hands over
 // unchanged, and every write path, GSO and the don't-fragment bit (so path
 // MTU discovery) on the socket itself, once the learner has seen the
-// datagram.
+// decide.
 //
 // What it costs: each datagram is received before it is decided, and a kept
 // datagram that follows a dropped one in a batch is copied into the slot of
@@ -120,7 +120,7 @@ func (c *Conn) keep(l *Limiter, b []byte, src netip.AddrPort) bool {
 	if l == nil {
 		return true
 	}
-	d := datagram.Datagram{Key: c.key(src), Length: len(b), Probe: b}
+	d := decide.Datagram{Key: c.key(src), Length: len(b), Probe: b}
 	return !l.Decide(&d).Drop
 }
 
@@ -231,7 +231,7 @@ const chunk = 64
 // filterBatch decides the datagrams of ms and moves those kept to the front,
 // in order, returning how many there are.
 func (c *Conn) filterBatch(l *Limiter, ms []ipv4.Message) int {
-	var ds [chunk]datagram.Datagram
+	var ds [chunk]decide.Datagram
 	var drop [chunk]bool
 	w := 0
 	for off := 0; off < len(ms); off += chunk {
@@ -254,7 +254,7 @@ func (c *Conn) filterBatch(l *Limiter, ms []ipv4.Message) int {
 }
 
 // datagramOf fills d with what the limiter reads of the datagram in m.
-func (c *Conn) datagramOf(m *ipv4.Message, d *datagram.Datagram) {
+func (c *Conn) datagramOf(m *ipv4.Message, d *decide.Datagram) {
 	var src netip.AddrPort
 	if a, ok := m.Addr.(*net.UDPAddr); ok {
 		src = a.AddrPort()
@@ -263,7 +263,7 @@ func (c *Conn) datagramOf(m *ipv4.Message, d *datagram.Datagram) {
 	if len(m.Buffers) > 0 {
 		first = m.Buffers[0][:min(m.N, len(m.Buffers[0]))]
 	}
-	*d = datagram.Datagram{Key: c.key(src), Length: m.N, Probe: first}
+	*d = decide.Datagram{Key: c.key(src), Length: m.N, Probe: first}
 }
 
 // moveMessage copies the datagram in src into dst's own buffers.

@@ -16,9 +16,9 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -406,7 +406,7 @@ func TestConnFlood(t *testing.T) {
 	// in each second (its own counters, read after every batch).
 	tl := testutil.NewTally()
 	start := time.Now()
-	v4 := datagram.FamilyIndex(sketch.IPv4)
+	v4 := decide.FamilyIndex(sketch.IPv4)
 	var offered []int
 	var decided uint64
 	done := readBatches(c, tl, func() {

@@ -6,7 +6,7 @@
 // # What it keeps
 //
 // Every datagram is decided exactly as the kernel filter decides it
-// (package datagram, the Go twin of bpf/rakelimit.c): the allowlist, the QUIC
+// (package decide, the Go twin of internal/kernel/rakelimit.c): the allowlist, the QUIC
 // classes verified against the server IDs and peers learned
 // (LearnServerID, LearnPeer, ExpireLearned; bounded and expired as the
 // kernel's maps are), the version negotiation cap and the hierarchical

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 

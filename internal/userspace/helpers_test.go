@@ -10,9 +10,9 @@ import (
 
 	"golang.org/x/net/ipv4"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -22,7 +22,7 @@ import (
 
 // newTestLimiter returns a limiter with a fixed hash key and seed, on clk
 // when it is not nil, tracking one drop in 2^shift (shift < 0: the default).
-func newTestLimiter(t testing.TB, c datagram.Config, clk *testutil.Clock, shift int) *Limiter {
+func newTestLimiter(t testing.TB, c decide.Config, clk *testutil.Clock, shift int) *Limiter {
 	t.Helper()
 	hk := sketch.SeededHashKey(1)
 	o := options{hashKey: &hk, seed: 0x9e3779b97f4a7c15}
@@ -42,8 +42,8 @@ func newTestLimiter(t testing.TB, c datagram.Config, clk *testutil.Clock, shift 
 }
 
 // dgram is a datagram from src to port 443 with payload b.
-func dgram(src string, b []byte) datagram.Datagram {
-	return datagram.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort(src), 443), Length: len(b),
+func dgram(src string, b []byte) decide.Datagram {
+	return decide.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort(src), 443), Length: len(b),
 		Probe: b[:min(len(b), quicclass.ProbeBytes)]}
 }
 

@@ -7,16 +7,16 @@ import (
 
 	"github.com/quic-go/quic-go"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/egress/egresstest"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress/egresstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // TestWritesTeach: each way to write through a Conn teaches its learner,
-// once one is set, and sends the datagram.
+// once one is set, and sends the decide.
 func TestWritesTeach(t *testing.T) {
 	writes := []struct {
 		name  string
@@ -100,7 +100,7 @@ func TestQUICGoTeachesThroughLimiter(t *testing.T) {
 					}
 				}
 			}
-			v4 := datagram.FamilyIndex(sketch.IPv4)
+			v4 := decide.FamilyIndex(sketch.IPv4)
 			if dropped != 0 || st.Passed[quicclass.Established][v4] < 500 {
 				t.Errorf("the limiter dropped %d datagrams and passed %d established ones", dropped, st.Passed[quicclass.Established][v4])
 			}

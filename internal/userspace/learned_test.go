@@ -7,20 +7,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
-func verifyingLimits() datagram.Config {
+func verifyingLimits() decide.Config {
 	c := testutil.QUICLimits(100, 1000)
 	c.VerifyIDs = true
 	return c
 }
 
 // TestLearnVerifies: the limiter learns server IDs and peers on its own
-// clock, verifies datagrams with them exactly as a datagram.Filter given
+// clock, verifies datagrams with them exactly as a decide.Filter given
 // the same times and random numbers does, and forgets them after their
 // lifetime.
 func TestLearnVerifies(t *testing.T) {
@@ -28,13 +28,13 @@ func TestLearnVerifies(t *testing.T) {
 	clk := &testutil.Clock{}
 	clk.Advance(time.Hour)
 	l := newTestLimiter(t, c, clk, -1)
-	twin, err := datagram.New(c, sketch.SeededHashKey(1))
+	twin, err := decide.New(c, sketch.SeededHashKey(1))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rng := xorshift{0x9e3779b97f4a7c15}
-	sid := datagram.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
-	other := datagram.ServerID{1, 2, 3, 4}
+	sid := decide.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
+	other := decide.ServerID{1, 2, 3, 4}
 	peer := netip.MustParseAddr("192.0.2.50")
 	if err := l.LearnServerID(sid); err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func TestLearnVerifies(t *testing.T) {
 	}
 	for i, tt := range tests {
 		clk.Advance(time.Millisecond)
-		d := datagram.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort(tt.src), 443), Length: len(tt.payload), Probe: tt.payload}
+		d := decide.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort(tt.src), 443), Length: len(tt.payload), Probe: tt.payload}
 		got := l.Decide(&d)
 		want := twin.Decide(&d, clk.Now(), rng.next())
 		if got != want || got.Class != tt.class || got.Verified != tt.verified {
@@ -80,7 +80,7 @@ func TestLearnVerifies(t *testing.T) {
 	if ids, peers, err := l.ExpireLearned(time.Second); err != nil || ids != 1 || peers != 1 {
 		t.Fatalf("ExpireLearned(1s) = %d, %d, %v", ids, peers, err)
 	}
-	d := datagram.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort("192.0.2.50:40000"), 443), Length: 100,
+	d := decide.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort("192.0.2.50:40000"), 443), Length: 100,
 		Probe: quicclass.ShortPacket(sid, 100)}
 	if out := l.Decide(&d); out.Class != quicclass.Unverified {
 		t.Fatalf("after expiry: %+v", out)
@@ -99,9 +99,9 @@ func TestLearnConcurrent(t *testing.T) {
 	c := verifyingLimits()
 	c.Limiter.Established.Limit = 1_000_000
 	l := newTestLimiter(t, c, nil, -1)
-	var ids []datagram.ServerID
+	var ids []decide.ServerID
 	for i := range 64 {
-		ids = append(ids, datagram.ServerID{0xee, 0, 0, byte(i)})
+		ids = append(ids, decide.ServerID{0xee, 0, 0, byte(i)})
 	}
 	for _, id := range ids[:32] {
 		if err := l.LearnServerID(id); err != nil {
@@ -115,7 +115,7 @@ func TestLearnConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ds := make([]datagram.Datagram, 8)
+			ds := make([]decide.Datagram, 8)
 			drop := make([]bool, 8)
 			for i := 0; i < perWorker; i += len(ds) {
 				for j := range ds {
@@ -151,14 +151,14 @@ func TestLearnConcurrent(t *testing.T) {
 	st, _ := l.Stats()
 	var total, verified uint64
 	for class := range sketch.NumClasses {
-		for f := range datagram.Families {
+		for f := range decide.Families {
 			total += st.Passed[class][f]
 			for lvl := range sketch.MaxLevels {
 				total += st.Dropped[class][f][lvl] + st.WouldDrop[class][f][lvl]
 			}
 		}
 	}
-	for f := range datagram.Families {
+	for f := range decide.Families {
 		verified += st.Verified[f][quicclass.ShortByID]
 	}
 	if total != 2*perWorker || verified != 2*perWorker {

@@ -10,23 +10,23 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
 // eventQueue is how many reports of new streams wait for the reader; more
 // are lost, as when the kernel's ring buffer is full.
 const eventQueue = 512
 
-// Limiter is a datagram.Filter that is safe for concurrent use, with its own
+// Limiter is a decide.Filter that is safe for concurrent use, with its own
 // monotonic clock and random numbers, and tracks the streams it drops
 // packets of the way the kernel filter does. Its methods mirror bpf.Filter's,
 // so that one interface can drive either.
 type Limiter struct {
 	mu    sync.Mutex
-	f     *datagram.Filter
-	cfg   datagram.Config
+	f     *decide.Filter
+	cfg   decide.Config
 	rng   uint64
 	clock clock
 	shift uint8
@@ -37,10 +37,10 @@ type Limiter struct {
 	fair streamTable
 	// trackPacing paces new tracked streams from trackTAT; untracked
 	// counts the sampled drops it refused.
-	trackPacing datagram.Pacing
+	trackPacing decide.Pacing
 	trackTAT    uint64
 	untracked   uint64
-	events      chan datagram.Stream
+	events      chan decide.Stream
 	// tracked receives, without blocking, when a stream or a network
 	// starts being tracked (Tracked).
 	tracked chan struct{}
@@ -77,11 +77,11 @@ type options struct {
 
 // New returns a limiter for c with a fresh random hash key. It refuses
 // exactly the configurations the kernel filter refuses.
-func New(c datagram.Config) (*Limiter, error) {
+func New(c decide.Config) (*Limiter, error) {
 	return newLimiter(c, options{})
 }
 
-func newLimiter(c datagram.Config, o options) (*Limiter, error) {
+func newLimiter(c decide.Config, o options) (*Limiter, error) {
 	c = cloneConfig(c)
 	var hk sketch.HashKey
 	var err error
@@ -90,7 +90,7 @@ func newLimiter(c datagram.Config, o options) (*Limiter, error) {
 	} else if hk, err = sketch.NewHashKey(nil); err != nil {
 		return nil, err
 	}
-	f, err := datagram.New(c, hk)
+	f, err := decide.New(c, hk)
 	if err != nil {
 		return nil, err
 	}
@@ -99,11 +99,11 @@ func newLimiter(c datagram.Config, o options) (*Limiter, error) {
 		cfg:         c,
 		rng:         o.seed,
 		clock:       clock{base: time.Now(), test: o.now},
-		shift:       datagram.DefaultTrackShift,
-		tab:         newStreamTable(datagram.MaxTrackedStreams),
+		shift:       decide.DefaultTrackShift,
+		tab:         newStreamTable(decide.MaxTrackedStreams),
 		fair:        newStreamTable(MaxFairNetworks),
-		trackPacing: datagram.TrackPacing(),
-		events:      make(chan datagram.Stream, eventQueue),
+		trackPacing: decide.TrackPacing(),
+		events:      make(chan decide.Stream, eventQueue),
 		tracked:     make(chan struct{}, 1),
 		closed:      make(chan struct{}),
 	}
@@ -123,7 +123,7 @@ func newLimiter(c datagram.Config, o options) (*Limiter, error) {
 
 // cloneConfig copies what c refers to, so that the caller may change its
 // values afterwards without racing with the datagrams being decided.
-func cloneConfig(c datagram.Config) datagram.Config {
+func cloneConfig(c decide.Config) decide.Config {
 	c.Limiter.LevelLimits = maps.Clone(c.Limiter.LevelLimits)
 	c.Limiter.Established.LevelLimits = maps.Clone(c.Limiter.Established.LevelLimits)
 	c.Limiter.Unverified.LevelLimits = maps.Clone(c.Limiter.Unverified.LevelLimits)
@@ -140,7 +140,7 @@ func cloneConfig(c datagram.Config) datagram.Config {
 // Configure replaces the configuration, all or nothing: on an error the
 // limiter is left as it was. The sketches, counters and tracked streams are
 // kept. The lattice (prefix count and PerDstPort) cannot change.
-func (l *Limiter) Configure(c datagram.Config) error {
+func (l *Limiter) Configure(c decide.Config) error {
 	c = cloneConfig(c)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -152,7 +152,7 @@ func (l *Limiter) Configure(c datagram.Config) error {
 }
 
 // Config returns the configuration in force.
-func (l *Limiter) Config() datagram.Config {
+func (l *Limiter) Config() decide.Config {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return cloneConfig(l.cfg)
@@ -167,7 +167,7 @@ func (l *Limiter) Params() *sketch.Params {
 
 // Stats returns the datagram counters. The error is always nil; it is there
 // to match bpf.Filter.
-func (l *Limiter) Stats() (datagram.Stats, error) {
+func (l *Limiter) Stats() (decide.Stats, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f.Stats(), nil
@@ -186,7 +186,7 @@ func (l *Limiter) Sweep() (int, error) {
 // header's source connection ID, now: with VerifyIDs, datagrams to it are
 // verified from now on. The error is always nil; it is there to match
 // bpf.Filter.
-func (l *Limiter) LearnServerID(id datagram.ServerID) error {
+func (l *Limiter) LearnServerID(id decide.ServerID) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.f.LearnServerID(id, l.clock.now())
@@ -213,7 +213,7 @@ func (l *Limiter) ExpireLearned(lifetime time.Duration) (ids, peers int, err err
 
 // Decide decides the fate of one datagram now, counts it and tracks its
 // stream if it is dropped.
-func (l *Limiter) Decide(d *datagram.Datagram) datagram.Outcome {
+func (l *Limiter) Decide(d *decide.Datagram) decide.Outcome {
 	l.mu.Lock()
 	out := l.decide(d, l.clock.now())
 	l.mu.Unlock()
@@ -223,7 +223,7 @@ func (l *Limiter) Decide(d *datagram.Datagram) datagram.Outcome {
 // DecideBatch decides every datagram of ds with one acquisition of the lock
 // and one reading of the clock, and sets drop[i] for those to drop (never
 // in a dry run). drop must be at least as long as ds.
-func (l *Limiter) DecideBatch(ds []datagram.Datagram, drop []bool) {
+func (l *Limiter) DecideBatch(ds []decide.Datagram, drop []bool) {
 	drop = drop[:len(ds)]
 	l.mu.Lock()
 	now := l.clock.now()
@@ -238,7 +238,7 @@ func (l *Limiter) DecideBatch(ds []datagram.Datagram, drop []bool) {
 // samples drops (its low bits): a drop of the limiter's classes (applied or
 // not) and an invalid datagram are tracked when it has none of the sampling
 // bits set.
-func (l *Limiter) decide(d *datagram.Datagram, now int64) datagram.Outcome {
+func (l *Limiter) decide(d *decide.Datagram, now int64) decide.Outcome {
 	rnd := l.random()
 	out := l.f.Decide(d, now, rnd)
 	if rnd&l.mask != 0 {

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -28,7 +28,7 @@ func (x *xorshift) next() uint32 {
 }
 
 // TestLimiterIsTheFilter runs a mixed trace through the Limiter and through
-// a bare datagram.Filter given the same times and random numbers (the twin
+// a bare decide.Filter given the same times and random numbers (the twin
 // replays the kernel's order: one number per datagram, for the decision and
 // the sampling alike): every outcome, counter and sketch cell must be the
 // same, before and after a reconfiguration to a dry run.
@@ -39,7 +39,7 @@ func TestLimiterIsTheFilter(t *testing.T) {
 	clk.Advance(time.Hour)
 	l := newTestLimiter(t, c, clk, -1)
 	hk := sketch.SeededHashKey(1)
-	twin, err := datagram.New(c, hk)
+	twin, err := decide.New(c, hk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestLimiterIsTheFilter(t *testing.T) {
 		t.Fatal("sketch cells differ from the twin's")
 	}
 	dropped := uint64(0)
-	for f := range datagram.Families {
+	for f := range decide.Families {
 		for lvl := range sketch.MaxLevels {
 			dropped += st.Dropped[0][f][lvl]
 		}
@@ -103,10 +103,10 @@ func TestLimiterIsTheFilter(t *testing.T) {
 }
 
 // readEvent reads one event, or fails after a second.
-func readEvent(t *testing.T, r *EventReader) datagram.Stream {
+func readEvent(t *testing.T, r *EventReader) decide.Stream {
 	t.Helper()
 	type res struct {
-		s   datagram.Stream
+		s   decide.Stream
 		err error
 	}
 	ch := make(chan res, 1)
@@ -120,7 +120,7 @@ func readEvent(t *testing.T, r *EventReader) datagram.Stream {
 	case <-time.After(time.Second):
 		t.Fatal("no event within a second")
 	}
-	return datagram.Stream{}
+	return decide.Stream{}
 }
 
 // TestStreamTracking checks the kernel's stream semantics: the key of the
@@ -142,7 +142,7 @@ func TestStreamTracking(t *testing.T) {
 	}
 	tests := []struct {
 		name  string
-		cfg   datagram.Config
+		cfg   decide.Config
 		flows []flow
 		rate  int // datagrams per ms, all flows together
 		// want lists the streams, as Node.Stream names them, or
@@ -214,7 +214,7 @@ func TestStreamTracking(t *testing.T) {
 			}
 			st, _ := l.Stats()
 			var counted uint64
-			for f := range datagram.Families {
+			for f := range decide.Families {
 				for lvl := range sketch.MaxLevels {
 					if tt.class < quicclass.LimiterClasses {
 						counted += st.Dropped[tt.class][f][lvl]
@@ -239,7 +239,7 @@ func TestStreamTracking(t *testing.T) {
 
 // topUnlimited lifts the limit of the socket's total in every class
 // configured, so that a test flood is limited at one level only.
-func topUnlimited(c datagram.Config) datagram.Config {
+func topUnlimited(c decide.Config) decide.Config {
 	c = cloneConfig(c)
 	top := c.Limiter.WithDefaults().Levels() - 1
 	c.Limiter.LevelLimits = map[int]uint32{top: sketch.Unlimited}
@@ -255,7 +255,7 @@ func topUnlimited(c datagram.Config) datagram.Config {
 // unverifiedLimits verifies connection IDs, with limit as class 2's limit:
 // every short header from a source the limiter has not learned is
 // unverified.
-func unverifiedLimits(limit uint32) datagram.Config {
+func unverifiedLimits(limit uint32) decide.Config {
 	c := testutil.QUICLimits(100, 100_000)
 	c.VerifyIDs = true
 	c.Limiter.Unverified = sketch.Limits{Limit: limit}
@@ -327,7 +327,7 @@ func TestExpireStreams(t *testing.T) {
 	}
 }
 
-// TestStreamTableFull: past datagram.MaxTrackedStreams, new streams replace those
+// TestStreamTableFull: past decide.MaxTrackedStreams, new streams replace those
 // that saw no drop lately, never those still dropped.
 func TestStreamTableFull(t *testing.T) {
 	clk := &testutil.Clock{}
@@ -336,43 +336,43 @@ func TestStreamTableFull(t *testing.T) {
 		d := dgram(fmt.Sprintf("10.%d.%d.1:40000", i/256, i%256), junk())
 		l.Decide(&d)
 	}
-	for i := range datagram.MaxTrackedStreams {
+	for i := range decide.MaxTrackedStreams {
 		send(i)
 	}
 	// A second: the tracking pacer has room for the new streams again.
 	clk.Advance(time.Second)
-	for i := range datagram.MaxTrackedStreams / 2 {
+	for i := range decide.MaxTrackedStreams / 2 {
 		send(i) // still dropped
 	}
 	for i := range 100 {
-		send(datagram.MaxTrackedStreams + i) // new
+		send(decide.MaxTrackedStreams + i) // new
 	}
 	streams, _ := l.Streams()
-	if len(streams) != datagram.MaxTrackedStreams {
-		t.Fatalf("%d streams, want %d", len(streams), datagram.MaxTrackedStreams)
+	if len(streams) != decide.MaxTrackedStreams {
+		t.Fatalf("%d streams, want %d", len(streams), decide.MaxTrackedStreams)
 	}
 	have := map[netip.Addr]bool{}
 	for _, s := range streams {
 		have[s.Key.Addr()] = true
 	}
-	for i := range datagram.MaxTrackedStreams / 2 {
+	for i := range decide.MaxTrackedStreams / 2 {
 		if a := netip.MustParseAddr(fmt.Sprintf("10.%d.%d.1", i/256, i%256)); !have[a] {
 			t.Fatalf("stream %v, still dropped, was evicted", a)
 		}
 	}
 	for i := range 100 {
-		if a := netip.MustParseAddr(fmt.Sprintf("10.%d.%d.1", (datagram.MaxTrackedStreams+i)/256, (datagram.MaxTrackedStreams+i)%256)); !have[a] {
+		if a := netip.MustParseAddr(fmt.Sprintf("10.%d.%d.1", (decide.MaxTrackedStreams+i)/256, (decide.MaxTrackedStreams+i)%256)); !have[a] {
 			t.Fatalf("new stream %v is missing", a)
 		}
 	}
-	if n := len(l.tab.index); n != datagram.MaxTrackedStreams {
-		t.Fatalf("index holds %d streams, want %d", n, datagram.MaxTrackedStreams)
+	if n := len(l.tab.index); n != decide.MaxTrackedStreams {
+		t.Fatalf("index holds %d streams, want %d", n, decide.MaxTrackedStreams)
 	}
 }
 
 // TestTrackingPaced: new tracked streams are paced as the kernel paces them
-// (bpf's TestTrackingPaced): a burst of datagram.MaxTrackedStreams, then
-// datagram.TrackedStreamsPerSecond a second; the sampled drops of the others
+// (bpf's TestTrackingPaced): a burst of decide.MaxTrackedStreams, then
+// decide.TrackedStreamsPerSecond a second; the sampled drops of the others
 // are counted as untracked, and a tracked stream's drops are always recorded.
 func TestTrackingPaced(t *testing.T) {
 	clk := &testutil.Clock{}
@@ -392,13 +392,13 @@ func TestTrackingPaced(t *testing.T) {
 		return n
 	}
 	const over = 300
-	flood(datagram.MaxTrackedStreams + over)
+	flood(decide.MaxTrackedStreams + over)
 	if got := untracked(); got != over {
-		t.Fatalf("%d new sources at once: %d untracked, want %d", datagram.MaxTrackedStreams+over, got, over)
+		t.Fatalf("%d new sources at once: %d untracked, want %d", decide.MaxTrackedStreams+over, got, over)
 	}
 	streams, _ := l.Streams()
-	if len(streams) != datagram.MaxTrackedStreams {
-		t.Fatalf("tracking %d streams, want %d", len(streams), datagram.MaxTrackedStreams)
+	if len(streams) != decide.MaxTrackedStreams {
+		t.Fatalf("tracking %d streams, want %d", len(streams), decide.MaxTrackedStreams)
 	}
 	one := streams[0]
 	for range 5 {
@@ -415,7 +415,7 @@ func TestTrackingPaced(t *testing.T) {
 		}
 	}
 	clk.Advance(time.Second)
-	flood(datagram.TrackedStreamsPerSecond + over)
+	flood(decide.TrackedStreamsPerSecond + over)
 	if got := untracked(); got != 2*over {
 		t.Fatalf("a second later: %d untracked, want %d", got, 2*over)
 	}
@@ -426,25 +426,25 @@ func TestTrackingPaced(t *testing.T) {
 // datagram and keeps the counts.
 func TestConfigure(t *testing.T) {
 	base := testutil.QUICLimits(100, 1000)
-	many := make([]netip.Prefix, datagram.MaxAllow+1)
+	many := make([]netip.Prefix, decide.MaxAllow+1)
 	for i := range many {
 		many[i] = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
 	}
 	tests := []struct {
 		name string
-		edit func(*datagram.Config)
+		edit func(*decide.Config)
 		want string
 	}{
-		{"zero limit", func(c *datagram.Config) { c.Limiter.Limit = 0 }, "limit 0 out of range"},
-		{"window too short", func(c *datagram.Config) { c.Limiter.Window = time.Millisecond }, "window 1ms out of range"},
-		{"established limit", func(c *datagram.Config) { c.Limiter.Established.Limit = 20_000_000 }, "established limit 20000000"},
-		{"level", func(c *datagram.Config) { c.Limiter.LevelLimits = map[int]uint32{7: 5} }, "level limits: level 7 does not exist"},
-		{"negotiation", func(c *datagram.Config) { c.Negotiation = 2_000_000 }, "version negotiation 2000000"},
-		{"fewer prefixes", func(c *datagram.Config) {
+		{"zero limit", func(c *decide.Config) { c.Limiter.Limit = 0 }, "limit 0 out of range"},
+		{"window too short", func(c *decide.Config) { c.Limiter.Window = time.Millisecond }, "window 1ms out of range"},
+		{"established limit", func(c *decide.Config) { c.Limiter.Established.Limit = 20_000_000 }, "established limit 20000000"},
+		{"level", func(c *decide.Config) { c.Limiter.LevelLimits = map[int]uint32{7: 5} }, "level limits: level 7 does not exist"},
+		{"negotiation", func(c *decide.Config) { c.Negotiation = 2_000_000 }, "version negotiation 2000000"},
+		{"fewer prefixes", func(c *decide.Config) {
 			c.Limiter.IPv4Prefixes, c.Limiter.IPv6Prefixes = []uint8{32, 0}, []uint8{64, 0}
 		}, "cannot change the lattice"},
-		{"per destination port", func(c *datagram.Config) { c.Limiter.PerDstPort = true }, "cannot change the lattice"},
-		{"too many allowed", func(c *datagram.Config) { c.Allow = many }, "allow: 1025 IPv4 prefixes"},
+		{"per destination port", func(c *decide.Config) { c.Limiter.PerDstPort = true }, "cannot change the lattice"},
+		{"too many allowed", func(c *decide.Config) { c.Allow = many }, "allow: 1025 IPv4 prefixes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -523,7 +523,7 @@ func TestEvents(t *testing.T) {
 	if _, err := l.Events(); err == nil {
 		t.Fatal("a second reader was opened")
 	}
-	got := make(chan datagram.Stream, 1)
+	got := make(chan decide.Stream, 1)
 	go func() {
 		s, err := r.Read()
 		if err == nil {
@@ -615,7 +615,7 @@ func TestLimiterConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ds := make([]datagram.Datagram, 8)
+			ds := make([]decide.Datagram, 8)
 			drop := make([]bool, 8)
 			for i := 0; i < perWorker; i += len(ds) {
 				for j := range ds {
@@ -666,14 +666,14 @@ func TestLimiterConcurrent(t *testing.T) {
 	st, _ := l.Stats()
 	var total uint64
 	for class := range sketch.NumClasses {
-		for f := range datagram.Families {
+		for f := range decide.Families {
 			total += st.Passed[class][f]
 			for lvl := range sketch.MaxLevels {
 				total += st.Dropped[class][f][lvl] + st.WouldDrop[class][f][lvl]
 			}
 		}
 	}
-	for f := range datagram.Families {
+	for f := range decide.Families {
 		for r := range quicclass.NumReasons {
 			total += st.Invalid[0][f][r] + st.Invalid[1][f][r]
 		}

@@ -18,10 +18,10 @@ import (
 	"github.com/quic-go/quic-go"
 	"golang.org/x/net/ipv4"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/egress/egresstest"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress/egresstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -201,7 +201,7 @@ func TestQUICGoUnderFlood(t *testing.T) {
 	floodSeconds := int(time.Since(floodStart)/time.Second) + 1
 	testutil.WaitEmpty(t, conn) // quic-go has read, so the limiter decided, the whole flood
 	st, _ := l.Stats()
-	v4, v6 := datagram.FamilyIndex(sketch.IPv4), datagram.FamilyIndex(sketch.IPv6)
+	v4, v6 := decide.FamilyIndex(sketch.IPv4), decide.FamilyIndex(sketch.IPv6)
 	var dropped uint64
 	for _, d := range st.Dropped[quicclass.Opening][v4] {
 		dropped += d

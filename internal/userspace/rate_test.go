@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 

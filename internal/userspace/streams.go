@@ -6,15 +6,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/datagram"
-	"github.com/rakelimit/caddy-rakelimit/internal/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/secondchance"
-	"github.com/rakelimit/caddy-rakelimit/internal/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
 // streamKey is a stream as the kernel keys it (struct stream_key): the
 // packet's key reduced to what the dropping node counts, or an invalid
-// datagram's source address with node datagram.InvalidNode.
+// datagram's source address with node decide.InvalidNode.
 type streamKey struct {
 	words  [4]uint32
 	sport  uint16
@@ -44,7 +43,7 @@ type streamTable struct {
 	index map[streamKey]int32
 	slots []streamSlot
 	free  []int32
-	hand  secondchance.Hand
+	hand  decide.ClockHand
 }
 
 type streamSlot struct {
@@ -129,8 +128,8 @@ func streamKeyOf(p *sketch.Params, k *sketch.Key, n sketch.Node, class quicclass
 }
 
 // track records a drop of the stream that node out.Verdict.Node saw (track()
-// in bpf/rakelimit.c).
-func (l *Limiter) track(k *sketch.Key, out *datagram.Outcome, now int64) {
+// in internal/kernel/rakelimit.c).
+func (l *Limiter) track(k *sketch.Key, out *decide.Outcome, now int64) {
 	sk := streamKeyOf(l.f.Limiter().Params(), k, out.Verdict.Node, out.Class)
 	st := streamState{first: now, last: now, sampled: 1, estimate: out.Verdict.Estimate, level: out.Verdict.Level,
 		dryRun: l.cfg.DryRun}
@@ -147,7 +146,7 @@ const MaxFairNetworks = 1024
 // filter has no such record: it is what the classic BPF pre-filter needs to
 // drop the networks that flood in the kernel, since the total's own stream
 // (every source) cannot tell them from a quiet one.
-func (l *Limiter) trackFair(k *sketch.Key, out *datagram.Outcome, now int64) {
+func (l *Limiter) trackFair(k *sketch.Key, out *decide.Outcome, now int64) {
 	p := l.f.Limiter().Params()
 	if p.FairNode < 0 || p.FairSource < 0 || out.Verdict.Node != p.Nodes[p.FairNode] {
 		return
@@ -165,10 +164,10 @@ func (l *Limiter) trackFair(k *sketch.Key, out *datagram.Outcome, now int64) {
 // recently (sampled as tracked streams are, forgotten as they are by
 // ExpireStreams): streams of the node below the total that counts networks,
 // with the class of the packets dropped.
-func (l *Limiter) FairStreams() []datagram.Stream {
+func (l *Limiter) FairStreams() []decide.Stream {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []datagram.Stream
+	var out []decide.Stream
 	for i := range l.fair.slots {
 		if s := &l.fair.slots[i]; s.used {
 			out = append(out, l.stream(&s.key, &s.st))
@@ -178,17 +177,17 @@ func (l *Limiter) FairStreams() []datagram.Stream {
 }
 
 // trackInvalid records an invalid datagram from k's source address
-// (track_invalid() in bpf/rakelimit.c).
+// (track_invalid() in internal/kernel/rakelimit.c).
 func (l *Limiter) trackInvalid(k *sketch.Key, reason quicclass.Reason, now int64) {
-	sk := streamKey{family: k.Family, node: datagram.InvalidNode, class: quicclass.Invalid, dport: k.DstPort, words: k.Words}
+	sk := streamKey{family: k.Family, node: decide.InvalidNode, class: quicclass.Invalid, dport: k.DstPort, words: k.Words}
 	st := streamState{first: now, last: now, sampled: 1, reason: reason, dryRun: l.cfg.DryRun}
 	l.record(&sk, &st)
 }
 
-// record records a sampled drop (record() in bpf/rakelimit.c) and reports a
+// record records a sampled drop (record() in internal/kernel/rakelimit.c) and reports a
 // new stream to the event reader; when the queue is full the report is
 // lost, as when the kernel's ring buffer is. New streams are paced
-// (datagram.TrackPacing); a sampled drop the pacer refuses is counted.
+// (decide.TrackPacing); a sampled drop the pacer refuses is counted.
 func (l *Limiter) record(sk *streamKey, st *streamState) {
 	if l.tab.update(sk, st) {
 		return
@@ -221,8 +220,8 @@ func (l *Limiter) signalTracked() {
 func (l *Limiter) Tracked() <-chan struct{} { return l.tracked }
 
 // stream converts a record (as bpf.Filter.stream converts the kernel's).
-func (l *Limiter) stream(k *streamKey, st *streamState) datagram.Stream {
-	s := datagram.Stream{
+func (l *Limiter) stream(k *streamKey, st *streamState) decide.Stream {
+	s := decide.Stream{
 		Class:    k.class,
 		Node:     sketch.Node(k.node),
 		Level:    st.level,
@@ -233,17 +232,17 @@ func (l *Limiter) stream(k *streamKey, st *streamState) datagram.Stream {
 		Estimate: st.estimate,
 		DryRun:   st.dryRun,
 	}
-	if k.node == datagram.InvalidNode {
+	if k.node == decide.InvalidNode {
 		s.Class, s.Reason, s.Node, s.Level = quicclass.Invalid, st.reason, 0, -1
 	}
 	return s
 }
 
 // Streams returns the streams tracked now. The error is always nil.
-func (l *Limiter) Streams() ([]datagram.Stream, error) {
+func (l *Limiter) Streams() ([]decide.Stream, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []datagram.Stream
+	var out []decide.Stream
 	for i := range l.tab.slots {
 		if s := &l.tab.slots[i]; s.used {
 			out = append(out, l.stream(&s.key, &s.st))
@@ -253,7 +252,7 @@ func (l *Limiter) Streams() ([]datagram.Stream, error) {
 }
 
 // Untracked estimates the drops of streams not tracked because new streams
-// came faster than datagram.TrackPacing allows: the sampled ones, scaled
+// came faster than decide.TrackPacing allows: the sampled ones, scaled
 // by the sampling. The error is always nil.
 func (l *Limiter) Untracked() (uint64, error) {
 	l.mu.Lock()
@@ -263,11 +262,11 @@ func (l *Limiter) Untracked() (uint64, error) {
 
 // ExpireStreams forgets the streams without a sampled drop for idle and
 // returns them: they are no longer limited. The error is always nil.
-func (l *Limiter) ExpireStreams(idle time.Duration) ([]datagram.Stream, error) {
+func (l *Limiter) ExpireStreams(idle time.Duration) ([]decide.Stream, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	cutoff := l.clock.now() - int64(idle)
-	var out []datagram.Stream
+	var out []decide.Stream
 	for i := range l.tab.slots {
 		if s := &l.tab.slots[i]; s.used && s.st.last < cutoff {
 			out = append(out, l.stream(&s.key, &s.st))
@@ -313,12 +312,12 @@ func (l *Limiter) Events() (*EventReader, error) {
 // Read blocks until the limiter starts tracking a stream, or the reader or
 // the limiter is closed; the error is then os.ErrClosed (which is what
 // ringbuf.ErrClosed is, so one errors.Is serves both filters).
-func (e *EventReader) Read() (datagram.Stream, error) {
+func (e *EventReader) Read() (decide.Stream, error) {
 	select {
 	case <-e.closed:
-		return datagram.Stream{}, os.ErrClosed
+		return decide.Stream{}, os.ErrClosed
 	case <-e.l.closed:
-		return datagram.Stream{}, os.ErrClosed
+		return decide.Stream{}, os.ErrClosed
 	default:
 	}
 	select {
@@ -327,7 +326,7 @@ func (e *EventReader) Read() (datagram.Stream, error) {
 	case <-e.closed:
 	case <-e.l.closed:
 	}
-	return datagram.Stream{}, os.ErrClosed
+	return decide.Stream{}, os.ErrClosed
 }
 
 // Close stops the reader; a blocked Read returns. Another reader may then
@@ -349,7 +348,7 @@ func (e *EventReader) Close() error {
 // which is the estimate at the stream's latest sampled drop), as of now and
 // over both budgets of the node's cells. It is 0 for a stream of invalid
 // datagrams, or a node the configuration no longer has.
-func (l *Limiter) Rate(s *datagram.Stream) uint64 {
+func (l *Limiter) Rate(s *decide.Stream) uint64 {
 	if s.Class >= quicclass.LimiterClasses {
 		return 0
 	}

@@ -1,0 +1,376 @@
+// Package datagram decides the fate of one UDP datagram the way the BPF
+// socket filter's entry point (rakelimit() in internal/kernel/rakelimit.c) does: the
+// allowlist, the QUIC class (package quicclass) verified against the
+// server's connection IDs and peers when asked to, then the version
+// negotiation cap or the class's hierarchical limiter (package sketch), and
+// the counters.
+// It is deterministic (time and randomness are arguments) and not safe for
+// concurrent use. The BPF tests run packet traces through both and compare
+// verdicts, counters and sketch state; the userspace mode runs it on
+// datagrams quic-go reads.
+package decide
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+)
+
+// Config is the whole decision's configuration.
+type Config struct {
+	// Limiter configures the limiter: class 0 limits connection-opening
+	// packets (or every datagram when Classify is off), class 1 packets of
+	// established connections, class 2 unverified short headers (only with
+	// VerifyIDs).
+	Limiter sketch.Config
+	// Classify sorts datagrams into QUIC classes. Off, every datagram is
+	// counted alike, in class 0: nothing is invalid.
+	Classify bool
+	// VerifyIDs, when classifying, verifies datagrams against the
+	// connection IDs the server issued and the addresses it sends to
+	// (LearnServerID, LearnPeer; see package quicclass): short headers
+	// with neither go to class 2 (quicclass.Unverified), Initials and
+	// Handshakes that answer a server ID to class 1, Handshakes with
+	// another ID are invalid, and long headers' lengths are checked. Off,
+	// the classes are exactly those without verification, and nothing
+	// learned is looked up: keep it off until something learns.
+	VerifyIDs bool
+	// BlockedPorts are source ports whose datagrams are invalid (nil:
+	// none). Used only when classifying.
+	BlockedPorts *quicclass.Ports
+	// Negotiation is how many datagrams with an unknown QUIC version (and
+	// so a Version Negotiation reply) pass per second, for the whole
+	// socket, with a burst of as many; 0 drops them all.
+	Negotiation uint32
+	// DryRun delivers every datagram: drops are counted, not applied.
+	DryRun bool
+	// Allow exempts source prefixes from the limiter (datagrams of its
+	// classes are only counted, as Stats.Allowed), not from validity:
+	// their invalid datagrams (blocked source ports among them) are
+	// dropped and their unknown versions paced, as anyone's, since a
+	// spoofer can send from an allowlisted address.
+	Allow []netip.Prefix
+	// AdaptiveTotal lets the engine move the opening class's total (its
+	// last level limit, which the configuration gives as the starting
+	// value) with the socket's receive queue (package backlog). The
+	// decision itself only sees the level limit in force.
+	AdaptiveTotal bool
+}
+
+// MaxNegotiation bounds Config.Negotiation: a Version Negotiation reply
+// is for the rare client with a version quic-go lacks.
+const MaxNegotiation = 1_000_000
+
+// Validate reports the first thing wrong with c: it is the whole
+// validation of a decision configuration, the kernel filter's and the
+// userspace limiter's alike. A value out of range is a *sketch.FieldError,
+// which names values neutrally ("window", "version negotiation") and which a
+// caller may render with its own names.
+func (c *Config) Validate() error {
+	if c.Negotiation > MaxNegotiation {
+		return &sketch.FieldError{Values: []sketch.FieldValue{{Name: "version negotiation", Value: fmt.Sprint(c.Negotiation)}},
+			Format: fmt.Sprintf("%%s out of range [0, %d] datagrams per second", MaxNegotiation)}
+	}
+	if err := checkAllowCapacity(c.Allow); err != nil {
+		return err
+	}
+	return c.Limiter.WithDefaults().Validate()
+}
+
+// Pacing is the version negotiation cap compiled for the pacer: a GCRA
+// (generic cell rate algorithm) with one datagram per Interval nanoseconds
+// and a burst tolerance of Tau nanoseconds. Interval 0 lets nothing through.
+type Pacing struct {
+	Interval, Tau uint64
+}
+
+// NewPacing compiles a rate in datagrams per second, with a burst of as
+// many.
+func NewPacing(rate uint32) Pacing {
+	if rate == 0 {
+		return Pacing{}
+	}
+	iv := uint64(time.Second) / uint64(rate)
+	return Pacing{Interval: iv, Tau: iv * uint64(rate-1)}
+}
+
+// Admit decides whether a datagram at now conforms to the pacing, given the
+// pacer's theoretical arrival time tat, and returns the new one. The C
+// program does the same with a compare-and-swap on tat.
+func (p Pacing) Admit(tat, now uint64) (bool, uint64) {
+	if p.Interval == 0 || tat > now+p.Tau {
+		return false, tat
+	}
+	return true, max(tat, now) + p.Interval
+}
+
+// Datagram is what the filter reads of a datagram.
+type Datagram struct {
+	// Key is the source and the ports; Key.HasPorts is false when the UDP
+	// header could not be found.
+	Key sketch.Key
+	// Length is the UDP payload's length in bytes.
+	Length int
+	// Probe is the start of the payload: at least quicclass.ProbeBytes of
+	// it (all of it when shorter). With VerifyIDs the classifier reads an
+	// Initial's token and Length fields wherever the header puts them, so
+	// pass the whole payload; fields beyond Probe are not checked.
+	Probe []byte
+}
+
+// Outcome is the decision on one datagram.
+type Outcome struct {
+	// Drop is true when the datagram is dropped (never in a dry run).
+	Drop bool
+	// Allowlisted datagrams of the limiter's classes skip the limiter; an
+	// allowlisted source's invalid and negotiation datagrams are decided
+	// as anyone's.
+	Allowlisted bool
+	// Class and Reason are the datagram's QUIC class (Opening when not
+	// classifying) and, for an invalid one, why.
+	Class  quicclass.Class
+	Reason quicclass.Reason
+	// Verdict is the limiter's, for the Opening and Established classes;
+	// Verdict.Drop is the drop a dry run does not apply.
+	Verdict sketch.Verdict
+	// Paced is false for a negotiation datagram over the cap.
+	Paced bool
+	// Verified says how the datagram was verified (VerifyIDs).
+	Verified quicclass.Verification
+}
+
+// Families is the number of families the counters keep apart: 0 counts
+// datagrams without a readable network header, 1 IPv4, 2 IPv6.
+const Families = 3
+
+// FamilyIndex returns the counters' index of a family.
+func FamilyIndex(f sketch.Family) int {
+	switch f {
+	case sketch.IPv4:
+		return 1
+	case sketch.IPv6:
+		return 2
+	}
+	return 0
+}
+
+// Stats are the datagram counters, as the BPF filter keeps them per CPU.
+type Stats struct {
+	// Passed counts datagrams of each limiter class let through, by
+	// family; Limited those of them over a limit somewhere, by the level
+	// of the most specific such node.
+	Passed  [sketch.NumClasses][Families]uint64
+	Limited [sketch.NumClasses][Families][sketch.MaxLevels]uint64
+	// Dropped counts drops by the level of the node that dropped;
+	// WouldDrop the same in a dry run, where they are delivered.
+	Dropped   [sketch.NumClasses][Families][sketch.MaxLevels]uint64
+	WouldDrop [sketch.NumClasses][Families][sketch.MaxLevels]uint64
+	// Negotiation counts datagrams with an unknown version: passed
+	// (index 0), dropped over the cap (1), or over it in a dry run (2).
+	Negotiation [Families][3]uint64
+	// Invalid counts invalid datagrams by reason: dropped (index 0) or, in
+	// a dry run, delivered (1).
+	Invalid [2][Families][quicclass.NumReasons]uint64
+	// Allowed counts allowlisted datagrams of the limiter's classes.
+	Allowed [Families]uint64
+	// Verified counts, with VerifyIDs, the datagrams verified by a server
+	// ID or a peer address, by how (quicclass.Verification; the
+	// NotVerified column stays zero), whatever the limiter then decides:
+	// short headers by ID and by peer (the rest of class 1 with
+	// verification: openings by ID), and openings from a peer, which are
+	// in class 0.
+	Verified [Families][quicclass.NumVerifications]uint64
+	// Errors counts datagrams passed because the filter could not reach
+	// its state (only the BPF program has such errors).
+	Errors uint64
+}
+
+// Unlimited counts the datagrams of a class and family that passed under
+// every limit: those passed less those limited somewhere.
+func (s *Stats) Unlimited(class, fam int) uint64 {
+	n := s.Passed[class][fam]
+	for _, l := range s.Limited[class][fam] {
+		n -= l
+	}
+	return n
+}
+
+// Add adds o to s.
+func (s *Stats) Add(o *Stats) {
+	for c := range sketch.NumClasses {
+		for f := range Families {
+			s.Passed[c][f] += o.Passed[c][f]
+			for l := range sketch.MaxLevels {
+				s.Limited[c][f][l] += o.Limited[c][f][l]
+				s.Dropped[c][f][l] += o.Dropped[c][f][l]
+				s.WouldDrop[c][f][l] += o.WouldDrop[c][f][l]
+			}
+		}
+	}
+	for f := range Families {
+		for i := range s.Negotiation[f] {
+			s.Negotiation[f][i] += o.Negotiation[f][i]
+		}
+		for d := range s.Invalid {
+			for r := range s.Invalid[d][f] {
+				s.Invalid[d][f][r] += o.Invalid[d][f][r]
+			}
+		}
+		s.Allowed[f] += o.Allowed[f]
+		for v := range s.Verified[f] {
+			s.Verified[f][v] += o.Verified[f][v]
+		}
+	}
+	s.Errors += o.Errors
+}
+
+// Filter is the whole decision with its state: the limiter's sketches, the
+// negotiation pacer, the learned server IDs and peers, and the counters.
+type Filter struct {
+	cfg    Config
+	pacing Pacing
+	lim    *sketch.Limiter
+	allow  allowlist
+	// tat is the negotiation pacer's theoretical arrival time.
+	tat   uint64
+	ids   learned[ServerID]
+	peers learned[PeerKey]
+	stats Stats
+}
+
+// New returns a filter for c with the limiter's hash key hk.
+func New(c Config, hk sketch.HashKey) (*Filter, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	lim, err := sketch.New(c.Limiter, hk)
+	if err != nil {
+		return nil, err
+	}
+	return &Filter{cfg: c, pacing: NewPacing(c.Negotiation), lim: lim, allow: newAllowlist(c.Allow),
+		ids: newLearned[ServerID](MaxServerIDs), peers: newLearned[PeerKey](MaxPeers)}, nil
+}
+
+// Update applies a new configuration and keeps the state; the lattice's
+// shape must not change.
+func (f *Filter) Update(c Config) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if err := f.lim.Update(c.Limiter); err != nil {
+		return err
+	}
+	f.cfg, f.pacing, f.allow = c, NewPacing(c.Negotiation), newAllowlist(c.Allow)
+	return nil
+}
+
+// Limiter returns the class limiter.
+func (f *Filter) Limiter() *sketch.Limiter { return f.lim }
+
+// PacerTAT returns the negotiation pacer's theoretical arrival time; for
+// tests that compare state with the BPF program.
+func (f *Filter) PacerTAT() uint64 { return f.tat }
+
+// Stats returns the counters.
+func (f *Filter) Stats() Stats { return f.stats }
+
+// Decide decides the fate of d at time now (nanoseconds, monotonic) with
+// the random number rnd, and counts it.
+func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
+	fam := FamilyIndex(d.Key.Family)
+	out := Outcome{Paced: true}
+	dry := 0
+	if f.cfg.DryRun {
+		dry = 1
+	}
+	// idLast is the time of the server ID that verified d.
+	var idLast *int64
+	if f.cfg.Classify {
+		h := f.inspect(d)
+		out.Class, out.Reason = h.Class, h.Reason
+		if h.Check != quicclass.CheckNone {
+			out.Class, out.Reason, out.Verified, idLast = f.verify(&h, &d.Key)
+		}
+	}
+	if out.Verified != quicclass.NotVerified {
+		f.stats.Verified[fam][out.Verified]++
+	}
+	switch out.Class {
+	case quicclass.Invalid:
+		f.stats.Invalid[dry][fam][out.Reason]++
+		out.Drop = !f.cfg.DryRun
+	case quicclass.Negotiation:
+		out.Paced, f.tat = f.pacing.Admit(f.tat, uint64(now))
+		switch {
+		case out.Paced:
+			f.stats.Negotiation[fam][0]++
+		case f.cfg.DryRun:
+			f.stats.Negotiation[fam][2]++
+		default:
+			f.stats.Negotiation[fam][1]++
+			out.Drop = true
+		}
+	default:
+		if st := IDStamp(now); idLast != nil && *idLast < st {
+			*idLast = st
+		}
+		// The allowlist exempts from the limits, not from validity: an
+		// allowlisted source's invalid and negotiation datagrams were
+		// decided above, as anyone's, since a spoofer can send from an
+		// allowlisted address.
+		if f.allow.has(&d.Key) {
+			f.stats.Allowed[fam]++
+			out.Allowlisted = true
+			return out
+		}
+		class := int(out.Class)
+		k := d.Key
+		k.RankFirst = out.Verified == quicclass.OpeningFromPeer
+		v := f.lim.Decide(&k, class, now, rnd)
+		out.Verdict = v
+		lvl := max(v.Level, 0)
+		switch {
+		case v.Drop && f.cfg.DryRun:
+			f.stats.WouldDrop[class][fam][lvl]++
+		case v.Drop:
+			f.stats.Dropped[class][fam][lvl]++
+			out.Drop = true
+		default:
+			f.stats.Passed[class][fam]++
+			if v.Limited {
+				f.stats.Limited[class][fam][lvl]++
+			}
+		}
+	}
+	return out
+}
+
+// inspect is quicclass.Inspect on what the filter read of d; a datagram
+// without a readable UDP header is invalid.
+func (f *Filter) inspect(d *Datagram) quicclass.Header {
+	if !d.Key.HasPorts {
+		return quicclass.Header{Class: quicclass.Invalid, Reason: quicclass.Unparsed}
+	}
+	return quicclass.Inspect(f.cfg.BlockedPorts, d.Key.SrcPort, d.Probe, d.Length, f.cfg.VerifyIDs)
+}
+
+// verify looks up what h asks for, the server ID first and the source k's
+// address only if that does not verify it, and resolves h's class. It
+// returns the stamp of the server ID when the ID verified the datagram.
+func (f *Filter) verify(h *quicclass.Header, k *sketch.Key) (quicclass.Class, quicclass.Reason, quicclass.Verification, *int64) {
+	var idLast *int64
+	if h.HasID {
+		idLast = f.ids.lookup(h.ID)
+	}
+	peer := false
+	if h.NeedsPeer(idLast != nil) {
+		if pk, ok := peerKey(k); ok {
+			peer = f.peers.lookup(pk) != nil
+		}
+	}
+	c, r, v := h.Resolve(idLast != nil, peer)
+	return c, r, v, idLast
+}

@@ -1,0 +1,53 @@
+//go:build linux
+
+package kernel
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+)
+
+// BenchOptions are the load-time switches of a filter loaded for a
+// benchmark through BPF_PROG_TEST_RUN (LoadBench).
+type BenchOptions struct {
+	// RandomSource gives every packet a new random source address (the
+	// program's bench_random_source switch), so that one packet repeated
+	// by BPF_PROG_TEST_RUN is a packet from a new source every time.
+	RandomSource bool
+}
+
+// LoadBench loads the filter as Load does, with the benchmark switches of
+// o. A filter loaded with RandomSource must never be attached to a socket:
+// it limits no one.
+func LoadBench(c decide.Config, o BenchOptions) (*Filter, error) {
+	return load(c, loadOptions{benchRandomSource: o.RandomSource})
+}
+
+// Program returns the filter's socket filter program, for
+// BPF_PROG_TEST_RUN. It stays owned by the filter: Close closes it.
+func (f *Filter) Program() *ebpf.Program {
+	return f.objs.Rakelimit
+}
+
+// FloorProgram loads a trivial socket filter that returns the packet
+// length: the cost of BPF_PROG_TEST_RUN itself, against which the filter
+// is measured. The caller closes it.
+func FloorProgram() (*ebpf.Program, error) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:    "floor",
+		Type:    ebpf.SocketFilter,
+		License: "MIT",
+		Instructions: asm.Instructions{
+			asm.LoadMem(asm.R0, asm.R1, 0, asm.Word), // skb->len
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading the floor program: %w", err)
+	}
+	return prog, nil
+}

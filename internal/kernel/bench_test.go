@@ -1,0 +1,116 @@
+//go:build linux
+
+package kernel
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
+)
+
+// floorProgram loads FloorProgram for a test or benchmark.
+func floorProgram(tb testing.TB) *ebpf.Program {
+	tb.Helper()
+	prog, err := FloorProgram()
+	if err != nil {
+		testutil.SkipOrFail(tb, "%v", err)
+	}
+	tb.Cleanup(func() { prog.Close() })
+	return prog
+}
+
+// BenchmarkFilter measures the filter per packet through BPF_PROG_TEST_RUN.
+// ns/op is nanoseconds per packet; x-floor is the kernel-measured time per
+// packet divided by that of the floor program in the same sub-benchmark.
+//
+//	go test ./bpf/... -run '^$' -bench BenchmarkFilter
+func BenchmarkFilter(b *testing.B) {
+	v4 := udp("198.51.100.7", 5000).frame()
+	v6 := udp("2001:db8:1:2::7", 5000).frame()
+	withData := func(p packet, data []byte) []byte { p.data = data; return p.frame() }
+	initial := withData(udp("198.51.100.7", 50000), quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200))
+	short := withData(udp("198.51.100.7", 50000), quicclass.ShortHeader(1200))
+	junk := withData(udp("198.51.100.7", 50000), make([]byte, 100))
+	// Every datagram alike (the filter before it knew QUIC), and by class.
+	pass, drop := testutil.Limits(1_000_000), testutil.Limits(25)
+	quicPass, quicDrop := testutil.QUICLimits(1_000_000, 1_000_000), testutil.QUICLimits(25, 25)
+	floor := floorProgram(b)
+	// The operations features on: an allowlist of 64 prefixes that the
+	// packets are not in (so that each is looked up), and stream tracking,
+	// which is on by default.
+	var allow []netip.Prefix
+	for i := range 32 {
+		allow = append(allow, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i), 0, 0}), 16),
+			netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, byte(i)}), 48))
+	}
+	withAllow := func(c decide.Config) decide.Config { c.Allow = allow; return c }
+	// Verifying: short headers to a server ID the filter learned (the
+	// established path of a real connection), and to an unknown one from
+	// a stranger (the unverified class, junk).
+	sid := decide.ServerID{0x5e, 0x17, 0xa2, 0x09}
+	verified := withData(udp("198.51.100.7", 50000), quicclass.ShortPacket(sid, 1200))
+	stranger := withData(udp("198.51.100.7", 50000), quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100))
+	verify := func(c decide.Config) decide.Config { c.VerifyIDs = true; return c }
+	for _, bc := range []struct {
+		name  string
+		cfg   decide.Config
+		frame []byte
+		opts  loadOptions
+	}{
+		{"floor", decide.Config{}, v4, loadOptions{}},
+		{"ipv4-pass", pass, v4, loadOptions{}},
+		{"ipv4-drop", drop, v4, loadOptions{}},
+		{"ipv6-pass", pass, v6, loadOptions{}},
+		{"ipv6-drop", drop, v6, loadOptions{}},
+		{"opening-pass", quicPass, initial, loadOptions{}},
+		{"opening-drop", quicDrop, initial, loadOptions{}},
+		{"established-pass", quicPass, short, loadOptions{}},
+		{"established-drop", quicDrop, short, loadOptions{}},
+		{"invalid-drop", quicPass, junk, loadOptions{}},
+		{"ipv4-random-sources", testutil.Limits(1000), v4, loadOptions{benchRandomSource: true}},
+		{"opening-random-sources", testutil.QUICLimits(1000, 250_000), initial, loadOptions{benchRandomSource: true}},
+		{"ipv4-pass-allowlist", withAllow(pass), v4, loadOptions{}},
+		{"ipv4-drop-allowlist", withAllow(drop), v4, loadOptions{}},
+		{"ipv6-pass-allowlist", withAllow(pass), v6, loadOptions{}},
+		{"verified-pass", verify(quicPass), verified, loadOptions{}},
+		{"verified-drop", verify(quicDrop), verified, loadOptions{}},
+		{"unverified-drop", verify(quicPass), stranger, loadOptions{}},
+		{"unverified-random-sources", verify(quicPass), stranger, loadOptions{benchRandomSource: true}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			prog := floor
+			if bc.name != "floor" {
+				f := loadTest(b, bc.cfg, bc.opts)
+				if err := f.LearnServerID(sid); err != nil {
+					b.Fatal(err)
+				}
+				prog = f.objs.Rakelimit
+				// Warm up: a flood must be over its limit before timing.
+				if _, _, err := prog.Benchmark(bc.frame, 100000, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// cilium calls the reset function only when it restarts an
+			// interrupted run; reset the timer before the first too.
+			b.ResetTimer()
+			_, per, err := prog.Benchmark(bc.frame, b.N, b.ResetTimer)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			_, base, err := floor.Benchmark(bc.frame, max(b.N, 1000000), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			// The kernel's own per-run time leaves out time spent
+			// rescheduled; report it as ns/op.
+			b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
+			b.ReportMetric(float64(per)/float64(base), "x-floor")
+		})
+	}
+}

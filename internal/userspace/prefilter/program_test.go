@@ -1,0 +1,401 @@
+package prefilter
+
+import (
+	"math"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	"golang.org/x/net/bpf"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+)
+
+// corpus returns datagrams of every shape the classifier tells apart, and
+// random and mutated ones.
+func corpus() [][]byte {
+	var out [][]byte
+	versions := []uint32{quicclass.Version1, quicclass.Version2, 0, 0xff00001d, 0x0a0a0a0a}
+	sizes := []int{0, 1, 4, 5, 6, 7, 8, 12, 20, 21, 22, 30, 47, 48, 1199, 1200, 1350}
+	for _, v := range versions {
+		for typ := range uint8(4) {
+			for _, dcil := range []int{0, 4, 8, 20, 21, 255} {
+				for _, scil := range []int{0, 4, 20, 21, 255} {
+					for _, size := range sizes {
+						b := quicclass.LongHeader(v, typ, dcil, scil, size)
+						out = append(out, b)
+						if size > 0 {
+							nofix := append([]byte(nil), b...)
+							nofix[0] &^= fixedBit
+							out = append(out, nofix)
+						}
+					}
+				}
+			}
+		}
+	}
+	for _, size := range sizes {
+		b := quicclass.ShortHeader(size)
+		out = append(out, b)
+		if size > 0 {
+			nofix := append([]byte(nil), b...)
+			nofix[0] &^= fixedBit
+			out = append(out, nofix)
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	n := len(out)
+	for range 20000 {
+		var b []byte
+		if r.IntN(2) == 0 {
+			b = make([]byte, r.IntN(1400))
+			for i := range b {
+				b[i] = byte(r.Uint32())
+			}
+		} else {
+			b = append([]byte(nil), out[r.IntN(n)]...)
+			for range 1 + r.IntN(3) {
+				if len(b) > 0 {
+					b[r.IntN(min(len(b), quicclass.ProbeBytes+2))] ^= byte(1 << r.IntN(8))
+				}
+			}
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// TestInvalidMatchesQuicclass runs the stateless program on the corpus from
+// several source ports and addresses and compares its verdicts with
+// quicclass: it drops exactly what Classify calls invalid (never what
+// quicclass keeps, with or without verification), lets the sample through,
+// and stores the header form the stream rules match.
+func TestInvalidMatchesQuicclass(t *testing.T) {
+	blocked := quicclass.DefaultBlockedPorts()
+	build := func(rules ...Rule) *Program {
+		p, err := Build(Spec{Classify: true, BlockedPorts: blocked, SampleShift: DefaultSampleShift, Rules: rules})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	plain := build()
+	all := func(f Form) Rule { return Rule{Family: sketch.IPv4, Form: f, Drop: 1} }
+	short, long := build(all(ShortForm)), build(all(LongForm))
+	sources := []netip.Addr{netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("::1"), netip.MustParseAddr("::ffff:127.0.0.3")}
+	ports := []uint16{50000, 443, 0, 1023, 1024, 1900, 5353, 11211, 65535}
+	drops, checked := 0, 0
+	for i, b := range corpus() {
+		sport := ports[i%len(ports)]
+		src := netip.AddrPortFrom(sources[i%len(sources)], sport)
+		class, reason := quicclass.Classify(blocked, sport, b, len(b))
+		verified := quicclass.Inspect(blocked, sport, b, len(b), true)
+		p := packet{src: src, dport: 443, payload: b, rnd: math.MaxUint32}
+		kept := run(t, plain, p)
+		if kept != (class != quicclass.Invalid) {
+			t.Fatalf("datagram %d % x from %v: kept %v, quicclass says %v (%v)", i, b[:min(len(b), 32)], src, kept, class, reason)
+		}
+		if !kept && verified.Class != quicclass.Invalid {
+			t.Fatalf("datagram %d % x: dropped, but verification keeps it (%v)", i, b[:min(len(b), 32)], verified.Class)
+		}
+		if !kept {
+			drops++
+		}
+		checked++
+		p.rnd = 0 // the sampled one in 2^SampleShift passes; rules drop
+		if !run(t, plain, p) {
+			t.Fatalf("datagram %d: the sampled invalid datagram is dropped", i)
+		}
+		if got, want := !run(t, short, p), class == quicclass.Established; got != want && src.Addr().Unmap().Is4() {
+			t.Fatalf("datagram %d % x: short-header rule drops %v, class %v", i, b[:min(len(b), 32)], got, class)
+		}
+		if got, want := !run(t, long, p), class == quicclass.Opening; got != want && src.Addr().Unmap().Is4() {
+			t.Fatalf("datagram %d % x: long-header rule drops %v, class %v", i, b[:min(len(b), 32)], got, class)
+		}
+	}
+	if drops == 0 || drops == checked {
+		t.Fatalf("the corpus is one-sided: %d drops of %d", drops, checked)
+	}
+	t.Logf("%d datagrams, %d invalid; program of %d instructions", checked, drops, plain.Len())
+}
+
+// TestRules checks the stream rules' matching and drop probability.
+func TestRules(t *testing.T) {
+	v4 := netip.MustParseAddrPort("127.1.2.3:40000")
+	v6 := netip.MustParseAddrPort("[fd00:1:2:3::9]:40000")
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	shortPkt := quicclass.ShortHeader(100)
+	exact := Rule{Family: sketch.IPv4, Words: [4]uint32{0x7f010203}, Bits: 32, SrcPort: 40000, MatchSrcPort: true,
+		DstPort: 443, MatchDstPort: true, Form: LongForm, Drop: 0.25}
+	net6 := Rule{Family: sketch.IPv6, Words: [4]uint32{0xfd000001, 0x00020000}, Bits: 40, Form: ShortForm, Drop: 1}
+	quarter := uint32(1 << 30)
+	tests := []struct {
+		name string
+		rule Rule
+		p    packet
+		kept bool
+	}{
+		{"exact, under the threshold", exact, packet{src: v4, dport: 443, payload: initial, rnd: quarter - 1}, false},
+		{"exact, at the threshold", exact, packet{src: v4, dport: 443, payload: initial, rnd: quarter}, true},
+		{"other source port", exact, packet{src: netip.AddrPortFrom(v4.Addr(), 40001), dport: 443, payload: initial}, true},
+		{"other destination port", exact, packet{src: v4, dport: 8443, payload: initial}, true},
+		{"other address", exact, packet{src: netip.MustParseAddrPort("127.1.2.4:40000"), dport: 443, payload: initial}, true},
+		{"other form", exact, packet{src: v4, dport: 443, payload: shortPkt}, true},
+		{"IPv4-mapped source", exact, packet{src: netip.MustParseAddrPort("[::ffff:127.1.2.3]:40000"), dport: 443, payload: initial}, false},
+		{"IPv6 prefix", net6, packet{src: v6, dport: 443, payload: shortPkt, rnd: math.MaxUint32 - 1}, false},
+		{"IPv6 prefix, any port", net6, packet{src: netip.AddrPortFrom(v6.Addr(), 1), dport: 9, payload: shortPkt}, false},
+		{"IPv6 outside the prefix", net6, packet{src: netip.MustParseAddrPort("[fd00:1:102::9]:40000"), dport: 443, payload: shortPkt}, true},
+		{"IPv6 rule, IPv4 source", Rule{Family: sketch.IPv6, Drop: 1}, packet{src: v4, dport: 443, payload: shortPkt}, true},
+		{"no drop probability", Rule{Family: sketch.IPv4, Drop: 0}, packet{src: v4, dport: 443, payload: shortPkt}, true},
+		{"no network header", Rule{Family: sketch.IPv4, Drop: 1}, packet{src: v4, dport: 443, payload: shortPkt, noNetHeader: true}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Build(Spec{Classify: true, SampleShift: DefaultSampleShift, Rules: []Rule{tt.rule}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Rules != 1 {
+				t.Fatalf("compiled %d rules, want 1", p.Rules)
+			}
+			if got := run(t, p, tt.p); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+		})
+	}
+}
+
+// TestAllowAndDryRun: an allowlisted source and a dry run are never
+// dropped; without classification nothing is invalid.
+func TestAllowAndDryRun(t *testing.T) {
+	junk := []byte{0x00, 0x01}
+	src := netip.MustParseAddrPort("127.9.9.9:53")
+	all := []Rule{{Family: sketch.IPv4, Drop: 1}}
+	tests := []struct {
+		name string
+		spec Spec
+		src  netip.AddrPort
+		kept bool
+	}{
+		{"junk", Spec{Classify: true, BlockedPorts: quicclass.DefaultBlockedPorts()}, src, false},
+		{"allowlisted junk", Spec{Classify: true, Allow: []netip.Prefix{netip.MustParsePrefix("127.9.0.0/16")}}, src, true},
+		{"allowlisted IPv6", Spec{Classify: true, Rules: all, Allow: []netip.Prefix{netip.MustParsePrefix("::1/128")}},
+			netip.MustParseAddrPort("[::1]:5000"), true},
+		{"allowlist of another source", Spec{Classify: true, Allow: []netip.Prefix{netip.MustParsePrefix("127.8.0.0/16")}}, src, false},
+		{"dry run", Spec{DryRun: true, Classify: true, Rules: all}, src, true},
+		{"not classifying", Spec{}, src, true},
+		{"not classifying, a rule", Spec{Rules: all}, src, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Build(tt.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := run(t, p, packet{src: tt.src, dport: 443, payload: junk, rnd: math.MaxUint32 - 1}); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+		})
+	}
+}
+
+// TestBudget: rules beyond MaxInstructions are left out, the rest work, and
+// an allowlist too large is refused.
+func TestBudget(t *testing.T) {
+	var rules []Rule
+	for i := range 2000 {
+		rules = append(rules, Rule{Family: sketch.IPv6, Words: [4]uint32{0xfd000000, uint32(i), 0, 1}, Bits: 128,
+			SrcPort: uint16(2000 + i), MatchSrcPort: true, DstPort: 443, MatchDstPort: true, Form: ShortForm, Drop: 1})
+	}
+	p, err := Build(Spec{Classify: true, BlockedPorts: quicclass.DefaultBlockedPorts(), Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Len() > MaxInstructions || p.Rules < 100 || p.Rules >= len(rules) {
+		t.Fatalf("%d instructions, %d rules compiled of %d", p.Len(), p.Rules, len(rules))
+	}
+	last := rules[p.Rules-1]
+	b := netip.AddrFrom16([16]byte{0xfd, 0, 0, 0, 0, 0, byte((p.Rules - 1) >> 8), byte(p.Rules - 1), 15: 1})
+	pk := packet{src: netip.AddrPortFrom(b, last.SrcPort), dport: 443, payload: quicclass.ShortHeader(100)}
+	if run(t, p, pk) {
+		t.Errorf("the last rule compiled (%d) does not drop its stream", p.Rules)
+	}
+	out := rules[p.Rules]
+	pk.src = netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0, 0, 0, 0, byte(p.Rules >> 8), byte(p.Rules), 15: 1}), out.SrcPort)
+	if !run(t, p, pk) {
+		t.Errorf("a rule left out (%d) drops its stream", p.Rules)
+	}
+	var allow []netip.Prefix
+	for i := range 200 {
+		allow = append(allow, netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 1, byte(i), 15: 1}), 128))
+	}
+	if _, err := Build(Spec{Allow: allow}); err == nil {
+		t.Error("an allowlist of 200 IPv6 addresses fits, want it refused")
+	}
+}
+
+// TestNegotiationDrop checks the negotiation class's drop probability: an
+// unknown version of 1200 bytes is dropped under the threshold and kept at
+// it, never without a probability, without classification or from an
+// allowlisted source; known versions and invalid datagrams are unaffected.
+func TestNegotiationDrop(t *testing.T) {
+	src := netip.MustParseAddrPort("127.1.2.3:40000")
+	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	small := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1199)
+	half := uint32(1 << 31)
+	spec := Spec{Classify: true, SampleShift: DefaultSampleShift, Negotiation: 0.5}
+	allowed := spec
+	allowed.Allow = []netip.Prefix{netip.MustParsePrefix("127.1.0.0/16")}
+	tests := []struct {
+		name    string
+		spec    Spec
+		payload []byte
+		rnd     uint32
+		kept    bool
+	}{
+		{"under the threshold", spec, unknown, half - 1, false},
+		{"at the threshold", spec, unknown, half, true},
+		{"no probability", Spec{Classify: true, SampleShift: DefaultSampleShift}, unknown, 0, true},
+		{"not classifying", Spec{Negotiation: 1}, unknown, 0, true},
+		{"allowlisted", allowed, unknown, 0, true},
+		{"version 1", spec, initial, 0, true},
+		{"too small to answer: invalid, sampled", spec, small, 0, true},
+		{"too small to answer: invalid", spec, small, half, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Build(tt.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := run(t, p, packet{src: src, dport: 443, payload: tt.payload, rnd: tt.rnd}); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+		})
+	}
+}
+
+// TestShedDrop checks the shed of long headers: with no rule of the opening
+// class, a long header of a known version (an Initial, a v2 Handshake) is
+// dropped under the threshold and kept at it; with one, the rule's packets
+// pass both it and the shed and other sources keep theirs. Never never without a probability, without classification or from an
+// allowlisted source, nor one addressed to an ID of the server's length (a
+// handshake under way); short headers, unknown versions and the invalid
+// sample are unaffected.
+func TestShedDrop(t *testing.T) {
+	src := netip.MustParseAddrPort("127.1.2.3:40000")
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	handshake := quicclass.LongHeader(quicclass.Version2, 3, 8, 8, 300) // type 3 is v2's Handshake
+	short := quicclass.ShortHeader(100)
+	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+	retry := quicclass.LongHeader(quicclass.Version1, typeRetry, 8, 8, 300) // server-only: invalid
+	quarter := uint32(1 << 30)
+	spec := Spec{Classify: true, SampleShift: DefaultSampleShift, Shed: 0.25}
+	allowed := spec
+	allowed.Allow = []netip.Prefix{netip.MustParsePrefix("127.1.0.0/16")}
+	// A rule of the opening class for 127.1.2.0/24 dropping half: its
+	// packets pass it and the shed, 1 - 0.5 x 0.75 = 0.625 dropped; a
+	// source no rule names keeps its long headers.
+	ruled := spec
+	ruled.Rules = []Rule{{Family: sketch.IPv4, Words: [4]uint32{0x7f010200}, Bits: 24, Form: LongForm, Drop: 0.5}}
+	at625 := uint32(0.625 * (1 << 32))
+	elsewhere := netip.MustParseAddrPort("127.9.9.9:40000")
+	tests := []struct {
+		name    string
+		spec    Spec
+		from    netip.AddrPort // src when zero
+		payload []byte
+		rnd     uint32
+		kept    bool
+	}{
+		{"initial under the threshold", spec, netip.AddrPort{}, initial, quarter - 1, false},
+		{"initial at the threshold", spec, netip.AddrPort{}, initial, quarter, true},
+		{"handshake under the threshold", spec, netip.AddrPort{}, handshake, 0, false},
+		{"a handshake under way: spared", spec, netip.AddrPort{}, quicclass.LongHeader(quicclass.Version1, 2, quicclass.ServerIDLen, 8, 300), 0, true},
+		{"an Initial to a server ID: spared", spec, netip.AddrPort{}, quicclass.LongHeader(quicclass.Version1, 0, quicclass.ServerIDLen, 8, 1200), 0, true},
+		{"no probability", Spec{Classify: true, SampleShift: DefaultSampleShift}, netip.AddrPort{}, initial, 0, true},
+		{"not classifying", Spec{Shed: 1}, netip.AddrPort{}, initial, 0, true},
+		{"allowlisted", allowed, netip.AddrPort{}, initial, 0, true},
+		{"short header", spec, netip.AddrPort{}, short, 0, true},
+		{"unknown version", spec, netip.AddrPort{}, unknown, 0, true},
+		{"invalid: sampled as before", spec, netip.AddrPort{}, retry, 0, true},
+		{"invalid: dropped as before", spec, netip.AddrPort{}, retry, quarter, false},
+		{"a ruled source under both", ruled, netip.AddrPort{}, initial, at625 - 1, false},
+		{"a ruled source over both", ruled, netip.AddrPort{}, initial, at625, true},
+		{"no rule names it: kept", ruled, elsewhere, initial, 0, true},
+		{"no rule: shed", spec, elsewhere, initial, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Build(tt.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			from := tt.from
+			if !from.IsValid() {
+				from = src
+			}
+			if got := run(t, p, packet{src: from, dport: 443, payload: tt.payload, rnd: tt.rnd}); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+			if want := tt.spec.Shed; tt.spec.Classify && p.Shed != want {
+				t.Errorf("Program.Shed = %v, want %v", p.Shed, want)
+			}
+		})
+	}
+}
+
+// TestRuleGroups: rules of both forms, interleaved, each drop only their
+// form's datagrams of their source, and the program checks the form once
+// per group, not once per rule.
+func TestRuleGroups(t *testing.T) {
+	rule := func(addr uint32, f Form) Rule {
+		return Rule{Family: sketch.IPv4, Words: [4]uint32{addr}, Bits: 32, Form: f, Drop: 1}
+	}
+	a, b, c := uint32(0x7f010001), uint32(0x7f010002), uint32(0x7f010003)
+	p, err := Build(Spec{Classify: true, SampleShift: DefaultSampleShift,
+		Rules: []Rule{rule(a, LongForm), rule(b, ShortForm), rule(c, LongForm), rule(a, ShortForm)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Rules != 4 {
+		t.Fatalf("compiled %d rules, want 4", p.Rules)
+	}
+	checks := 0
+	for _, in := range p.Instructions {
+		if in == (bpf.LoadScratch{Dst: bpf.RegA, N: mForm}) {
+			checks++
+		}
+	}
+	if checks != 2 {
+		t.Errorf("the form is loaded %d times, want once for each of the 2 groups", checks)
+	}
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	shortPkt := quicclass.ShortHeader(100)
+	src := func(addr uint32) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(addr >> 24), byte(addr >> 16), byte(addr >> 8), byte(addr)}), 40000)
+	}
+	tests := []struct {
+		name    string
+		addr    uint32
+		payload []byte
+		kept    bool
+	}{
+		{"long from a", a, initial, false},
+		{"short from a", a, shortPkt, false},
+		{"long from b", b, initial, true},
+		{"short from b", b, shortPkt, false},
+		{"long from c", c, initial, false},
+		{"short from c", c, shortPkt, true},
+		{"long from elsewhere", 0x7f010004, initial, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := run(t, p, packet{src: src(tt.addr), dport: 443, payload: tt.payload}); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+		})
+	}
+}

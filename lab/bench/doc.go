@@ -1,0 +1,30 @@
+//go:build linux
+
+// Package bench is the end-to-end benchmark behind lab/cmd/rakebench: it runs a
+// real Caddy (the binary of ./cmd/caddy) once per variant and scenario, on
+// loopback only, and measures what an operator feels: legitimate HTTP/3
+// clients during floods, heavy transfers without one, and the server's side
+// (CPU, memory, the module's verdicts, socket drops, replies to the flood).
+//
+// A variant is data: a name and the Caddyfile directive text placed in the
+// site block ("plain" has none and is the reference for every ratio). The
+// files split by concern:
+//
+//   - options.go: flags, variants, validation
+//   - scenarios.go: the scenarios and their flood sources
+//   - process.go, caddy.go: the Caddy process, its configuration and probes
+//     from /proc (CPU, peak RSS; socket drops through internal/engine/backlog)
+//   - metrics.go: the module's Prometheus counters, parsed generically
+//   - packets.go, flood.go: flood datagrams and their bounded senders
+//   - spoof.go: spoofed floods, whole IPv4 datagrams from a raw socket
+//   - clients.go: the legitimate HTTP/3 clients and gtlsclient
+//   - transfers.go: the downloads, the upload and its backend
+//   - stats.go: medians and ratios (percentiles: internal/testutil)
+//   - run.go: the run of every scenario, variant and repetition
+//   - report.go, charts.go: results.json, results.md and the SVG charts
+//
+// Network rule: every datagram goes to a loopback address (127.0.0.0/8 or
+// ::1), from sockets bound to the loopback address they claim or, for a
+// spoofed flood, from a raw socket that writes sources in 127.0.0.0/8 only,
+// and every flood is bounded by a count and a duration.
+package bench

@@ -1,0 +1,213 @@
+package filterbench
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// median returns the median of xs (the mean of the middle two for an even
+// count), NaN for none. xs is left as it was.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// Row is one case's figures, each the median over the rounds of
+// nanoseconds per packet.
+type Row struct {
+	// Key names the case on the command line (-cases).
+	Key string
+	// Case describes the case for a reader.
+	Case string
+	// Ours is this project's filter; Cloudflare Cloudflare's rakelimit,
+	// NaN when the case has no counterpart there.
+	Ours, Cloudflare float64
+	// Floor is the floor program's time on the same frames. A case with a
+	// new source on every packet has it subtracted from Ours and
+	// Cloudflare already.
+	Floor float64
+	// NewSources says the case has a new source on every packet;
+	// OursDropped and CloudflareDropped are then the share of the timed
+	// packets each program dropped (0 to 1), NaN for a program not run.
+	NewSources                     bool
+	OursDropped, CloudflareDropped float64
+}
+
+// Ratio is Ours over Cloudflare: below 1, this filter is the cheaper. NaN
+// without both.
+func (r Row) Ratio() float64 {
+	if math.IsNaN(r.Ours) || math.IsNaN(r.Cloudflare) || r.Cloudflare <= 0 {
+		return math.NaN()
+	}
+	return r.Ours / r.Cloudflare
+}
+
+// Report is the result of a run.
+type Report struct {
+	// CPU is the CPU model, Kernel the kernel release.
+	CPU, Kernel string
+	// Cloudflare says which object of Cloudflare's was measured.
+	Cloudflare string
+	// Rounds, Repeat, Once and LeadIn are the run's sizes (Options).
+	Rounds, Repeat, Once, LeadIn int
+	// Clock is how time was taken (Options.Clock).
+	Clock string
+	Rows  []Row
+	// CPUs is how many CPUs the table on all CPUs ran on.
+	CPUs int
+	// Parallel is the table on all CPUs (Options.Parallel), by case and
+	// program; ParallelSkipped, when set, says why it is not there.
+	Parallel        []ParallelRow
+	ParallelSkipped string
+}
+
+// nanos formats a time per packet in whole nanoseconds with thousands
+// separators, or a dash for none.
+func nanos(ns float64) string {
+	if math.IsNaN(ns) {
+		return "—"
+	}
+	n := int64(math.Round(ns))
+	sign := ""
+	if n < 0 {
+		sign, n = "-", -n
+	}
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return sign + s + " ns"
+}
+
+// ratio formats a ratio with two decimals, or a dash for none.
+func ratio(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", x)
+}
+
+// header is the table's columns, for the text and the Markdown table.
+var header = []string{"case", "this filter", "Cloudflare's", "ratio", "floor program"}
+
+// cells returns a row's cells in the order of header.
+func (r Row) cells() []string {
+	return []string{r.Case, nanos(r.Ours), nanos(r.Cloudflare), ratio(r.Ratio()), nanos(r.Floor)}
+}
+
+// WriteText writes the table as aligned text, with the CPU model.
+func (r *Report) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "CPU: %s; kernel %s; %s\n", r.CPU, r.Kernel, r.method())
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, row := range r.Rows {
+		fmt.Fprintln(tw, strings.Join(row.cells(), "\t"))
+	}
+	for _, l := range r.droppedLines() {
+		fmt.Fprintln(tw, l)
+	}
+	r.writeParallelText(tw)
+	return tw.Flush()
+}
+
+// method says in one sentence how the figures were taken.
+func (r *Report) method() string {
+	return fmt.Sprintf("%s; %d interleaved rounds, medians; %s repetitions of one frame, or %s distinct frames run once each after a lead-in of %s; %s clock",
+		r.Cloudflare, r.Rounds, thousands(r.Repeat), thousands(r.Once), thousands(r.LeadIn), r.Clock)
+}
+
+// share formats a share as a percentage with one decimal, or a dash for
+// none.
+func share(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f%%", 100*x)
+}
+
+// droppedLines says, for each case with a new source on every packet, what
+// share of the timed packets each program dropped: that both were timed
+// on a flood they decide, not on packets they pass.
+func (r *Report) droppedLines() []string {
+	var out []string
+	for _, row := range r.Rows {
+		if !row.NewSources {
+			continue
+		}
+		out = append(out, fmt.Sprintf("- %s: this filter dropped %s of the timed packets, Cloudflare's %s",
+			row.Case, share(row.OursDropped), share(row.CloudflareDropped)))
+	}
+	return out
+}
+
+// thousands formats n with thousands separators.
+func thousands(n int) string {
+	s := nanos(float64(n))
+	return strings.TrimSuffix(s, " ns")
+}
+
+// Markdown returns the report as a Markdown document (lab/docs/bench/filter.md).
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	b.WriteString("# Per packet: this filter against Cloudflare's rakelimit\n\n")
+	b.WriteString("Generated by `make bench-filter` (lab/cmd/rakebench-filter); do not edit.\n\n")
+	fmt.Fprintf(&b, "CPU: %s; kernel %s. Cloudflare's object: %s.\n\n", r.CPU, r.Kernel, r.Cloudflare)
+	fmt.Fprintf(&b, "Both programs and a trivial floor program (it returns the packet's length) run in one process "+
+		"through BPF_PROG_TEST_RUN on the same frames, %d interleaved rounds, medians of nanoseconds per packet "+
+		"(%s clock). A case with one source repeats its frame %s times per round; a case with a new random "+
+		"source on every packet runs %s distinct frames once each, for both programs alike, and subtracts the "+
+		"floor program's time on the same frames; each program first runs %s frames from other new sources, untimed, "+
+		"so that the timed ones meet it as a sustained flood keeps it (the nodes every packet shares at their "+
+		"limits, not decayed over the gap between rounds). The ratio is this filter's time over Cloudflare's, in the same run: "+
+		"below 1, this filter is the cheaper. Ratios to a peer measured in the same run travel between machines; "+
+		"absolute times and ratios to the floor do not.\n\n", r.Rounds, r.Clock, thousands(r.Repeat), thousands(r.Once),
+		thousands(r.LeadIn))
+	b.WriteString("| " + strings.Join(header, " | ") + " |\n")
+	b.WriteString("|---|---:|---:|---:|---:|\n")
+	for _, row := range r.Rows {
+		b.WriteString("| " + strings.Join(row.cells(), " | ") + " |\n")
+	}
+	if lines := r.droppedLines(); len(lines) > 0 {
+		b.WriteString("\nPackets from new sources:\n\n" + strings.Join(lines, "\n") + "\n")
+	}
+	b.WriteString(r.parallelMarkdown())
+	return b.String()
+}
+
+// CPUModel returns the first "model name" of a /proc/cpuinfo text, or, on
+// CPUs that have none (arm64), its first "Hardware" or "CPU part" line;
+// "unknown" without either.
+func CPUModel(cpuinfo io.Reader) string {
+	s := bufio.NewScanner(cpuinfo)
+	fallback := ""
+	for s.Scan() {
+		k, v, ok := strings.Cut(s.Text(), ":")
+		if !ok {
+			continue
+		}
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		switch {
+		case k == "model name" && v != "":
+			return v
+		case (k == "Hardware" || k == "CPU part") && fallback == "":
+			fallback = k + " " + v
+		}
+	}
+	if fallback != "" {
+		return fallback
+	}
+	return "unknown"
+}
