@@ -1,7 +1,6 @@
 package rakelimit
 
 import (
-	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -56,12 +55,6 @@ func (r *RakeLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	seen := map[string]bool{}
-	// shown maps the neutral name of each value the block sets to the
-	// option and token it was written as, for errors.
-	shown := map[string][]string{}
-	if r.Limit != 0 {
-		shown["limit"] = []string{"limit", d.Val()}
-	}
 	for d.NextBlock(0) {
 		name := d.Val()
 		opt, ok := caddyfileOption(name)
@@ -79,38 +72,15 @@ func (r *RakeLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if err := opt.parse(r, d, name, args); err != nil {
 			return err
 		}
-		if opt.shows != nil {
-			shown[opt.shows(name, args)] = append([]string{name}, args...)
-		}
 	}
-	// The ranges, and what the block alone cannot tell, such as mismatched
-	// prefix lists, are Validate's: checked at adapt time rather than at
-	// run time, and reported as the option was written.
+	// Each value is checked at its token; what the block alone cannot
+	// tell, such as mismatched prefix lists or a limit too large for the
+	// window, is checked here, at adapt time rather than at run time, and
+	// named as in the JSON.
 	if _, err := r.convert(); err != nil {
-		return d.Errf("%s", caddyfileError(err, shown))
+		return d.Errf("%v", err)
 	}
 	return nil
-}
-
-// caddyfileError renders a validation error with the options and tokens the
-// values were written as (the value quoted when the error is about it
-// alone), or else their JSON names.
-func caddyfileError(err error, shown map[string][]string) string {
-	var fe *sketch.FieldError
-	if !errors.As(err, &fe) {
-		return err.Error()
-	}
-	return fe.Render(func(v sketch.FieldValue) string {
-		words, ok := shown[v.Name]
-		if !ok {
-			return strings.TrimSpace(jsonField(v.Name) + " " + v.Value)
-		}
-		words = slices.Clone(words)
-		if len(fe.Values) == 1 {
-			words[len(words)-1] = strconv.Quote(words[len(words)-1])
-		}
-		return strings.Join(words, " ")
-	})
 }
 
 // option is one option of the rakelimit block.
@@ -119,27 +89,23 @@ type option struct {
 	// repeatable options may be given more than once; flag options take
 	// no value.
 	repeatable, flag bool
-	// parse sets the option called name from its arguments: it reads the
-	// tokens; Validate checks the ranges.
+	// parse sets the option called name from its arguments, checking
+	// each value it reads.
 	parse func(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error
-	// shows, when set, returns the neutral name (see sketch.FieldError)
-	// of the value the option sets, so that an error about it quotes the
-	// option as written.
-	shows func(name string, args []string) string
 }
 
 // caddyfileOptions lists the block's options in the order the syntax shows
 // them. A new option is one more entry.
 func caddyfileOptions() []option {
 	return []option{
-		{name: "limit", parse: parseLimitOption, shows: named("limit")},
-		{name: "window", parse: parseWindowOption, shows: named("window")},
-		{name: "level_limit", repeatable: true, parse: parseLevelLimitOption, shows: levelLimitShown},
-		{name: "established_limit", parse: parseEstablishedLimitOption, shows: named("established limit")},
-		{name: "established_level_limit", repeatable: true, parse: parseLevelLimitOption, shows: levelLimitShown},
+		{name: "limit", parse: parseLimitOption},
+		{name: "window", parse: parseWindowOption},
+		{name: "level_limit", repeatable: true, parse: parseLevelLimitOption},
+		{name: "established_limit", parse: parseEstablishedLimitOption},
+		{name: "established_level_limit", repeatable: true, parse: parseLevelLimitOption},
 		{name: "classify", parse: parseOnOffOption(func(r *RakeLimit) **bool { return &r.Classify })},
 		{name: "block_source_ports", parse: parseBlockSourcePortsOption},
-		{name: "version_negotiation", parse: parseVersionNegotiationOption, shows: named("version negotiation")},
+		{name: "version_negotiation", parse: parseVersionNegotiationOption},
 		{name: "ipv4_prefixes", parse: parsePrefixesOption},
 		{name: "ipv6_prefixes", parse: parsePrefixesOption},
 		{name: "per_destination_port", flag: true, parse: func(r *RakeLimit, _ *caddyfile.Dispenser, _ string, _ []string) error {
@@ -155,24 +121,6 @@ func caddyfileOptions() []option {
 		{name: "mode", parse: parseModeOption},
 		{name: "verify_connection_ids", parse: parseOnOffOption(func(r *RakeLimit) **bool { return &r.VerifyConnectionIDs })},
 	}
-}
-
-// named returns a shows function for an option that sets the value called
-// neutral.
-func named(neutral string) func(string, []string) string {
-	return func(string, []string) string { return neutral }
-}
-
-// levelLimitShown names the value level_limit and established_level_limit
-// set: "level 2 limit", "established level 2 limit". Errors about the level
-// itself name the option and the level; about the limit, the limit as
-// written.
-func levelLimitShown(name string, args []string) string {
-	n := "level " + args[0] + " limit"
-	if name == "established_level_limit" {
-		n = "established " + n
-	}
-	return n
 }
 
 // caddyfileOption finds an option by name.
@@ -217,10 +165,9 @@ func parseWindowOption(r *RakeLimit, d *caddyfile.Dispenser, _ string, args []st
 	if err != nil {
 		return d.Errf("window: invalid duration %q: want a number with a unit, such as 500ms, 1s or 2m", args[0])
 	}
-	if w == 0 {
-		// Zero is the JSON's "left out": name it here, as Validate would
-		// see the default instead.
-		return d.Errf("window %q out of range [%v, %v]", args[0], sketch.MinWindow, sketch.MaxWindow)
+	// Zero too: it is the JSON's "left out", which the default would fill.
+	if err := sketch.CheckWindow(w); err != nil {
+		return d.Errf("window %q %v", args[0], err)
 	}
 	r.Window = caddy.Duration(w)
 	return nil
@@ -247,7 +194,7 @@ func parseLevelLimitOption(r *RakeLimit, d *caddyfile.Dispenser, name string, ar
 		return nil
 	}
 	n, err := strconv.ParseUint(args[1], 10, 32)
-	if err != nil {
+	if err != nil || sketch.CheckLimit(uint32(n), 0) != nil {
 		return d.Errf("%s %d: invalid value %q: want a whole number of packets per second from 1 to %d, "+
 			"or off for no limit", name, lvl, args[1], sketch.MaxLimit)
 	}
@@ -301,7 +248,7 @@ func parseVersionNegotiationOption(r *RakeLimit, d *caddyfile.Dispenser, name st
 	var n uint64
 	if args[0] != "off" {
 		var err error
-		if n, err = strconv.ParseUint(args[0], 10, 32); err != nil {
+		if n, err = strconv.ParseUint(args[0], 10, 32); err != nil || decide.CheckNegotiation(uint32(n)) != nil {
 			return d.Errf("%s: invalid value %q: want a whole number of datagrams per second from 0 to %d, or off",
 				name, args[0], decide.MaxNegotiation)
 		}

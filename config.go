@@ -1,17 +1,17 @@
 package rakelimit
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
-	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
@@ -53,17 +53,12 @@ const (
 
 // config validates the module's options and converts them to the decision
 // configuration, reporting the first bad field by its JSON name.
-func (r *RakeLimit) config() (decide.Config, error) {
-	c, err := r.convert()
-	if err != nil {
-		return c, jsonError(err)
-	}
-	return c, nil
-}
+func (r *RakeLimit) config() (decide.Config, error) { return r.convert() }
 
-// convert converts the module's options to the decision configuration and
-// validates it; a value out of range is a *sketch.FieldError, with neutral
-// names.
+// convert converts the module's options to the decision configuration,
+// checking each value where it is read, so that an error names the JSON
+// field and the value; the decision configuration's own validation then
+// runs as a last check.
 func (r *RakeLimit) convert() (decide.Config, error) {
 	if !engine.ValidMode(r.mode()) {
 		return decide.Config{}, fmt.Errorf("mode %q: want auto, bpf or userspace", r.Mode)
@@ -86,6 +81,9 @@ func (r *RakeLimit) convert() (decide.Config, error) {
 	s.VerifyIDs = verify && r.classify()
 	if r.VersionNegotiation != nil {
 		s.Negotiation = *r.VersionNegotiation
+		if err := decide.CheckNegotiation(s.Negotiation); err != nil {
+			return decide.Config{}, fmt.Errorf("version_negotiation %d %w", s.Negotiation, err)
+		}
 	}
 	if s.BlockedPorts, err = blockedPorts(r.BlockSourcePorts); err != nil {
 		return decide.Config{}, err
@@ -101,39 +99,13 @@ func (r *RakeLimit) convert() (decide.Config, error) {
 			s.Allow = append(s.Allow, p)
 		}
 	}
+	if err := decide.CheckAllowCapacity(s.Allow); err != nil {
+		return decide.Config{}, fmt.Errorf("allow: %w", err)
+	}
 	if err := s.Validate(); err != nil {
 		return decide.Config{}, err
 	}
 	return s, nil
-}
-
-// jsonError renders a validation error of the decision configuration with
-// the names of the module's JSON fields.
-func jsonError(err error) error {
-	var fe *sketch.FieldError
-	if !errors.As(err, &fe) {
-		return err
-	}
-	return errors.New(fe.Render(func(v sketch.FieldValue) string {
-		return strings.TrimSpace(jsonField(v.Name) + " " + v.Value)
-	}))
-}
-
-// levelLimitName matches the neutral name of one level's limit.
-var levelLimitName = regexp.MustCompile(`^(established )?level (\d+) limit$`)
-
-// jsonField names, as the module's JSON does, a value that the decision
-// configuration's validation names neutrally ("established level 2 limit":
-// "established_level_limits[2]").
-func jsonField(name string) string {
-	if m := levelLimitName.FindStringSubmatch(name); m != nil {
-		return strings.ReplaceAll(m[1], " ", "_") + "level_limits[" + m[2] + "]"
-	}
-	switch name {
-	case "IPv4 prefixes", "IPv6 prefixes":
-		return strings.ToLower(strings.ReplaceAll(name, " ", "_"))
-	}
-	return strings.ReplaceAll(name, " ", "_")
 }
 
 // mode returns the mode asked for, or the default.
@@ -208,44 +180,44 @@ func parsePrefix(s string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// UnmarshalJSON decodes the configuration strictly (unknown fields are
-// errors) and names the field of a value that does not decode.
+// UnmarshalJSON decodes the configuration as Caddy decodes every module,
+// strictly (an unknown field is an error), and names the field and the
+// value of one that does not decode.
 func (r *RakeLimit) UnmarshalJSON(b []byte) error {
-	type plain RakeLimit
-	if err := strictJSON(b, (*plain)(r)); err != nil {
-		var fields map[string]json.RawMessage
-		if json.Unmarshal(b, &fields) == nil {
-			names := make([]string, 0, len(fields))
-			for name := range fields {
-				names = append(names, name)
-			}
-			sort.Strings(names)
-			for _, name := range names {
-				one, _ := json.Marshal(map[string]json.RawMessage{name: fields[name]})
-				var p plain
-				if ferr := strictJSON(one, &p); ferr != nil {
-					return fmt.Errorf("%s: invalid value %s: %w", name, fields[name], ferr)
-				}
+	type rakelimit RakeLimit
+	err := caddy.StrictUnmarshalJSON(b, (*rakelimit)(r))
+	if err == nil {
+		return nil
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(b, &fields) == nil {
+		for _, name := range slices.Sorted(maps.Keys(fields)) {
+			one, _ := json.Marshal(map[string]json.RawMessage{name: fields[name]})
+			if caddy.StrictUnmarshalJSON(one, new(rakelimit)) != nil {
+				return fmt.Errorf("%s: invalid value %s: %w", name, fields[name], err)
 			}
 		}
-		return err
 	}
-	return nil
-}
-
-func strictJSON(b []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	return dec.Decode(v)
+	return err
 }
 
 // limiterConfig fills the defaults and converts the module's limits to the
-// limiter's configuration, reporting the first bad field.
+// limiter's configuration, checking each value as it reads it.
 func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
 	c := sketch.Config{
 		Limit:      r.Limit,
 		Window:     time.Duration(r.Window),
 		PerDstPort: r.PerDestinationPort,
+	}
+	if c.Window == 0 {
+		c.Window = DefaultWindow
+	} else if err := sketch.CheckWindow(c.Window); err != nil {
+		return c, fmt.Errorf("window %v %w", c.Window, err)
+	}
+	if c.Limit == 0 {
+		c.Limit = DefaultLimit
+	} else if err := sketch.CheckLimit(c.Limit, c.Window); err != nil {
+		return c, fmt.Errorf("limit %d %w", c.Limit, err)
 	}
 	var err error
 	if c.IPv4Prefixes, err = prefixLengths("ipv4_prefixes", r.IPv4Prefixes, 32); err != nil {
@@ -254,15 +226,12 @@ func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
 	if c.IPv6Prefixes, err = prefixLengths("ipv6_prefixes", r.IPv6Prefixes, 128); err != nil {
 		return c, err
 	}
-	if c.Limit == 0 {
-		c.Limit = DefaultLimit
-	}
-	if c.Window == 0 {
-		c.Window = DefaultWindow
-	}
 	c = c.WithDefaults()
+	if len(c.IPv4Prefixes) != len(c.IPv6Prefixes) {
+		return c, fmt.Errorf("ipv4_prefixes %v and ipv6_prefixes %v %w", c.IPv4Prefixes, c.IPv6Prefixes, sketch.ErrPrefixLengths)
+	}
 	top := c.Levels() - 1
-	if c.LevelLimits, err = levelLimits("", r.LevelLimits, r.UnlimitedLevels, top); err != nil {
+	if c.LevelLimits, err = levelLimits("", r.LevelLimits, r.UnlimitedLevels, c); err != nil {
 		return c, err
 	}
 	// The defaults of the opening total and of established connections
@@ -275,8 +244,10 @@ func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
 	c.Established = sketch.Limits{Limit: r.EstablishedLimit}
 	if c.Established.Limit == 0 {
 		c.Established.Limit = min(DefaultEstablishedLimit, burstCap)
+	} else if err := sketch.CheckLimit(c.Established.Limit, c.Window); err != nil {
+		return c, fmt.Errorf("established_limit %d %w", c.Established.Limit, err)
 	}
-	if c.Established.LevelLimits, err = levelLimits("established_", r.EstablishedLevelLimits, r.EstablishedUnlimitedLevels, top); err != nil {
+	if c.Established.LevelLimits, err = levelLimits("established_", r.EstablishedLevelLimits, r.EstablishedUnlimitedLevels, c); err != nil {
 		return c, err
 	}
 	if _, ok := c.Established.LevelLimits[top]; !ok {
@@ -288,20 +259,27 @@ func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
 	return c, nil
 }
 
-// levelLimits merges a class's level_limits and unlimited_levels (field
-// names prefixed with prefix) for levels 0 to top.
-func levelLimits(prefix string, limits map[int]uint32, unlimited []int, top int) (map[int]uint32, error) {
+// levelLimits checks and merges a class's level_limits and unlimited_levels
+// (field names prefixed with prefix) for the levels of c.
+func levelLimits(prefix string, limits map[int]uint32, unlimited []int, c sketch.Config) (map[int]uint32, error) {
+	levels := c.Levels()
 	out := map[int]uint32{}
-	for lvl, lim := range limits {
-		if lim == sketch.Unlimited { // the limiter's sentinel: use unlimited_levels
-			return nil, fmt.Errorf("%slevel_limits[%d] %d out of range [1, %d] packets per second", prefix, lvl, lim, sketch.MaxLimit)
+	for _, lvl := range slices.Sorted(maps.Keys(limits)) {
+		lim := limits[lvl]
+		if err := sketch.CheckLevel(lvl, levels); err != nil {
+			return nil, fmt.Errorf("%slevel_limits: %w", prefix, err)
+		}
+		// Unlimited, the limiter's sentinel, is out of range here too:
+		// unlimited_levels lifts a level.
+		if err := sketch.CheckLimit(lim, c.Window); err != nil {
+			return nil, fmt.Errorf("%slevel_limits[%d] %d %w", prefix, lvl, lim, err)
 		}
 		out[lvl] = lim
 	}
 	for _, lvl := range unlimited {
-		if lvl < 0 || lvl > top {
+		if sketch.CheckLevel(lvl, levels) != nil {
 			return nil, fmt.Errorf("%sunlimited_levels (%slevel_limit %d off): level %d does not exist: levels are 0 to %d",
-				prefix, prefix, lvl, lvl, top)
+				prefix, prefix, lvl, lvl, levels-1)
 		}
 		if _, ok := limits[lvl]; ok {
 			return nil, fmt.Errorf("level %d is in both %slevel_limits and %sunlimited_levels (%slevel_limit %d off)",
@@ -315,8 +293,12 @@ func levelLimits(prefix string, limits map[int]uint32, unlimited []int, top int)
 	return out, nil
 }
 
-// prefixLengths checks a list of prefix lengths of at most bits bits.
+// prefixLengths checks a list of prefix lengths of an address of bits bits;
+// nil for an empty list (the default).
 func prefixLengths(field string, lens []int, bits int) ([]uint8, error) {
+	if len(lens) == 0 {
+		return nil, nil
+	}
 	var out []uint8
 	for _, l := range lens {
 		if l < 0 {
@@ -326,6 +308,9 @@ func prefixLengths(field string, lens []int, bits int) ([]uint8, error) {
 			return nil, fmt.Errorf("%s %v: /%d is longer than %d bits", field, lens, l, bits)
 		}
 		out = append(out, uint8(l))
+	}
+	if err := sketch.CheckPrefixes(out, uint8(bits)); err != nil {
+		return nil, fmt.Errorf("%s %v: %w", field, lens, err)
 	}
 	return out, nil
 }

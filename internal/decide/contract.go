@@ -39,9 +39,9 @@ func TrackPacing() Pacing {
 	return Pacing{Interval: iv, Tau: iv * (MaxTrackedStreams - 1)}
 }
 
-// checkAllowCapacity refuses more distinct prefixes of a family than the
+// CheckAllowCapacity refuses more distinct prefixes of a family than the
 // kernel's allowlist holds.
-func checkAllowCapacity(prefixes []netip.Prefix) error {
+func CheckAllowCapacity(prefixes []netip.Prefix) error {
 	var seen [2]map[netip.Prefix]bool
 	for _, p := range prefixes {
 		p = p.Masked()
@@ -56,7 +56,7 @@ func checkAllowCapacity(prefixes []netip.Prefix) error {
 	}
 	for fi, fam := range []string{"IPv4", "IPv6"} {
 		if n := len(seen[fi]); n > MaxAllow {
-			return fmt.Errorf("allow: %d %s prefixes, more than the filter holds (at most %d per family); "+
+			return fmt.Errorf("%d %s prefixes, more than the filter holds (at most %d per family); "+
 				"merge them into shorter prefixes", n, fam, MaxAllow)
 		}
 	}

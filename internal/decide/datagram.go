@@ -66,18 +66,27 @@ const MaxNegotiation = 1_000_000
 
 // Validate reports the first thing wrong with c: it is the whole
 // validation of a decision configuration, the kernel filter's and the
-// userspace limiter's alike. A value out of range is a *sketch.FieldError,
-// which names values neutrally ("window", "version negotiation") and which a
-// caller may render with its own names.
+// userspace limiter's alike. Its errors name values as the filter knows
+// them ("version negotiation", "window"); a caller that reads them from
+// fields of its own checks each as it reads it (CheckNegotiation,
+// CheckAllowCapacity and package sketch's checks) and names it as written.
 func (c *Config) Validate() error {
-	if c.Negotiation > MaxNegotiation {
-		return &sketch.FieldError{Values: []sketch.FieldValue{{Name: "version negotiation", Value: fmt.Sprint(c.Negotiation)}},
-			Format: fmt.Sprintf("%%s out of range [0, %d] datagrams per second", MaxNegotiation)}
+	if err := CheckNegotiation(c.Negotiation); err != nil {
+		return fmt.Errorf("version negotiation %d %w", c.Negotiation, err)
 	}
-	if err := checkAllowCapacity(c.Allow); err != nil {
-		return err
+	if err := CheckAllowCapacity(c.Allow); err != nil {
+		return fmt.Errorf("allow: %w", err)
 	}
 	return c.Limiter.WithDefaults().Validate()
+}
+
+// CheckNegotiation reports why n datagrams per second is not a Version
+// Negotiation cap the filter takes, or nil.
+func CheckNegotiation(n uint32) error {
+	if n > MaxNegotiation {
+		return fmt.Errorf("out of range [0, %d] datagrams per second", MaxNegotiation)
+	}
+	return nil
 }
 
 // Pacing is the version negotiation cap compiled for the pacer: a GCRA

@@ -1,6 +1,7 @@
 package sketch
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/big"
@@ -159,8 +160,8 @@ func (c Config) Class(class int) Limits {
 	return Limits{Limit: c.Limit, LevelLimits: c.LevelLimits}
 }
 
-// className prefixes the names of class 1's and class 2's values in
-// errors.
+// className prefixes the names of the established and unverified classes'
+// values in errors.
 var className = [NumClasses]string{"", "established ", "unverified "}
 
 // WithDefaults returns c with empty prefix lists replaced by the defaults.
@@ -183,25 +184,28 @@ func (c Config) Levels() int {
 	return n
 }
 
-// Validate reports the first thing wrong with c, naming the field and value.
+// Validate reports the first thing wrong with c, naming the value as the
+// limiter knows it ("window", "established level 2 limit", "IPv4 prefixes");
+// a caller that reads the values from fields of its own checks them with
+// CheckWindow, CheckLimit and CheckPrefixes as it reads them, and names them
+// as its user wrote them.
 func (c Config) Validate() error {
-	if c.Window < MinWindow || c.Window > MaxWindow {
-		return fieldError("%s out of range ["+MinWindow.String()+", "+MaxWindow.String()+"]", value("window", c.Window))
+	if err := CheckWindow(c.Window); err != nil {
+		return fmt.Errorf("window %v %w", c.Window, err)
 	}
 	for class := range NumClasses {
 		if err := c.validateClass(class); err != nil {
 			return err
 		}
 	}
-	if err := checkPrefixes("IPv4 prefixes", c.IPv4Prefixes, 32); err != nil {
-		return err
+	if err := CheckPrefixes(c.IPv4Prefixes, 32); err != nil {
+		return fmt.Errorf("IPv4 prefixes %v: %w", c.IPv4Prefixes, err)
 	}
-	if err := checkPrefixes("IPv6 prefixes", c.IPv6Prefixes, 128); err != nil {
-		return err
+	if err := CheckPrefixes(c.IPv6Prefixes, 128); err != nil {
+		return fmt.Errorf("IPv6 prefixes %v: %w", c.IPv6Prefixes, err)
 	}
 	if len(c.IPv4Prefixes) != len(c.IPv6Prefixes) {
-		return fieldError("%s and %s must have the same length: level i is prefix i of either family",
-			value("IPv4 prefixes", c.IPv4Prefixes), value("IPv6 prefixes", c.IPv6Prefixes))
+		return fmt.Errorf("IPv4 prefixes %v and IPv6 prefixes %v %w", c.IPv4Prefixes, c.IPv6Prefixes, ErrPrefixLengths)
 	}
 	return nil
 }
@@ -210,59 +214,82 @@ func (c Config) Validate() error {
 func (c Config) validateClass(class int) error {
 	lim := c.Class(class)
 	prefix := className[class]
-	if err := checkLimit(prefix+"limit", lim.Limit, c.Window); err != nil {
-		return err
+	if err := CheckLimit(lim.Limit, c.Window); err != nil {
+		return fmt.Errorf("%slimit %d %w", prefix, lim.Limit, err)
 	}
 	levels := c.WithDefaults().Levels()
 	for lvl, l := range lim.LevelLimits {
-		if lvl < 0 || lvl >= levels {
-			return fieldError(fmt.Sprintf("%%s: level %d does not exist: levels are 0 to %d", lvl, levels-1),
-				value(prefix+"level limits", ""))
+		if err := CheckLevel(lvl, levels); err != nil {
+			return fmt.Errorf("%slevel limits: %w", prefix, err)
 		}
 		if l == Unlimited {
 			continue
 		}
-		if err := checkLimit(fmt.Sprintf("%slevel %d limit", prefix, lvl), l, c.Window); err != nil {
-			return err
+		if err := CheckLimit(l, c.Window); err != nil {
+			return fmt.Errorf("%slevel %d limit %d %w", prefix, lvl, l, err)
 		}
 	}
 	return nil
 }
 
-func checkLimit(field string, lim uint32, window time.Duration) error {
+// ErrPrefixLengths follows the two prefix lists when their lengths differ.
+var ErrPrefixLengths = errors.New("must have the same length: level i is prefix i of either family")
+
+// CheckWindow reports why w is not a window the limiter supports, or nil.
+// The error reads after the window: "window 2h0m0s out of range [...]".
+func CheckWindow(w time.Duration) error {
+	if w < MinWindow || w > MaxWindow {
+		return fmt.Errorf("out of range [%v, %v]", MinWindow, MaxWindow)
+	}
+	return nil
+}
+
+// CheckLimit reports why lim, in packets per second, is not a limit the
+// limiter holds with window (0: not known yet), or nil. The error reads
+// after the limit: "limit 50 with window 10ms allows a burst of ...".
+func CheckLimit(lim uint32, window time.Duration) error {
 	if lim == 0 || lim > MaxLimit {
-		return fieldError(fmt.Sprintf("%%s out of range [1, %d] packets per second", MaxLimit), value(field, lim))
+		return fmt.Errorf("out of range [1, %d] packets per second", MaxLimit)
 	}
 	if window <= 0 {
 		return nil
 	}
 	burst := float64(lim) * window.Seconds()
 	if burst < 1 {
-		return fieldError("%s with %s allows a burst of less than one packet (limit x window must be at least 1)",
-			value(field, lim), value("window", window))
+		return fmt.Errorf("with window %v allows a burst of less than one packet (limit x window must be at least 1)", window)
 	}
 	if burst > MaxBurst {
-		return fieldError(fmt.Sprintf("%%s with %%s: limit x window is %.0f packets, more than the counters hold (at most %d); "+
-			"shorten the window or lower the limit", burst, MaxBurst), value(field, lim), value("window", window))
+		return fmt.Errorf("with window %v: limit x window is %.0f packets, more than the counters hold (at most %d); "+
+			"shorten the window or lower the limit", window, burst, MaxBurst)
 	}
 	return nil
 }
 
-func checkPrefixes(field string, p []uint8, bits uint8) error {
+// CheckLevel reports why lvl is not a level of a lattice of levels levels,
+// or nil.
+func CheckLevel(lvl, levels int) error {
+	if lvl < 0 || lvl >= levels {
+		return fmt.Errorf("level %d does not exist: levels are 0 to %d", lvl, levels-1)
+	}
+	return nil
+}
+
+// CheckPrefixes reports why p is not a list of source prefix lengths of an
+// address of bits bits, or nil. The error reads after the list.
+func CheckPrefixes(p []uint8, bits uint8) error {
 	if len(p) < 1 || len(p) > MaxPrefixes {
-		return fieldError(fmt.Sprintf("%%s: want 1 to %d prefix lengths", MaxPrefixes), value(field, p))
+		return fmt.Errorf("want 1 to %d prefix lengths", MaxPrefixes)
 	}
 	for i, l := range p {
 		if l > bits {
-			return fieldError(fmt.Sprintf("%%s: /%d is longer than %d bits", l, bits), value(field, p))
+			return fmt.Errorf("/%d is longer than %d bits", l, bits)
 		}
 		if i > 0 && l >= p[i-1] {
-			return fieldError("%s: lengths must be strictly decreasing (most specific first)", value(field, p))
+			return errors.New("lengths must be strictly decreasing (most specific first)")
 		}
 	}
 	if p[len(p)-1] != 0 {
-		return fieldError("%s: the last prefix must be 0 (all sources), which counts the socket's total and packets that cannot be parsed",
-			value(field, p))
+		return errors.New("the last prefix must be 0 (all sources), which counts the socket's total and packets that cannot be parsed")
 	}
 	return nil
 }
