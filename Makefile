@@ -65,7 +65,7 @@ test: deps
 # minimization of each new input stalls it. Plain `go test` replays the
 # committed corpus.
 FUZZTIME ?= 60s
-FUZZ_TARGETS = ./internal/decide/quicclass:FuzzClassifier ./bpf:FuzzDecision
+FUZZ_TARGETS = ./internal/decide/quicclass:FuzzClassifier ./internal/kernel:FuzzDecision
 fuzz:
 	@total=0; failed=0; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; out=$$(mktemp); \
