@@ -332,7 +332,7 @@
 // Scenarios whose flood is limited below the total and the reflection node
 // (distributed, the other papers') are walked and unchanged. Per packet, a
 // new random source dropped by the screen costs about half of what the
-// walk costs (see the README's Development section).
+// walk costs (see lab/NOTEBOOK.md).
 //
 // # The sketches
 //
