@@ -21,6 +21,11 @@
 //     FloodInitials, the flood of them the integration tests aim at Caddy
 //     (the fixed datagrams of each class are quicclass.LongHeader and
 //     quicclass.ShortHeader);
+//   - frames.go: Frame, the Ethernet frame of a UDP datagram over IPv4 or
+//     IPv6 (options, extension headers, fragments, lengths that disagree,
+//     cuts) that the kernel tests and the lab's filter benchmark feed to
+//     BPF_PROG_TEST_RUN, with what a filter should read of it (Datagram,
+//     Key), and IPv4Checksum;
 //   - require.go: Required, SkipOrFail, RequireBPF and RequireRoot, the one
 //     switch (CI=true or RAKELIMIT_REQUIRE_BPF=1) that turns a test's
 //     missing privilege or tool from a skip into a failure;
