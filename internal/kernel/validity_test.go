@@ -91,25 +91,6 @@ func TestDifferentialLengths(t *testing.T) {
 	w.compareState()
 }
 
-// rawUDP4 builds an IPv4 datagram of total bytes from src to dst whose UDP
-// header claims udpLen bytes and whose payload starts with data; the UDP
-// checksum is 0 (none), the kernel fills in the IP checksum.
-func rawUDP4(src, dst netip.AddrPort, total, udpLen int, data []byte) []byte {
-	b := make([]byte, total)
-	b[0] = 0x45
-	binary.BigEndian.PutUint16(b[2:], uint16(total))
-	b[8] = 64
-	b[9] = unix.IPPROTO_UDP
-	s, d := src.Addr().As4(), dst.Addr().As4()
-	copy(b[12:], s[:])
-	copy(b[16:], d[:])
-	binary.BigEndian.PutUint16(b[20:], src.Port())
-	binary.BigEndian.PutUint16(b[22:], dst.Port())
-	binary.BigEndian.PutUint16(b[24:], uint16(udpLen))
-	copy(b[28:], data)
-	return b
-}
-
 // TestSocketLengths sends the length trick to a real socket from a raw
 // socket (IPv4, loopback): datagrams of 1228 IP bytes whose UDP length is
 // 48, carrying the first 40 bytes of an Initial and of an unknown version,
@@ -134,7 +115,12 @@ func TestSocketLengths(t *testing.T) {
 		if udpLen == 0 {
 			udpLen = ipv4Total - testutil.IPv4HdrLen
 		}
-		b := rawUDP4(src, dst, ipv4Total, udpLen, tt.data)
+		// An IP datagram of ipv4Total bytes whose payload starts with
+		// tt.data (the kernel fills in the IP checksum again).
+		data := make([]byte, ipv4Total-testutil.IPv4HdrLen-testutil.UDPHdrLen)
+		copy(data, tt.data)
+		b := testutil.Frame{Src: src.Addr(), Dst: dst.Addr(), SrcPort: src.Port(), DstPort: dst.Port(), Data: data,
+			UDPLen: udpLen}.Bytes()[testutil.EthHdrLen:]
 		if err := unix.Sendto(fd, b, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
 			t.Fatalf("sending %s: %v", tt.name, err)
 		}
