@@ -26,6 +26,10 @@
 //     cuts) that the kernel tests and the lab's filter benchmark feed to
 //     BPF_PROG_TEST_RUN, with what a filter should read of it (Datagram,
 //     Key), and IPv4Checksum;
+//   - netns.go (Linux): NetNS, a network namespace of the test's own
+//     (NewNetNS, removed when the test ends) with fd00::/8 addresses on its
+//     loopback, Do to make sockets inside it, IP to configure it, and Link,
+//     a veth pair between two namespaces;
 //   - require.go: Required, SkipOrFail, RequireBPF and RequireRoot, the one
 //     switch (CI=true or RAKELIMIT_REQUIRE_BPF=1) that turns a test's
 //     missing privilege or tool from a skip into a failure;
