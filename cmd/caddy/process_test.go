@@ -29,9 +29,10 @@ import (
 // These tests need Caddy as a process of its own: its log from start-up, or
 // its privileges. This package's test binary plays Caddy (main), with the
 // arguments it was given, when RAKELIMIT_AS_CADDY=1, with hideUDP
-// registered, a module for these tests only; testutil.Caddy runs it. They run as root, and run Caddy as root or, with
-// setpriv and setcap, as nobody with the capabilities under test; floods
-// come from loopback addresses only, bounded in rate and time.
+// registered, a module for these tests only; testutil.Caddy runs it. They
+// run as root, and run Caddy as root or, with setpriv and setcap, as nobody
+// with the capabilities under test; floods come from loopback addresses
+// only, bounded in rate and time.
 
 // The sources of the tests' traffic: legitimate requests, and floods.
 var (

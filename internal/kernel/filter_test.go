@@ -201,7 +201,7 @@ func TestParse(t *testing.T) {
 		name     string
 		p        testutil.Frame
 		hasPorts bool
-		key      *sketch.Key // overrides p.key(hasPorts)
+		key      *sketch.Key // overrides p.Key(hasPorts)
 	}{
 		{"ipv4", v4, true, nil},
 		{"ipv4 port 0", with(v4, func(p *testutil.Frame) { p.SrcPort = 0 }), true, nil},
