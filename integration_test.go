@@ -195,23 +195,6 @@ func socketDrops(t *testing.T, port int) uint64 {
 	return n
 }
 
-// drops is a reading of the drop counters of one UDP socket.
-type drops struct{ backlog.Drops }
-
-// readDrops reads the drop counters of the UDP socket on port.
-func readDrops(t *testing.T, port int) drops {
-	t.Helper()
-	d, err := backlog.ReadDrops(port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return drops{d}
-}
-
-// filteredSince returns how many datagrams the socket's filter dropped since
-// d0, queue overflows left out.
-func (d drops) filteredSince(d0 drops) uint64 { return d.FilteredSince(d0.Drops) }
-
 // udpInDatagrams reads the kernel's count of UDP datagrams delivered to
 // IPv4 sockets, which includes those a socket filter let through; the
 // kernel counts a datagram when the reader takes it off the queue.
@@ -366,18 +349,18 @@ func TestIntegrationWithoutDirective(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(c.port))
-	drops0, in0 := readDrops(t, c.port), udpInDatagrams(t)
+	drops0, in0 := testutil.ReadDrops(t, c.port), udpInDatagrams(t)
 	sent := quicFlood(t, floodSrc, dst, rate, seconds*time.Second)
 	// The kernel counts a datagram delivered when the reader takes it off
 	// the queue; on a loaded machine quic-go is still reading after the
 	// flood ends.
 	testutil.WaitRead(t, c.port)
-	d, in := readDrops(t, c.port), udpInDatagrams(t)-in0
+	d, in := testutil.ReadDrops(t, c.port), udpInDatagrams(t)-in0
 	// No filter dropped anything: what the socket lost, its queue lost
 	// (quic-go under the race detector on a busy machine reads slower
 	// than 20,000 datagrams a second), so every datagram sent was read or
 	// overflowed the queue.
-	filtered := d.filteredSince(drops0)
+	filtered := d.FilteredSince(drops0)
 	overflowed := d.Socket - drops0.Socket - filtered
 	if filtered > uint64(sent)/100 || in+overflowed < uint64(sent)*9/10 {
 		t.Fatalf("flood of %d without rakelimit: socket's filter dropped %d, its queue %d, %d datagrams delivered; want the flood delivered",
@@ -507,9 +490,9 @@ func TestReloadRemovesDirective(t *testing.T) {
 	if limiterNamed(DefaultName) != nil {
 		t.Fatal("limiter still registered after its removal")
 	}
-	drops1 := readDrops(t, c.port)
+	drops1 := testutil.ReadDrops(t, c.port)
 	sent := quicFlood(t, floodSrc, dst, 5000, time.Second)
-	if d := readDrops(t, c.port).filteredSince(drops1); d > uint64(sent)/100 {
+	if d := testutil.ReadDrops(t, c.port).FilteredSince(drops1); d > uint64(sent)/100 {
 		t.Fatalf("after removing rakelimit the socket still dropped %d of %d", d, sent)
 	}
 }

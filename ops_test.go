@@ -137,11 +137,11 @@ func TestDryRunReload(t *testing.T) {
 	dry := strings.Replace(fmt.Sprintf(siteWithLimit, limit), "window 1s", "window 1s\n\t\tdry_run", 1)
 	c := startCaddyWith(t, &testCaddy{admin: freePort(t)}, dry)
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(c.port))
-	drops0 := readDrops(t, c.port)
+	drops0 := testutil.ReadDrops(t, c.port)
 	sent := quicFlood(t, floodSrc, dst, rate, 2*time.Second)
 	_, m := c.adminGet("/metrics")
 	would := metric(t, m, "caddy_rakelimit_packets_total", `class="opening"`, `verdict="dry_run"`, `level="0"`, `family="ipv4"`)
-	if d := readDrops(t, c.port).filteredSince(drops0); d != 0 || would < float64(sent-4*limit) {
+	if d := testutil.ReadDrops(t, c.port).FilteredSince(drops0); d != 0 || would < float64(sent-4*limit) {
 		t.Fatalf("dry run: the socket dropped %d of %d, dry_run counter %v", d, sent, would)
 	}
 	if metric(t, m, "caddy_rakelimit_dry_run") != 1 {

@@ -42,23 +42,19 @@ func TestOperatorViews(t *testing.T) {
 	cfg := writeConfig(t, config)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	startCaddy(t, caddyProcess(t, ctx, nil, nil, "run", "--config", cfg), cancel, &syncBuffer{})
-	testutil.WaitHTTP3(t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", port))
+	c := testCaddy(t, nil, nil, cfg, port)
+	testutil.StartCaddy(t, c)
 	address := fmt.Sprintf("localhost:%d", admin)
 	stream := floodSrc.String() + "/32"
 
 	// top in a detached tmux session on a server of the test's own.
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	sock := fmt.Sprintf("rakelimit-test-%d", os.Getpid())
 	tm := func(args ...string) (string, error) {
 		b, err := exec.Command(tmux, append([]string{"-L", sock}, args...)...).CombinedOutput()
 		return string(b), err
 	}
-	if o, err := tm("new-session", "-d", "-x", "160", "-y", "50", "env",
-		"RAKELIMIT_AS_CADDY=rakelimit top --address "+address, self, "-test.run=^$"); err != nil {
+	if o, err := tm("new-session", "-d", "-x", "160", "-y", "50", "env", "RAKELIMIT_AS_CADDY=1",
+		c.Bin, "rakelimit", "top", "--address", address); err != nil {
 		t.Fatalf("tmux new-session: %v: %s", err, o)
 	}
 	t.Cleanup(func() { tm("kill-server") })
@@ -94,7 +90,7 @@ func TestOperatorViews(t *testing.T) {
 	t.Logf("top showed the flooding stream %v after the flood began", time.Since(floodStart).Round(10*time.Millisecond))
 
 	t.Run("status", func(t *testing.T) {
-		o, err := caddyProcess(t, ctx, nil, nil, "rakelimit", "status", "--address", address).CombinedOutput()
+		o, err := c.Command(ctx, "rakelimit", "status", "--address", address).CombinedOutput()
 		if err != nil {
 			t.Fatalf("caddy rakelimit status: %v:\n%s", err, o)
 		}
@@ -110,8 +106,8 @@ func TestOperatorViews(t *testing.T) {
 	})
 
 	t.Run("top without a terminal, interrupted", func(t *testing.T) {
-		top := caddyProcess(t, ctx, nil, nil, "rakelimit", "top", "--address", address)
-		var o syncBuffer
+		top := c.Command(ctx, "rakelimit", "top", "--address", address)
+		var o testutil.SyncBuffer
 		top.Stdout, top.Stderr = &o, &o
 		if err := top.Start(); err != nil {
 			t.Fatal(err)
@@ -140,8 +136,7 @@ func TestOperatorViews(t *testing.T) {
 	})
 
 	t.Run("unreachable", func(t *testing.T) {
-		o, err := caddyProcess(t, ctx, nil, nil, "rakelimit", "status", "--address",
-			fmt.Sprintf("localhost:%d", testutil.FreePort(t))).CombinedOutput()
+		o, err := c.Command(ctx, "rakelimit", "status", "--address", fmt.Sprintf("localhost:%d", testutil.FreePort(t))).CombinedOutput()
 		lines := strings.Split(strings.TrimSpace(string(o)), "\n")
 		if err == nil || len(lines) != 1 || !strings.Contains(lines[0], "cannot reach Caddy's admin endpoint at localhost:") {
 			t.Errorf("status against nothing: %v, want one line saying the endpoint cannot be reached:\n%s", err, o)

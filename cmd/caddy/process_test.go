@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,17 +22,17 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	rakelimit "github.com/rakelimit/caddy-rakelimit"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
 )
 
 // These tests need Caddy as a process of its own: its log from start-up, or
-// its privileges. This package's test binary plays Caddy (main) when
-// RAKELIMIT_AS_CADDY holds the arguments, with hideUDP registered, a module
-// for these tests only. They run as root, and run Caddy as root or, with
-// setpriv and setcap, as nobody with the capabilities under test; floods
-// come from loopback addresses only, bounded in rate and time.
+// its privileges. This package's test binary plays Caddy (main), with the
+// arguments it was given, when RAKELIMIT_AS_CADDY=1, with hideUDP
+// registered, a module for these tests only; testutil.Caddy runs it. They
+// run as root, and run Caddy as root or, with setpriv and setcap, as nobody
+// with the capabilities under test; floods come from loopback addresses
+// only, bounded in rate and time.
 
 // The sources of the tests' traffic: legitimate requests, and floods.
 var (
@@ -41,11 +40,11 @@ var (
 	floodSrc = netip.MustParseAddr("127.0.0.6")
 )
 
-// TestMain runs Caddy when RAKELIMIT_AS_CADDY is set, the tests otherwise.
+// TestMain runs Caddy when RAKELIMIT_AS_CADDY=1, the tests otherwise.
 func TestMain(m *testing.M) {
 	caddy.RegisterModule(hideUDP{})
-	if args := os.Getenv("RAKELIMIT_AS_CADDY"); args != "" {
-		os.Args = append([]string{"caddy"}, strings.Fields(args)...)
+	if os.Getenv("RAKELIMIT_AS_CADDY") == "1" {
+		os.Args[0] = "caddy"
 		main()
 		os.Exit(0)
 	}
@@ -71,24 +70,25 @@ func (*hideUDP) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// caddyProcess runs this binary as `caddy args...` with extra environment
-// and an optional command prefix (such as setpriv), and returns it.
-func caddyProcess(t *testing.T, ctx context.Context, prefix []string, env []string, args ...string) *exec.Cmd {
+// asCaddy is bin, this test binary or a copy of it, as Caddy: run through
+// prefix (such as setpriv), with env added to this process's environment.
+func asCaddy(bin string, prefix, env []string) testutil.Caddy {
+	return testutil.Caddy{Bin: bin, Prefix: prefix, Env: append(append(os.Environ(), "RAKELIMIT_AS_CADDY=1"), env...)}
+}
+
+// testCaddy is this test binary as a Caddy of the test's own, with data and
+// config directories of its own, configured by the Caddyfile cfg, ready
+// once https://127.0.0.1:port/ answers over HTTP/3: asCaddy with prefix and
+// env.
+func testCaddy(t *testing.T, prefix, env []string, cfg string, port int) testutil.Caddy {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	env = append(env, "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir())
-	return caddyCommand(ctx, self, prefix, env, args...)
-}
-
-// caddyCommand runs bin, a copy of this test binary, as `caddy args...`.
-func caddyCommand(ctx context.Context, bin string, prefix []string, env []string, args ...string) *exec.Cmd {
-	argv := append(append(prefix, bin), "-test.run=^$")
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = append(append(os.Environ(), "RAKELIMIT_AS_CADDY="+strings.Join(args, " ")), env...)
-	return cmd
+	c := asCaddy(self, prefix, append(env, "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir()))
+	c.Config, c.URL, c.Src = cfg, fmt.Sprintf("https://127.0.0.1:%d/", port), legitSrc
+	return c
 }
 
 // writeConfig writes a Caddyfile with the given body into a temporary file.
@@ -139,23 +139,10 @@ func TestQUICKeepsFastPath(t *testing.T) {
 			port := testutil.FreePort(t)
 			cfg := writeConfig(t, processCaddyfile(t, port,
 				"servers {\n\t\tpacket_conn_wrappers {\n\t\t\t"+tt.wrappers+"\n\t\t}\n\t}", ""))
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			cmd := caddyProcess(t, ctx, nil, []string{"QUIC_GO_LOG_LEVEL=info"}, "run", "--config", cfg)
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("caddy's log:\n%s", out.String())
-				}
-			})
-			testutil.WaitHTTP3(t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", port))
-			cancel()
-			cmd.Wait()
-			log := out.String()
+			p := testutil.StartCaddy(t, testCaddy(t, nil, []string{"QUIC_GO_LOG_LEVEL=info"}, cfg, port))
+			p.Kill()
+			<-p.Done()
+			log := p.Output()
 			if !strings.Contains(log, "protecting listener") {
 				t.Fatalf("rakelimit did not attach:\n%s", log)
 			}
@@ -185,7 +172,8 @@ func TestRefusesWithoutCapBPF(t *testing.T) {
 		t.Run(verb, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			out, err := caddyProcess(t, ctx, drop, nil, verb, "--config", cfg).CombinedOutput()
+			c := testCaddy(t, drop, nil, cfg, port)
+			out, err := c.Command(ctx, append([]string{verb}, c.ConfigArgs()...)...).CombinedOutput()
 			if err == nil || ctx.Err() != nil {
 				t.Fatalf("caddy %s without CAP_BPF: err %v, context %v:\n%s", verb, err, ctx.Err(), out)
 			}
@@ -197,46 +185,6 @@ func TestRefusesWithoutCapBPF(t *testing.T) {
 			}
 		})
 	}
-}
-
-// startCaddy starts cmd, a Caddy of a context that cancel ends, with its
-// output in out, and ends it when the test does, logging the output if the
-// test failed. exited receives cmd.Wait's result; a test that takes it
-// first puts a value back for the cleanup.
-func startCaddy(t *testing.T, cmd *exec.Cmd, cancel context.CancelFunc, out *syncBuffer) (exited chan error) {
-	t.Helper()
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited = make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		cancel()
-		<-exited
-		if t.Failed() {
-			t.Logf("caddy's output:\n%s", out.String())
-		}
-	})
-	return exited
-}
-
-// syncBuffer is a bytes.Buffer that a process writes while a test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // unprivilegedDir makes a directory that nobody may use, with a copy of
@@ -334,36 +282,32 @@ func TestLeastPrivilege(t *testing.T) {
 			if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
 			prefix := append(slices.Clone(asNobody), tt.prefix...)
 			if tt.root {
 				prefix = append([]string{tools["setpriv"]}, tt.prefix...)
 			}
-			cmd := caddyCommand(ctx, bin, prefix,
-				[]string{"XDG_DATA_HOME=" + filepath.Join(dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(dir, "config"),
-					"HOME=" + filepath.Join(dir, "data")},
-				"run", "--config", cfg)
-			var out syncBuffer
-			cmd.Stdout, cmd.Stderr = &out, &out
+			c := asCaddy(bin, prefix, []string{"XDG_DATA_HOME=" + filepath.Join(dir, "data"),
+				"XDG_CONFIG_HOME=" + filepath.Join(dir, "config"), "HOME=" + filepath.Join(dir, "data")})
+			c.Config, c.URL, c.Src = cfg, fmt.Sprintf("https://127.0.0.1:%d/", port), legitSrc
 			if tt.refused != nil {
-				err := cmd.Run()
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				out, err := c.Command(ctx, append([]string{"run"}, c.ConfigArgs()...)...).CombinedOutput()
 				if err == nil || ctx.Err() != nil {
-					t.Fatalf("caddy ran: %v, %v:\n%s", err, ctx.Err(), out.String())
+					t.Fatalf("caddy ran: %v, %v:\n%s", err, ctx.Err(), out)
 				}
-				checkRefusal(t, out.String(), tt.refused)
+				checkRefusal(t, string(out), tt.refused)
 				return
 			}
-			startCaddy(t, cmd, cancel, &out)
-			testutil.WaitHTTP3(t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", port))
-			if !strings.Contains(out.String(), "protecting listener") {
+			caddyProc := testutil.StartCaddy(t, c)
+			if !strings.Contains(caddyProc.Output(), "protecting listener") {
 				t.Fatal("rakelimit did not attach")
 			}
 			// Userspace: one warning, when the configuration asked for
 			// auto, that says why and what to grant.
-			warned := strings.Count(out.String(), "rakelimit filters in userspace")
+			warned := strings.Count(caddyProc.Output(), "rakelimit filters in userspace")
 			if want := tt.runs == rakelimit.ModeUserspace && tt.mode != rakelimit.ModeUserspace; warned != map[bool]int{true: 1}[want] ||
-				want && !strings.Contains(out.String(), "grant CAP_BPF and CAP_PERFMON") {
+				want && !strings.Contains(caddyProc.Output(), "grant CAP_BPF and CAP_PERFMON") {
 				t.Errorf("%d warnings about userspace, want %v", warned, want)
 			}
 			// Its filter's count of drops, from its metrics; in
@@ -422,17 +366,6 @@ func sumMetric(exposition, name string, want ...string) float64 {
 	return total
 }
 
-// readDrops reads the drop counters of the sockets on port: with an
-// earlier reading, how many datagrams their filters dropped since.
-func readDrops(t *testing.T, port int) backlog.Drops {
-	t.Helper()
-	d, err := backlog.ReadDrops(port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
 // checkPrefilter checks, in the userspace mode, the kernel pre-filter that
 // needs no capability: it is on the socket, and it drops a flood of invalid
 // datagrams in the kernel, all but the one in 2^prefilter.DefaultSampleShift
@@ -444,7 +377,7 @@ func checkPrefilter(t *testing.T, admin, port int) {
 	if got := testutil.Metric(t, m, "caddy_rakelimit_prefilter", `what="sockets"`); got < 1 {
 		t.Fatalf("the pre-filter is on %v sockets, want 1:\n%s", got, m)
 	}
-	d0 := readDrops(t, port)
+	d0 := testutil.ReadDrops(t, port)
 	junk := testutil.Sender(t, netip.AddrPortFrom(floodSrc, 0))
 	const n = 20 << prefilter.DefaultSampleShift
 	if err := testutil.Pace(junk, testutil.LoopbackFor(floodSrc, uint16(port)), 20_000, n,
@@ -455,7 +388,7 @@ func checkPrefilter(t *testing.T, admin, port int) {
 	// The socket's own drop counter: the pre-filter's drops, and its own
 	// queue's overflows, which a Caddy that reads while it is sent has
 	// none of.
-	if d := readDrops(t, port).Socket - d0.Socket; d < n*9/10 {
+	if d := testutil.ReadDrops(t, port).Socket - d0.Socket; d < n*9/10 {
 		t.Errorf("the kernel dropped %d of %d invalid datagrams, want 90%% at least", d, n)
 	}
 	_, m = testutil.AdminGet(t, admin, "/metrics")

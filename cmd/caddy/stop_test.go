@@ -4,8 +4,6 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -65,28 +63,21 @@ func TestStopsAfterFlood(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			port := testutil.FreePort(t)
 			cfg := writeConfig(t, processCaddyfile(t, port, "", "rakelimit {\n\t\tmode "+mode+"\n\t}"))
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			cmd := caddyProcess(t, ctx, nil, nil, "run", "--config", cfg)
-			var out syncBuffer
-			exited := startCaddy(t, cmd, cancel, &out)
-			testutil.WaitHTTP3(t, legitSrc, fmt.Sprintf("https://127.0.0.1:%d/", port))
+			p := testutil.StartCaddy(t, testCaddy(t, nil, nil, cfg, port))
 			sent := floodSpread(t, testutil.LoopbackFor(floodSrc, uint16(port)), 50_000, 1500*time.Millisecond)
 			start := time.Now()
-			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			if err := p.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
 			select {
-			case <-exited:
-				exited <- nil // for the cleanup
+			case <-p.Done():
 				t.Logf("%s mode: Caddy exited %v after SIGTERM, after a flood of %d Initials", mode,
 					time.Since(start).Round(time.Millisecond), sent)
 			case <-time.After(stopBound):
-				_ = cmd.Process.Signal(syscall.SIGQUIT)
-				<-exited
-				exited <- nil
+				_ = p.Signal(syscall.SIGQUIT)
+				<-p.Done()
 				t.Errorf("%s mode: Caddy still ran %v after SIGTERM, after a flood of %d Initials; its goroutines:\n%s",
-					mode, stopBound, sent, goroutines(out.String()))
+					mode, stopBound, sent, goroutines(p.Output()))
 			}
 		})
 	}

@@ -30,9 +30,9 @@ func floorProgram(tb testing.TB) *ebpf.Program {
 //
 //	go test ./bpf/... -run '^$' -bench BenchmarkFilter
 func BenchmarkFilter(b *testing.B) {
-	v4 := udp("198.51.100.7", 5000).frame()
-	v6 := udp("2001:db8:1:2::7", 5000).frame()
-	withData := func(p packet, data []byte) []byte { p.data = data; return p.frame() }
+	v4 := udp("198.51.100.7", 5000).Bytes()
+	v6 := udp("2001:db8:1:2::7", 5000).Bytes()
+	withData := func(p testutil.Frame, data []byte) []byte { p.Data = data; return p.Bytes() }
 	initial := withData(udp("198.51.100.7", 50000), quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200))
 	short := withData(udp("198.51.100.7", 50000), quicclass.ShortHeader(1200))
 	junk := withData(udp("198.51.100.7", 50000), make([]byte, 100))

@@ -51,7 +51,7 @@ func TestClassifyFrames(t *testing.T) {
 	w := newTwin(t, testutil.QUICLimits(1000, 1000))
 	now := start
 	for _, src := range []string{"198.51.100.7", "2001:db8:1:2::7"} {
-		for _, ext := range [][]ipv6Ext{nil, {{kind: unix.IPPROTO_HOPOPTS}, {kind: unix.IPPROTO_DSTOPTS, units: 2}}} {
+		for _, ext := range [][]testutil.IPv6Ext{nil, {{Kind: unix.IPPROTO_HOPOPTS}, {Kind: unix.IPPROTO_DSTOPTS, Units: 2}}} {
 			if ext != nil && netip.MustParseAddr(src).Is4() {
 				continue
 			}
@@ -59,9 +59,9 @@ func TestClassifyFrames(t *testing.T) {
 				t.Run(fmt.Sprintf("%s %d extensions %s", src, len(ext), tt.name), func(t *testing.T) {
 					w.t = t
 					p := udp(src, tt.sport)
-					p.data, p.ipv6Ext = tt.data, ext
+					p.Data, p.IPv6Ext = tt.data, ext
 					now += int64(time.Millisecond)
-					out := w.step(p, p.datagram(true), now, 0)
+					out := w.step(p, p.Datagram(true), now, 0)
 					if out.Class != tt.class || out.Reason != tt.reason {
 						t.Fatalf("class %v/%v, want %v/%v", out.Class, out.Reason, tt.class, tt.reason)
 					}
@@ -72,13 +72,13 @@ func TestClassifyFrames(t *testing.T) {
 	// Behind more extension headers than the filter walks, the UDP header
 	// is out of reach: invalid, as its own reason.
 	p := udp("2001:db8:1:2::7", 50000)
-	p.data = quicclass.ShortHeader(100)
+	p.Data = quicclass.ShortHeader(100)
 	for range IPV6MaxExt + 1 {
-		p.ipv6Ext = append(p.ipv6Ext, ipv6Ext{kind: unix.IPPROTO_DSTOPTS})
+		p.IPv6Ext = append(p.IPv6Ext, testutil.IPv6Ext{Kind: unix.IPPROTO_DSTOPTS})
 	}
 	w.t = t
-	if out := w.step(p, p.datagram(false), now+int64(time.Millisecond), 0); out.Reason != quicclass.Unparsed {
-		t.Fatalf("behind %d extension headers: %+v, want invalid (unparsed)", len(p.ipv6Ext), out)
+	if out := w.step(p, p.Datagram(false), now+int64(time.Millisecond), 0); out.Reason != quicclass.Unparsed {
+		t.Fatalf("behind %d extension headers: %+v, want invalid (unparsed)", len(p.IPv6Ext), out)
 	}
 	w.compareState()
 }
@@ -159,7 +159,7 @@ func TestClassifyFramesVerify(t *testing.T) {
 		w.learnPeer(netip.MustParseAddr(src), now)
 	}
 	for fi := range 2 {
-		for _, ext := range [][]ipv6Ext{nil, {{kind: unix.IPPROTO_HOPOPTS}, {kind: unix.IPPROTO_DSTOPTS, units: 2}}} {
+		for _, ext := range [][]testutil.IPv6Ext{nil, {{Kind: unix.IPPROTO_HOPOPTS}, {Kind: unix.IPPROTO_DSTOPTS, Units: 2}}} {
 			if ext != nil && fi == 0 {
 				continue
 			}
@@ -168,9 +168,9 @@ func TestClassifyFramesVerify(t *testing.T) {
 				t.Run(fmt.Sprintf("%s %d extensions %s", src, len(ext), tt.name), func(t *testing.T) {
 					w.t = t
 					p := udp(src, 50000)
-					p.data, p.ipv6Ext = tt.data, ext
+					p.Data, p.IPv6Ext = tt.data, ext
 					now += int64(time.Millisecond)
-					out := w.step(p, p.datagram(true), now, 0)
+					out := w.step(p, p.Datagram(true), now, 0)
 					if out.Class != tt.class || out.Reason != tt.reason || out.Verified != tt.verified {
 						t.Fatalf("class %v/%v/%v, want %v/%v/%v", out.Class, out.Reason, out.Verified, tt.class, tt.reason, tt.verified)
 					}
@@ -205,8 +205,8 @@ func TestAllowlistFamilies(t *testing.T) {
 			c.Allow = []netip.Prefix{netip.MustParsePrefix(tt.allow)}
 			w := newTwin(t, c)
 			p := udp(tt.src, 50000)
-			p.data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
-			if out := w.step(p, p.datagram(true), start, 0); out.Allowlisted != tt.want {
+			p.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+			if out := w.step(p, p.Datagram(true), start, 0); out.Allowlisted != tt.want {
 				t.Fatalf("allowlisted %v, want %v", out.Allowlisted, tt.want)
 			}
 			w.compareState()
@@ -221,7 +221,7 @@ func TestSkewedClock(t *testing.T) {
 	const limit, rate = 100, 9500
 	w := newTwin(t, testutil.Limits(limit))
 	p := udp("198.51.100.7", 5000)
-	d := p.datagram(true)
+	d := p.Datagram(true)
 	passed, sent := 0, 0
 	for now := start; now < start+int64(time.Second); {
 		next := now + int64(time.Second)/rate
@@ -250,9 +250,9 @@ func TestSkewedClock(t *testing.T) {
 func TestSweep(t *testing.T) {
 	w := newTwin(t, testutil.Limits(100))
 	old, fresh := udp("198.51.100.7", 5000), udp("198.51.100.99", 6000)
-	w.step(old, old.datagram(true), start, 0)
+	w.step(old, old.Datagram(true), start, 0)
 	later := start + int64(40*time.Hour)
-	w.step(fresh, fresh.datagram(true), later, 0)
+	w.step(fresh, fresh.Datagram(true), later, 0)
 	swept, err := w.f.sweep(uint32(uint64(later) >> sketch.EpochShift))
 	if err != nil {
 		t.Fatal(err)
@@ -261,7 +261,7 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("the filter swept %d cells, the Go twin %d", swept, want)
 	}
 	w.compareState()
-	w.step(fresh, fresh.datagram(true), later+1, 0)
+	w.step(fresh, fresh.Datagram(true), later+1, 0)
 	w.compareState()
 }
 
@@ -436,7 +436,7 @@ func TestSweepConcurrent(t *testing.T) {
 	w := newTwin(t, testutil.Limits(100))
 	for i := range 300 {
 		p := udp(fmt.Sprintf("198.51.%d.%d", i/200, i%200), uint16(5000+i))
-		w.step(p, p.datagram(true), start, 0)
+		w.step(p, p.Datagram(true), start, 0)
 	}
 	later := start + int64(40*time.Hour)
 	epoch := uint32(uint64(later) >> sketch.EpochShift)
@@ -445,7 +445,7 @@ func TestSweepConcurrent(t *testing.T) {
 	w.f.sweepHook = func() {
 		for i := range 300 {
 			p := udp(fmt.Sprintf("203.0.%d.%d", i/200, i%200), uint16(6000+i))
-			w.step(p, p.datagram(true), later, 0)
+			w.step(p, p.Datagram(true), later, 0)
 		}
 		after = w.f.lines(t)
 	}
@@ -507,11 +507,11 @@ func TestTotalPerCPU(t *testing.T) {
 		t.Fatal("no total node in the default lattice")
 	}
 	p := udp("198.51.100.7", 5000)
-	d := p.datagram(true)
+	d := p.Datagram(true)
 	send := func(cpu int, now int64) {
 		t.Helper()
 		ctx := skbContext{CB: [5]uint32{uint32(now), uint32(uint64(now) >> 32), 0}}
-		if _, err := runOnCPU(w.f.objs.Rakelimit, &ebpf.RunOptions{Data: p.frame(), Context: ctx}, cpu); err != nil {
+		if _, err := runOnCPU(w.f.objs.Rakelimit, &ebpf.RunOptions{Data: p.Bytes(), Context: ctx}, cpu); err != nil {
 			t.Fatal(err)
 		}
 		w.d.Decide(&d, now, 0)

@@ -53,7 +53,7 @@ func TestTickClock(t *testing.T) {
 	if !coarseClockFits(tick, uint64(c.Limiter.Window)) {
 		t.Fatalf("a %v window with a %v tick does not read the coarse clock", c.Limiter.Window, time.Duration(tick))
 	}
-	frame := udp("198.51.100.7", 5000).frame()
+	frame := udp("198.51.100.7", 5000).Bytes()
 	var moved int
 	deadline := time.Now().Add(40 * time.Duration(tick))
 	prev := uint32(0)

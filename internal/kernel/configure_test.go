@@ -182,7 +182,7 @@ func TestConfigureSwitchesOnce(t *testing.T) {
 // fails if the readers read shared state without the filter's lock.
 func TestConfigureRaceReaders(t *testing.T) {
 	f := loadTest(t, testutil.Limits(25), loadOptions{})
-	if _, _, err := f.objs.Rakelimit.Benchmark(udp("198.51.100.7", 5000).frame(), 10_000, nil); err != nil {
+	if _, _, err := f.objs.Rakelimit.Benchmark(udp("198.51.100.7", 5000).Bytes(), 10_000, nil); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup

@@ -63,11 +63,11 @@ func decided(o decide.Outcome) bool {
 }
 
 // step sends p through both; d is what the filter should read of it.
-func (w *twin) step(p packet, d decide.Datagram, now int64, rnd uint32) decide.Outcome {
+func (w *twin) step(p testutil.Frame, d decide.Datagram, now int64, rnd uint32) decide.Outcome {
 	w.t.Helper()
-	want, err := w.stepFrame(p.frame(), d, now, rnd)
+	want, err := w.stepFrame(p.Bytes(), d, now, rnd)
 	if err != nil {
-		w.t.Fatalf("packet %d (%v:%d, key %+v, %d bytes) at %d: %v", w.packet, p.src, p.sport, d.Key, d.Length, now, err)
+		w.t.Fatalf("packet %d (%v:%d, key %+v, %d bytes) at %d: %v", w.packet, p.Src, p.SrcPort, d.Key, d.Length, now, err)
 	}
 	return want
 }
@@ -195,63 +195,63 @@ func (w *twin) compareState() {
 // one, so those are left out.)
 func TestParse(t *testing.T) {
 	v4, v6 := udp("198.51.100.1", 1111), udp("2001:db8:1:2::3", 2222)
-	with := func(p packet, fn func(*packet)) packet { fn(&p); return p }
+	with := func(p testutil.Frame, fn func(*testutil.Frame)) testutil.Frame { fn(&p); return p }
 	unknown := sketch.Key{Family: sketch.Unknown}
 	tests := []struct {
 		name     string
-		p        packet
+		p        testutil.Frame
 		hasPorts bool
-		key      *sketch.Key // overrides p.key(hasPorts)
+		key      *sketch.Key // overrides p.Key(hasPorts)
 	}{
 		{"ipv4", v4, true, nil},
-		{"ipv4 port 0", with(v4, func(p *packet) { p.sport = 0 }), true, nil},
-		{"ipv4 port 65535", with(v4, func(p *packet) { p.sport = 65535; p.dport = 65535 }), true, nil},
-		{"ipv4 options", with(v4, func(p *packet) { p.ipv4Options = 1 }), true, nil},
-		{"ipv4 max options", with(v4, func(p *packet) { p.ipv4Options = 10 }), true, nil},
-		{"ipv4 first fragment", with(v4, func(p *packet) { p.ipv4FragOffset = 0x2000 }), true, nil},
-		{"ipv4 later fragment", with(v4, func(p *packet) { p.ipv4FragOffset = 0x2000 | 185 }), false, nil},
-		{"ipv4 udplite", with(v4, func(p *packet) { p.proto = unix.IPPROTO_UDPLITE }), true, nil},
-		{"ipv4 tcp", with(v4, func(p *packet) { p.proto = unix.IPPROTO_TCP }), false, nil},
-		{"ipv4 header only", with(v4, func(p *packet) { p.truncate = ipv4HdrLen }), false, nil},
-		{"ipv4 header and half a port", with(v4, func(p *packet) { p.truncate = ipv4HdrLen + 3 }), false, nil},
-		{"ipv4 options, ports cut", with(v4, func(p *packet) { p.ipv4Options = 2; p.truncate = ipv4HdrLen + 10 }), false, nil},
+		{"ipv4 port 0", with(v4, func(p *testutil.Frame) { p.SrcPort = 0 }), true, nil},
+		{"ipv4 port 65535", with(v4, func(p *testutil.Frame) { p.SrcPort = 65535; p.DstPort = 65535 }), true, nil},
+		{"ipv4 options", with(v4, func(p *testutil.Frame) { p.IPv4Options = 1 }), true, nil},
+		{"ipv4 max options", with(v4, func(p *testutil.Frame) { p.IPv4Options = 10 }), true, nil},
+		{"ipv4 first fragment", with(v4, func(p *testutil.Frame) { p.IPv4FragOffset = 0x2000 }), true, nil},
+		{"ipv4 later fragment", with(v4, func(p *testutil.Frame) { p.IPv4FragOffset = 0x2000 | 185 }), false, nil},
+		{"ipv4 udplite", with(v4, func(p *testutil.Frame) { p.Proto = unix.IPPROTO_UDPLITE }), true, nil},
+		{"ipv4 tcp", with(v4, func(p *testutil.Frame) { p.Proto = unix.IPPROTO_TCP }), false, nil},
+		{"ipv4 header only", with(v4, func(p *testutil.Frame) { p.Truncate = testutil.IPv4HdrLen }), false, nil},
+		{"ipv4 header and half a port", with(v4, func(p *testutil.Frame) { p.Truncate = testutil.IPv4HdrLen + 3 }), false, nil},
+		{"ipv4 options, ports cut", with(v4, func(p *testutil.Frame) { p.IPv4Options = 2; p.Truncate = testutil.IPv4HdrLen + 10 }), false, nil},
 		{"ipv6", v6, true, nil},
-		{"ipv6 hop-by-hop", with(v6, func(p *packet) { p.ipv6Ext = []ipv6Ext{{kind: unix.IPPROTO_HOPOPTS}} }), true, nil},
-		{"ipv6 every extension", with(v6, func(p *packet) {
-			p.ipv6Ext = []ipv6Ext{{kind: unix.IPPROTO_HOPOPTS, units: 1}, {kind: unix.IPPROTO_ROUTING, units: 2},
-				{kind: unix.IPPROTO_DSTOPTS}, {kind: unix.IPPROTO_FRAGMENT}, {kind: unix.IPPROTO_AH, units: 4},
-				{kind: unix.IPPROTO_DSTOPTS, units: 3}}
+		{"ipv6 hop-by-hop", with(v6, func(p *testutil.Frame) { p.IPv6Ext = []testutil.IPv6Ext{{Kind: unix.IPPROTO_HOPOPTS}} }), true, nil},
+		{"ipv6 every extension", with(v6, func(p *testutil.Frame) {
+			p.IPv6Ext = []testutil.IPv6Ext{{Kind: unix.IPPROTO_HOPOPTS, Units: 1}, {Kind: unix.IPPROTO_ROUTING, Units: 2},
+				{Kind: unix.IPPROTO_DSTOPTS}, {Kind: unix.IPPROTO_FRAGMENT}, {Kind: unix.IPPROTO_AH, Units: 4},
+				{Kind: unix.IPPROTO_DSTOPTS, Units: 3}}
 		}), true, nil},
-		{"ipv6 too many extensions", with(v6, func(p *packet) {
+		{"ipv6 too many extensions", with(v6, func(p *testutil.Frame) {
 			for range 7 {
-				p.ipv6Ext = append(p.ipv6Ext, ipv6Ext{kind: unix.IPPROTO_DSTOPTS})
+				p.IPv6Ext = append(p.IPv6Ext, testutil.IPv6Ext{Kind: unix.IPPROTO_DSTOPTS})
 			}
 		}), false, nil},
-		{"ipv6 later fragment", with(v6, func(p *packet) {
-			p.ipv6Ext = []ipv6Ext{{kind: unix.IPPROTO_FRAGMENT, fragOffset: 100}}
+		{"ipv6 later fragment", with(v6, func(p *testutil.Frame) {
+			p.IPv6Ext = []testutil.IPv6Ext{{Kind: unix.IPPROTO_FRAGMENT, FragOffset: 100}}
 		}), false, nil},
-		{"ipv6 tcp", with(v6, func(p *packet) { p.proto = unix.IPPROTO_TCP }), false, nil},
-		{"ipv6 header only", with(v6, func(p *packet) { p.truncate = ipv6HdrLen }), false, nil},
-		{"ipv6 extension cut", with(v6, func(p *packet) {
-			p.ipv6Ext = []ipv6Ext{{kind: unix.IPPROTO_HOPOPTS}}
-			p.truncate = ipv6HdrLen + 2
+		{"ipv6 tcp", with(v6, func(p *testutil.Frame) { p.Proto = unix.IPPROTO_TCP }), false, nil},
+		{"ipv6 header only", with(v6, func(p *testutil.Frame) { p.Truncate = testutil.IPv6HdrLen }), false, nil},
+		{"ipv6 extension cut", with(v6, func(p *testutil.Frame) {
+			p.IPv6Ext = []testutil.IPv6Ext{{Kind: unix.IPPROTO_HOPOPTS}}
+			p.Truncate = testutil.IPv6HdrLen + 2
 		}), false, nil},
-		{"not ip", with(v4, func(p *packet) { p.etherType = 0x88b5 }), false, &unknown},
+		{"not ip", with(v4, func(p *testutil.Frame) { p.EtherType = 0x88b5 }), false, &unknown},
 	}
 	for _, size := range []int{0, 1, 7, 8, 35, 36, 64, 1200, 1350} {
 		tests = append(tests,
 			struct {
 				name     string
-				p        packet
+				p        testutil.Frame
 				hasPorts bool
 				key      *sketch.Key
-			}{fmt.Sprintf("ipv4 payload %d", size), with(v4, func(p *packet) { p.payload = size }), true, nil},
+			}{fmt.Sprintf("ipv4 payload %d", size), with(v4, func(p *testutil.Frame) { p.Payload = size }), true, nil},
 			struct {
 				name     string
-				p        packet
+				p        testutil.Frame
 				hasPorts bool
 				key      *sketch.Key
-			}{fmt.Sprintf("ipv6 payload %d", size), with(v6, func(p *packet) { p.payload = size }), true, nil},
+			}{fmt.Sprintf("ipv6 payload %d", size), with(v6, func(p *testutil.Frame) { p.Payload = size }), true, nil},
 		)
 	}
 	all, classes := newTwin(t, testutil.Limits(1000)), newTwin(t, testutil.QUICLimits(1000, 1000))
@@ -259,15 +259,15 @@ func TestParse(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// A distinct source per case, so that each lands in its own cells.
-			tt.p.sport += uint16(i)
-			d := tt.p.datagram(tt.hasPorts)
+			tt.p.SrcPort += uint16(i)
+			d := tt.p.Datagram(tt.hasPorts)
 			if tt.key != nil {
 				d = decide.Datagram{Key: *tt.key}
 			}
 			now += int64(time.Millisecond)
-			if tt.p.etherType == 0 {
+			if tt.p.EtherType == 0 {
 				// The Go twin of the parser reads the same.
-				got := decide.Parse(tt.p.frame()[ethHdrLen:], tt.p.src.Is6())
+				got := decide.Parse(tt.p.Bytes()[testutil.EthHdrLen:], tt.p.Src.Is6())
 				if !sameDatagram(got, d) {
 					t.Fatalf("decide.Parse read %+v, want %+v", got, d)
 				}
@@ -341,9 +341,9 @@ func TestDifferential(t *testing.T) {
 			allowInvalid, allowed := 0, 0
 			w := newTwin(t, c)
 			rng := rand.New(rand.NewPCG(3, 4))
-			var pool []packet
+			var pool []testutil.Frame
 			for i := range 300 {
-				var p packet
+				var p testutil.Frame
 				switch i % 4 {
 				case 0:
 					p = udp(fmt.Sprintf("198.51.%d.%d", rng.IntN(4), rng.IntN(256)), uint16(1024+rng.IntN(64000)))
@@ -354,15 +354,15 @@ func TestDifferential(t *testing.T) {
 				default: // sometimes from a blocked port
 					p = udp(fmt.Sprintf("192.0.2.%d", rng.IntN(256)), uint16(rng.IntN(2000)))
 				}
-				p.dport = 443 + uint16(rng.IntN(2))
+				p.DstPort = 443 + uint16(rng.IntN(2))
 				kinds := quicPayloads(rng)
-				p.data = kinds[rng.IntN(len(kinds))]
+				p.Data = kinds[rng.IntN(len(kinds))]
 				pool = append(pool, p)
 			}
 			heavy := pool[2]
-			heavy.data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+			heavy.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 			unparsed := udp("192.0.2.1", 1)
-			unparsed.etherType = 0x88b5
+			unparsed.EtherType = 0x88b5
 			now := start
 			for i := range 40000 {
 				switch i {
@@ -385,7 +385,7 @@ func TestDifferential(t *testing.T) {
 					now += int64(rng.ExpFloat64() * 20e3)
 					at = now
 				}
-				var p packet
+				var p testutil.Frame
 				var d decide.Datagram
 				switch r := rng.IntN(100); {
 				case r < 40:
@@ -395,8 +395,8 @@ func TestDifferential(t *testing.T) {
 				default:
 					p = pool[rng.IntN(len(pool))]
 				}
-				if p.etherType == 0 {
-					d = p.datagram(true)
+				if p.EtherType == 0 {
+					d = p.Datagram(true)
 				}
 				out := w.step(p, d, at, rng.Uint32())
 				if out.Allowlisted {
@@ -471,7 +471,7 @@ func TestDifferentialSpoofed(t *testing.T) {
 				now += int64(time.Second) / floodPPS
 				a := netip.AddrFrom4([4]byte{10, byte(128 + rng.IntN(128)), byte(rng.IntN(256)), byte(rng.IntN(256))})
 				p := udp(a.String(), tt.port(rng))
-				d := p.datagram(true)
+				d := p.Datagram(true)
 				before := lim.Estimate(&d.Key, 0, n0, sketch.Clean, now)
 				if o := w.step(p, d, now, rng.Uint32()); o.Verdict.Drop {
 					drops++
@@ -483,7 +483,7 @@ func TestDifferentialSpoofed(t *testing.T) {
 					continue
 				}
 				q := udp("192.0.2.10", uint16(1024+rng.IntN(64000)))
-				o := w.step(q, q.datagram(true), now, rng.Uint32())
+				o := w.step(q, q.Datagram(true), now, rng.Uint32())
 				if now-start > int64(time.Second) {
 					sent++
 					if !o.Verdict.Drop {
@@ -554,8 +554,8 @@ func TestLatticeNodes(t *testing.T) {
 					now += int64(time.Second) / n
 					a, b := i%128, i*41%128
 					pk := udp(s.addr(a, b), s.port(a, b))
-					if v := w.step(pk, pk.datagram(true), now, rng.Uint32()).Verdict; v.Drop {
-						drops[v.Node.Describe(p, pk.key(true).Family)]++
+					if v := w.step(pk, pk.Datagram(true), now, rng.Uint32()).Verdict; v.Drop {
+						drops[v.Node.Describe(p, pk.Key(true).Family)]++
 					}
 				}
 				w.compareState()
@@ -726,8 +726,8 @@ func TestDimensions(t *testing.T) {
 	}
 	for i := range 2000 {
 		p := udp(fmt.Sprintf("2001:db8:%x::%x", i, i), uint16(2000+i))
-		p.data = payloads[i%sketch.NumClasses]
-		w.step(p, p.datagram(true), start+int64(i)*1000, uint32(i))
+		p.Data = payloads[i%sketch.NumClasses]
+		w.step(p, p.Datagram(true), start+int64(i)*1000, uint32(i))
 	}
 	w.compareState()
 	st, _ := w.f.Stats()
@@ -907,7 +907,7 @@ func TestDifferentialVerify(t *testing.T) {
 			w.expire(now - int64(3*time.Second))
 			w.compareState()
 		}
-		var p packet
+		var p testutil.Frame
 		id := randID()
 		if rng.IntN(3) > 0 {
 			id = ids[rng.IntN(len(ids))]
@@ -916,22 +916,22 @@ func TestDifferentialVerify(t *testing.T) {
 		case r < 30: // spoofed unverified short headers
 			p = udp(netip.AddrFrom4([4]byte{byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())}).String(),
 				uint16(1024+rng.IntN(60000)))
-			p.data = quicclass.ShortPacket(randID(), 30+rng.IntN(1000))
+			p.Data = quicclass.ShortPacket(randID(), 30+rng.IntN(1000))
 		case r < 55:
 			p = udp(peers[rng.IntN(len(peers))].String(), uint16(1024+rng.IntN(60000)))
-			p.data = payload(id)
+			p.Data = payload(id)
 		default:
 			if rng.IntN(2) == 0 {
 				p = udp(fmt.Sprintf("198.51.%d.%d", rng.IntN(4), rng.IntN(256)), uint16(1024+rng.IntN(64000)))
 			} else {
 				p = udp(fmt.Sprintf("2001:db8:%x:%x::%x", rng.IntN(3), rng.IntN(4), rng.IntN(1<<16)), uint16(1024+rng.IntN(64000)))
 			}
-			p.data = payload(id)
+			p.Data = payload(id)
 		}
-		if rng.IntN(10) == 0 && p.src.Is6() {
-			p.ipv6Ext = []ipv6Ext{{kind: unix.IPPROTO_HOPOPTS}, {kind: unix.IPPROTO_DSTOPTS, units: 1}}
+		if rng.IntN(10) == 0 && p.Src.Is6() {
+			p.IPv6Ext = []testutil.IPv6Ext{{Kind: unix.IPPROTO_HOPOPTS}, {Kind: unix.IPPROTO_DSTOPTS, Units: 1}}
 		}
-		w.step(p, p.datagram(true), at, rng.Uint32())
+		w.step(p, p.Datagram(true), at, rng.Uint32())
 	}
 	w.compareState()
 	st := w.d.Stats()

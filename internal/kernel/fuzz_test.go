@@ -37,9 +37,9 @@ func (f *Filter) tryRun(frame []byte, now int64, rnd uint32) (rakelimitVerdict, 
 // fuzzSeeds are the packets the decision fuzzer starts from: every kind of
 // datagram the classifier tells apart, from IPv4 (with options, fragments)
 // and IPv6 (with extension headers), lengths that disagree, and not UDP.
-func fuzzSeeds() []packet {
+func fuzzSeeds() []testutil.Frame {
 	rng := rand.New(rand.NewPCG(1, 2))
-	var seeds []packet
+	var seeds []testutil.Frame
 	sid := []byte{0xa1, 0xb2, 0xc3, 0xd4}
 	extra := [][]byte{
 		quicclass.LongPacket(quicclass.Version1, 0, sid, []byte{1, 2, 3, 4, 5, 6, 7, 8}, make([]byte, 30), 1200),
@@ -49,27 +49,27 @@ func fuzzSeeds() []packet {
 	for i, data := range append(quicPayloads(rng), extra...) {
 		for _, src := range []string{"203.0.113.7", "2001:db8:77::7"} {
 			p := udp(src, uint16(50000+i))
-			p.data = data
+			p.Data = data
 			seeds = append(seeds, p)
 		}
 		if i%3 == 0 {
 			p := udp("198.51.100.9", 53)
-			p.data = data
+			p.Data = data
 			seeds = append(seeds, p)
 		}
 	}
 	v6, v4 := udp("2001:db8::9", 50000), udp("198.51.100.9", 50000)
-	v6.data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
-	v6.ipv6Ext = []ipv6Ext{{kind: unix.IPPROTO_HOPOPTS}, {kind: unix.IPPROTO_ROUTING, units: 1},
-		{kind: unix.IPPROTO_FRAGMENT}, {kind: unix.IPPROTO_AH, units: 2}, {kind: unix.IPPROTO_DSTOPTS}}
+	v6.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	v6.IPv6Ext = []testutil.IPv6Ext{{Kind: unix.IPPROTO_HOPOPTS}, {Kind: unix.IPPROTO_ROUTING, Units: 1},
+		{Kind: unix.IPPROTO_FRAGMENT}, {Kind: unix.IPPROTO_AH, Units: 2}, {Kind: unix.IPPROTO_DSTOPTS}}
 	seeds = append(seeds, v6)
-	v4.data, v4.ipv4Options = quicclass.ShortHeader(50), 3
+	v4.Data, v4.IPv4Options = quicclass.ShortHeader(50), 3
 	seeds = append(seeds, v4)
 	trick := udp("198.51.100.10", 50000)
-	trick.data, trick.udpLen = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200), udpClaim
+	trick.Data, trick.UDPLen = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200), udpClaim
 	seeds = append(seeds, trick)
 	tcp := udp("198.51.100.11", 50000)
-	tcp.proto = unix.IPPROTO_TCP
+	tcp.Proto = unix.IPPROTO_TCP
 	return append(seeds, tcp)
 }
 
@@ -84,8 +84,8 @@ func fuzzSeeds() []packet {
 // refuses is skipped by both.
 func FuzzDecision(f *testing.F) {
 	for _, p := range fuzzSeeds() {
-		fr := p.frame()
-		f.Add(fr[ethHdrLen:], p.src.Is6(), uint32(len(fr)))
+		fr := p.Bytes()
+		f.Add(fr[testutil.EthHdrLen:], p.Src.Is6(), uint32(len(fr)))
 	}
 	plain := testutil.QUICLimits(50, 200)
 	verify := testutil.QUICLimits(50, 200)
@@ -97,10 +97,10 @@ func FuzzDecision(f *testing.F) {
 	twins[1].learnPeer(netip.MustParseAddr("203.0.113.7"), now)
 	twins[1].learnPeer(netip.MustParseAddr("2001:db8:77::7"), now)
 	f.Fuzz(func(t *testing.T, ip []byte, ipv6 bool, rnd uint32) {
-		if len(ip)+ethHdrLen > fuzzMaxFrame {
+		if len(ip)+testutil.EthHdrLen > fuzzMaxFrame {
 			return
 		}
-		frame := make([]byte, ethHdrLen, ethHdrLen+len(ip))
+		frame := make([]byte, testutil.EthHdrLen, testutil.EthHdrLen+len(ip))
 		binary.BigEndian.PutUint16(frame[12:], unix.ETH_P_IP)
 		if ipv6 {
 			binary.BigEndian.PutUint16(frame[12:], unix.ETH_P_IPV6)

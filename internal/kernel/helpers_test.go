@@ -3,7 +3,6 @@
 package kernel
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -174,171 +173,20 @@ func (f *Filter) lines(t testing.TB) []sketch.Line {
 	return out
 }
 
-// packet describes a test frame.
-type packet struct {
-	src, dst     netip.Addr
-	sport, dport uint16
-	// data is the UDP payload; when nil, payload bytes of a fixed
-	// pattern.
-	data    []byte
-	payload int
-	// ipv4Options adds this many 4-byte words of IPv4 options.
-	ipv4Options int
-	// ipv4FragOffset sets the IPv4 fragment offset (in 8-byte units).
-	ipv4FragOffset uint16
-	// ipv6Ext lists IPv6 extension headers to insert before UDP.
-	ipv6Ext []ipv6Ext
-	// proto overrides the transport protocol (default UDP).
-	proto uint8
-	// etherType overrides the frame's ethertype.
-	etherType uint16
-	// truncate cuts the frame to this many bytes after the Ethernet header.
-	truncate int
-	// udpLen, when set, replaces the UDP header's length field, and
-	// trailer adds this many bytes after the UDP datagram within the IP
-	// datagram: a socket receives the UDP length's worth of payload.
-	udpLen  int
-	trailer int
-}
-
-type ipv6Ext struct {
-	kind       uint8 // unix.IPPROTO_HOPOPTS, _ROUTING, _DSTOPTS, _FRAGMENT, _AH
-	units      int   // length field value
-	fragOffset uint16
-}
-
-const (
-	ethHdrLen  = 14
-	ipv4HdrLen = 20
-	ipv6HdrLen = 40
-	udpHdrLen  = 8
-)
-
-// frame builds the Ethernet frame of p.
-func (p packet) frame() []byte {
-	proto := p.proto
-	if proto == 0 {
-		proto = unix.IPPROTO_UDP
-	}
-	l4 := make([]byte, udpHdrLen, udpHdrLen+p.payload)
-	l4 = append(l4, p.payloadBytes()...)
-	binary.BigEndian.PutUint16(l4[0:], p.sport)
-	binary.BigEndian.PutUint16(l4[2:], p.dport)
-	binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
-	if p.udpLen > 0 {
-		binary.BigEndian.PutUint16(l4[4:], uint16(p.udpLen))
-	}
-	l4 = append(l4, make([]byte, p.trailer)...)
-	var ip []byte
-	etherType := uint16(unix.ETH_P_IP)
-	if p.src.Is4() {
-		hl := ipv4HdrLen + 4*p.ipv4Options
-		ip = make([]byte, hl)
-		ip[0] = 0x40 | byte(hl/4)
-		binary.BigEndian.PutUint16(ip[2:], uint16(hl+len(l4)))
-		binary.BigEndian.PutUint16(ip[6:], p.ipv4FragOffset)
-		ip[8] = 64
-		ip[9] = proto
-		s, d := p.src.As4(), p.dst.As4()
-		copy(ip[12:], s[:])
-		copy(ip[16:], d[:])
-		for i := ipv4HdrLen; i < hl; i++ {
-			ip[i] = 1 // NOP options
-		}
-	} else {
-		etherType = unix.ETH_P_IPV6
-		ip = make([]byte, ipv6HdrLen)
-		ip[0] = 0x60
-		s, d := p.src.As16(), p.dst.As16()
-		copy(ip[8:], s[:])
-		copy(ip[24:], d[:])
-		ip[7] = 64
-		next := &ip[6]
-		for _, e := range p.ipv6Ext {
-			*next = e.kind
-			var h []byte
-			switch e.kind {
-			case unix.IPPROTO_FRAGMENT:
-				h = make([]byte, 8)
-				binary.BigEndian.PutUint16(h[2:], e.fragOffset<<3)
-			case unix.IPPROTO_AH:
-				h = make([]byte, (e.units+2)*4)
-			default:
-				h = make([]byte, (e.units+1)*8)
-			}
-			h[1] = byte(e.units)
-			if e.kind == unix.IPPROTO_FRAGMENT {
-				h[1] = 0
-			}
-			ip = append(ip, h...)
-			next = &ip[len(ip)-len(h)]
-		}
-		*next = proto
-		binary.BigEndian.PutUint16(ip[4:], uint16(len(ip)-ipv6HdrLen+len(l4)))
-	}
-	if p.etherType != 0 {
-		etherType = p.etherType
-	}
-	f := make([]byte, ethHdrLen, ethHdrLen+len(ip)+len(l4))
-	copy(f[0:], []byte{2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2})
-	binary.BigEndian.PutUint16(f[12:], etherType)
-	f = append(f, ip...)
-	f = append(f, l4...)
-	if p.truncate > 0 {
-		f = f[:ethHdrLen+p.truncate]
-	}
-	return f
-}
-
-// payloadBytes is p's UDP payload.
-func (p packet) payloadBytes() []byte {
-	if p.data != nil {
-		return p.data
-	}
-	b := make([]byte, p.payload)
-	for i := range b {
-		b[i] = byte((i + udpHdrLen) * 31)
-	}
-	return b
-}
-
-// datagram is what the filter should read of p: the key (hasPorts says
-// whether the UDP header is readable), the payload's length and the payload
-// (the program reads its probe, and with VerifyIDs the length fields
-// wherever they are).
-func (p packet) datagram(hasPorts bool) decide.Datagram {
-	d := decide.Datagram{Key: p.key(hasPorts)}
-	if hasPorts {
-		b := p.payloadBytes()
-		if p.udpLen > 0 {
-			b = b[:min(len(b), max(p.udpLen-udpHdrLen, 0))]
-		}
-		d.Length, d.Probe = len(b), b
-	}
-	return d
-}
-
-// key is what the filter should make of p.
-func (p packet) key(hasPorts bool) sketch.Key {
-	k := sketch.KeyFrom(netip.AddrPortFrom(p.src, p.sport), p.dport)
-	if !hasPorts {
-		k.HasPorts, k.SrcPort, k.DstPort = false, 0, 0
-	}
-	return k
-}
-
 var (
 	dst4 = netip.MustParseAddr("192.0.2.254")
 	dst6 = netip.MustParseAddr("2001:db8::fe")
 )
 
-func udp(src string, sport uint16) packet {
+// udp is a frame of a 32-byte datagram from src:sport to port 443 of a
+// documentation address of src's family.
+func udp(src string, sport uint16) testutil.Frame {
 	a := netip.MustParseAddr(src)
 	d := dst4
 	if a.Is6() {
 		d = dst6
 	}
-	return packet{src: a, dst: d, sport: sport, dport: 443, payload: 32}
+	return testutil.Frame{Src: a, Dst: d, SrcPort: sport, DstPort: 443, Payload: 32}
 }
 
 // start is an arbitrary monotonic-clock reading.

@@ -116,8 +116,8 @@ func TestLearnedFull(t *testing.T) {
 	for i, probe := range append(ids[:200:200], id) {
 		_, want := after[probe]
 		p := udp("192.0.2.1", 50000)
-		p.data = quicclass.ShortPacket(probe, 100)
-		v := f.run(t, p.frame(), int64(19*unit), 0) // moves a held ID's stamp to 19
+		p.Data = quicclass.ShortPacket(probe, 100)
+		v := f.run(t, p.Bytes(), int64(19*unit), 0) // moves a held ID's stamp to 19
 		if verified := quicclass.Verification(v.Verified) == quicclass.ShortByID; verified != want {
 			t.Fatalf("ID %d (%x), held %v: class %v, verified %v", i, probe, want, quicclass.Class(v.Class),
 				quicclass.Verification(v.Verified))

@@ -177,7 +177,7 @@ func TestStreamEvents(t *testing.T) {
 			}
 		}
 	}()
-	frame := udp("198.51.100.7", 5000).frame()
+	frame := udp("198.51.100.7", 5000).Bytes()
 	start := time.Now()
 	if _, _, err := f.objs.Rakelimit.Benchmark(frame, 1_000_000, nil); err != nil {
 		t.Fatal(err)
@@ -230,8 +230,8 @@ func TestStreamEventsUnverified(t *testing.T) {
 	}
 	defer events.Close()
 	p := udp("198.51.100.7", 5000)
-	p.data = quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100)
-	if _, _, err := f.objs.Rakelimit.Benchmark(p.frame(), 100_000, nil); err != nil {
+	p.Data = quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100)
+	if _, _, err := f.objs.Rakelimit.Benchmark(p.Bytes(), 100_000, nil); err != nil {
 		t.Fatal(err)
 	}
 	ev, err := events.Read()
@@ -319,8 +319,8 @@ func TestTrackingPaced(t *testing.T) {
 		for range n {
 			source++
 			p := udp(netip.AddrFrom4([4]byte{198, 18, byte(source >> 8), byte(source)}).String(), 5000)
-			p.data = []byte{0x00, 1, 2, 3} // fixed bit 0: invalid
-			if v := f.run(t, p.frame(), now, 0); v.Drop != 1 || quicclass.Class(v.Class) != quicclass.Invalid {
+			p.Data = []byte{0x00, 1, 2, 3} // fixed bit 0: invalid
+			if v := f.run(t, p.Bytes(), now, 0); v.Drop != 1 || quicclass.Class(v.Class) != quicclass.Invalid {
 				t.Fatalf("source %d: verdict %+v, want an invalid drop", source, v)
 			}
 		}
@@ -357,8 +357,8 @@ func TestTrackingPaced(t *testing.T) {
 	one := streams[0]
 	for range 5 {
 		p := udp(one.Key.Addr().String(), 5000)
-		p.data = []byte{0x00}
-		f.run(t, p.frame(), start, 0)
+		p.Data = []byte{0x00}
+		f.run(t, p.Bytes(), start, 0)
 	}
 	if got := untracked(); got != over {
 		t.Fatalf("drops of a tracked stream counted as untracked: %d, want %d", got, over)

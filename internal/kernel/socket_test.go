@@ -256,62 +256,6 @@ func TestSocketConcurrentFlood(t *testing.T) {
 	t.Logf("flood from %d CPUs, per second: %v", cpus, r.PerSecondFrom(src))
 }
 
-// netns is a network namespace created for one test, with ULA addresses on
-// its loopback.
-type netns struct {
-	name string
-	fd   int
-}
-
-func newNetns(t *testing.T, addrs []string) *netns {
-	t.Helper()
-	if _, err := exec.LookPath("ip"); err != nil {
-		testutil.SkipOrFail(t, "needs iproute2: %v", err)
-	}
-	name := fmt.Sprintf("rakelimit-test-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		testutil.SkipOrFail(t, "creating network namespace: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	batch := "link set lo up\n"
-	for _, a := range addrs {
-		batch += fmt.Sprintf("addr add %s dev lo nodad\n", a)
-	}
-	cmd := exec.Command("ip", "-n", name, "-b", "-")
-	cmd.Stdin = strings.NewReader(batch)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("configuring namespace: %v: %s", err, out)
-	}
-	fd, err := unix.Open("/var/run/netns/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	return &netns{name: name, fd: fd}
-}
-
-// do runs fn with the calling thread inside the namespace: sockets created
-// by fn belong to it, and stay there once fn returns.
-func (n *netns) do(t *testing.T, fn func()) {
-	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	home, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(home)
-	if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
-		t.Fatalf("entering namespace: %v", err)
-	}
-	defer func() {
-		if err := unix.Setns(home, unix.CLONE_NEWNET); err != nil {
-			panic(fmt.Sprintf("cannot return to the test's network namespace: %v", err))
-		}
-	}()
-	fn()
-}
-
 // TestSocketIPv6Prefixes: in a namespace of its own, with ULA addresses on
 // loopback, a flood spread over 32 addresses of one /64 is held at the /64
 // (level 1, "/64 sport=*"), and one spread over 32 /64s of one /48 at the
@@ -327,7 +271,7 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 	for _, a := range append(append([]string{"fd00:1:2:3::1", "fd00:9::5"}, in64...), in48...) {
 		addrs = append(addrs, a+"/128")
 	}
-	ns := newNetns(t, addrs)
+	ns := testutil.NewNetNS(t, addrs...)
 	tests := []struct {
 		name    string
 		sources []string
@@ -366,12 +310,12 @@ func TestSocketIPv6Prefixes(t *testing.T) {
 // fd00:9::5, into a new filter at limit. It reports a flood not held at the
 // limit, drops at another level than level, or a lost legit datagram; it
 // fails t on an error of the setup.
-func ipv6PrefixFlood(t *testing.T, ns *netns, sources []string, level, limit, perSource, seconds int) error {
+func ipv6PrefixFlood(t *testing.T, ns *testutil.NetNS, sources []string, level, limit, perSource, seconds int) error {
 	t.Helper()
 	f := loadTest(t, testutil.Limits(uint32(limit)), loadOptions{})
 	var conn, legit *net.UDPConn
 	var floods []*net.UDPConn
-	ns.do(t, func() {
+	ns.Do(t, func() {
 		conn = testutil.Listen(t, "udp6", "[fd00:1:2:3::1]:0")
 		legit = testutil.Sender(t, netip.MustParseAddrPort("[fd00:9::5]:0"))
 		for _, s := range sources {

@@ -37,7 +37,7 @@ func lengthCases() []struct {
 	reason quicclass.Reason
 } {
 	head := func(v uint32) []byte {
-		b := quicclass.LongHeader(v, 0, 8, 8, ipv4Total-ipv4HdrLen-udpHdrLen)
+		b := quicclass.LongHeader(v, 0, 8, 8, ipv4Total-testutil.IPv4HdrLen-testutil.UDPHdrLen)
 		return b
 	}
 	return []struct {
@@ -51,7 +51,7 @@ func lengthCases() []struct {
 		{"40-byte unknown version in a 1228-byte ip datagram", head(0x0a0a0a0a), udpClaim, quicclass.Invalid,
 			quicclass.SmallUnknownVersion},
 		{"consistent initial", head(quicclass.Version1), 0, quicclass.Opening, 0},
-		{"udp length of the header alone", head(quicclass.Version1), udpHdrLen, quicclass.Invalid, quicclass.Empty},
+		{"udp length of the header alone", head(quicclass.Version1), testutil.UDPHdrLen, quicclass.Invalid, quicclass.Empty},
 		{"udp length under the header", head(quicclass.Version1), 3, quicclass.Invalid, quicclass.Empty},
 		{"udp length past the ip datagram", quicclass.ShortHeader(100), 1000, quicclass.Established, 0},
 	}
@@ -71,13 +71,13 @@ func TestDifferentialLengths(t *testing.T) {
 			t.Run(src+" "+tt.name, func(t *testing.T) {
 				w.t = t
 				p := udp(src, 50000)
-				p.data, p.udpLen = tt.data, tt.udpLen
+				p.Data, p.UDPLen = tt.data, tt.udpLen
 				now += int64(time.Millisecond)
-				d := p.datagram(true)
+				d := p.Datagram(true)
 				if tt.udpLen == 1000 { // bounded by the IP datagram
-					d = decide.Datagram{Key: p.key(true), Length: len(tt.data), Probe: tt.data}
+					d = decide.Datagram{Key: p.Key(true), Length: len(tt.data), Probe: tt.data}
 				}
-				if got := decide.Parse(p.frame()[ethHdrLen:], p.src.Is6()); !sameDatagram(got, d) {
+				if got := decide.Parse(p.Bytes()[testutil.EthHdrLen:], p.Src.Is6()); !sameDatagram(got, d) {
 					t.Fatalf("decide.Parse read %d bytes, want %d", got.Length, d.Length)
 				}
 				out := w.step(p, d, now, 0)
@@ -89,25 +89,6 @@ func TestDifferentialLengths(t *testing.T) {
 	}
 	w.t = t
 	w.compareState()
-}
-
-// rawUDP4 builds an IPv4 datagram of total bytes from src to dst whose UDP
-// header claims udpLen bytes and whose payload starts with data; the UDP
-// checksum is 0 (none), the kernel fills in the IP checksum.
-func rawUDP4(src, dst netip.AddrPort, total, udpLen int, data []byte) []byte {
-	b := make([]byte, total)
-	b[0] = 0x45
-	binary.BigEndian.PutUint16(b[2:], uint16(total))
-	b[8] = 64
-	b[9] = unix.IPPROTO_UDP
-	s, d := src.Addr().As4(), dst.Addr().As4()
-	copy(b[12:], s[:])
-	copy(b[16:], d[:])
-	binary.BigEndian.PutUint16(b[20:], src.Port())
-	binary.BigEndian.PutUint16(b[22:], dst.Port())
-	binary.BigEndian.PutUint16(b[24:], uint16(udpLen))
-	copy(b[28:], data)
-	return b
 }
 
 // TestSocketLengths sends the length trick to a real socket from a raw
@@ -132,9 +113,14 @@ func TestSocketLengths(t *testing.T) {
 	for _, tt := range cases {
 		udpLen := tt.udpLen
 		if udpLen == 0 {
-			udpLen = ipv4Total - ipv4HdrLen
+			udpLen = ipv4Total - testutil.IPv4HdrLen
 		}
-		b := rawUDP4(src, dst, ipv4Total, udpLen, tt.data)
+		// An IP datagram of ipv4Total bytes whose payload starts with
+		// tt.data (the kernel fills in the IP checksum again).
+		data := make([]byte, ipv4Total-testutil.IPv4HdrLen-testutil.UDPHdrLen)
+		copy(data, tt.data)
+		b := testutil.Frame{Src: src.Addr(), Dst: dst.Addr(), SrcPort: src.Port(), DstPort: dst.Port(), Data: data,
+			UDPLen: udpLen}.Bytes()[testutil.EthHdrLen:]
 		if err := unix.Sendto(fd, b, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
 			t.Fatalf("sending %s: %v", tt.name, err)
 		}
@@ -269,9 +255,9 @@ func TestDifferentialVarintsAcrossProbe(t *testing.T) {
 					t.Run(name, func(t *testing.T) {
 						w.t = t
 						p := udp("198.51.100.9", 50000)
-						p.data = b
+						p.Data = b
 						now += int64(time.Millisecond)
-						out := w.step(p, p.datagram(true), now, 0)
+						out := w.step(p, p.Datagram(true), now, 0)
 						if out.Class != want || out.Reason != reason {
 							t.Fatalf("class %v/%v, want %v/%v", out.Class, out.Reason, want, reason)
 						}

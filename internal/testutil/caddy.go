@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -125,17 +126,46 @@ func Metric(t testing.TB, exposition, name string, want ...string) float64 {
 }
 
 // AdminGet fetches path from Caddy's admin endpoint on localhost:port and
-// returns the status code and the body.
+// returns the status code and the body; it fails t when there is no answer.
 func AdminGet(t testing.TB, port int, path string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://localhost:%d%s", port, path))
+	status, body, err := adminGet(context.Background(), "localhost", port, path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return status, string(body)
+}
+
+// AdminRequest fetches path from Caddy's admin endpoint on 127.0.0.1:port,
+// within ctx and 5 s, and returns the body; another status than 200 is an
+// error.
+func AdminRequest(ctx context.Context, port int, path string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	status, body, err := adminGet(ctx, "127.0.0.1", port, path)
+	if err != nil {
+		return nil, err
+	}
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %d %s: %s", path, status, http.StatusText(status), bytes.TrimSpace(body))
+	}
+	return body, nil
+}
+
+// adminGet fetches path from the admin endpoint on host:port.
+func adminGet(ctx context.Context, host string, port int, path string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s:%d%s", host, port, path), nil)
+	if err != nil {
+		return 0, nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return 0, nil, fmt.Errorf("GET %s: reading the body: %w", path, err)
 	}
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, b, nil
 }

@@ -19,21 +19,47 @@
 //     at its limit (each second against what was sent in it);
 //   - quic.go: Initials, the QUIC Initial datagrams floods send, and
 //     FloodInitials, the flood of them the integration tests aim at Caddy
-//     (the fixed datagrams of each class are quicclass.LongHeader and
-//     quicclass.ShortHeader);
+//     (their header is quicclass.LongPacket's; the fixed datagrams of each
+//     class are quicclass's builders: LongHeader, ShortHeader, Initial and
+//     the like);
+//   - frames.go: Frame, the Ethernet frame of a UDP datagram over IPv4 or
+//     IPv6 (options, extension headers, fragments, lengths that disagree,
+//     cuts) that the kernel tests and the lab's filter benchmark feed to
+//     BPF_PROG_TEST_RUN, with what a filter should read of it (Datagram,
+//     Key), and IPv4Checksum;
+//   - netns.go (Linux): NetNS, a network namespace of the test's own
+//     (NewNetNS, removed when the test ends) with fd00::/8 addresses on its
+//     loopback, Do to make sockets inside it, IP to configure it, and Link,
+//     a veth pair between two namespaces;
 //   - require.go: Required, SkipOrFail, RequireBPF and RequireRoot, the one
 //     switch (CI=true or RAKELIMIT_REQUIRE_BPF=1) that turns a test's
 //     missing privilege or tool from a skip into a failure;
 //   - config.go: Limits and QUICLimits, the limiter configurations the bpf
 //     and userspace tests start from;
-//   - caddy.go: FreePort, HTTP3Get, WaitHTTP3, AdminGet and Metric, for
-//     tests that run Caddy and talk to it;
-//   - process.go: Nobody and CopyTestBinary, for tests that run this test
-//     binary again without privileges.
+//   - caddy.go: FreePort, HTTP3Get, WaitHTTP3, AdminGet, AdminRequest and
+//     Metric, for tests that run Caddy and talk to it;
+//   - caddyproc_linux.go: Caddy, the one starter of Caddy as a process of
+//     its own (binary, a prefix such as setpriv for its user and
+//     capabilities, environment, Caddyfile or JSON, log in memory or in a
+//     file, waiting for the admin endpoint, a page over HTTP/3 or a check
+//     of the caller's), StartCaddy for a test, Command for what runs to its
+//     end, ErrorLine and LastLine for its log, and SyncBuffer; the tests of
+//     cmd/caddy and the benchmark start Caddy with it (the root package's
+//     tests run Caddy in their own process);
+//   - process.go: Nobody, CopyTestBinary and RerunUnprivileged (with
+//     Unprivileged and Tail), for tests that run this test binary again
+//     without privileges, and EffectiveCaps;
+//   - process_linux.go: Process, a child in a process group of its own,
+//     killed with its context or this process, with Stop (SIGTERM, then
+//     SIGKILL after a grace), and WaitGone;
 //   - queue.go: WaitRead, which waits until Caddy has read its sockets'
-//     queues (from the kernel's rx_queue, read by backlog.SocketQueued).
+//     queues (from the kernel's rx_queue, read by backlog.SocketQueued),
+//     and ReadDrops, the sockets' drop counters;
+//   - clock.go: Clock, a clock a test moves by hand.
 //
-// The benchmark (lab/bench) uses it too: percentiles (latency.go) mean one
-// thing in its reports and in the integration tests. Nothing here registers
-// flags, so a command may import it.
+// The lab uses it too: the filter benchmark (lab/filterbench) its frames,
+// the benchmark (lab/bench) its Caddy starter and its percentiles
+// (latency.go), which mean one thing in the benchmark's reports and in the
+// integration tests. Nothing here registers flags, so a command may import
+// it.
 package testutil

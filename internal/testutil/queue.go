@@ -25,3 +25,16 @@ func WaitRead(t *testing.T, port int) {
 		}
 	}
 }
+
+// ReadDrops reads the drop counters of the UDP sockets on port (and the
+// system's receive-queue overflows); with an earlier reading,
+// backlog.Drops.FilteredSince says how many datagrams their filters dropped
+// since. It fails t when /proc cannot be read.
+func ReadDrops(t testing.TB, port int) backlog.Drops {
+	t.Helper()
+	d, err := backlog.ReadDrops(port)
+	if err != nil {
+		t.Fatalf("reading the drops of the sockets on port %d: %v", port, err)
+	}
+	return d
+}

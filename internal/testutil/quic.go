@@ -7,26 +7,23 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 // InitialSize is the size of the datagrams Initials makes: the smallest a
 // client's Initial may be.
 const InitialSize = 1200
 
-// The long header Initials writes: first byte, version, destination
-// connection ID length and ID, source connection ID length.
+// The long header Initials writes (quicclass.LongPacket's): first byte,
+// version, the destination connection ID's length and the ID (where Next
+// writes a new one), the source connection ID's length and the ID, the
+// token length (0), and the Length field, a 2-byte varint that covers the
+// rest of the datagram, as in a real Initial.
 const (
-	initialVersionAt = 1
-	initialDCIDLenAt = 5
 	initialDCIDAt    = 6
-	initialSCIDLenAt = 14
 	initialCIDLen    = 8
-	// initialTokenLenAt is the token length (0), after the source
-	// connection ID; initialLengthAt the Length field, a 2-byte varint
-	// that covers the rest of the datagram, as in a real Initial.
-	initialTokenLenAt = initialSCIDLenAt + 1 + initialCIDLen
-	initialLengthAt   = initialTokenLenAt + 1
-	initialRest       = InitialSize - initialLengthAt - 2
+	initialHeaderLen = initialDCIDAt + initialCIDLen + 1 + initialCIDLen + 1 + 2
 	// initialPool is how many payloads Initials makes up front.
 	initialPool = 64
 )
@@ -53,12 +50,13 @@ func NewInitials(seed uint64) *Initials {
 		for i := range b {
 			b[i] = byte(g.rng.Uint32())
 		}
-		b[0] = 0xc0 | b[0]&0x0f // long header, fixed bit, type Initial
-		binary.BigEndian.PutUint32(b[initialVersionAt:], 1)
-		b[initialDCIDLenAt] = initialCIDLen
-		b[initialSCIDLenAt] = initialCIDLen
-		b[initialTokenLenAt] = 0
-		binary.BigEndian.PutUint16(b[initialLengthAt:], 0x4000|initialRest)
+		// The header, with the random connection IDs and the random low
+		// bits of the first byte (the packet number length and reserved
+		// bits, which header protection hides).
+		h := quicclass.LongPacket(quicclass.Version1, 0, b[initialDCIDAt:initialDCIDAt+initialCIDLen],
+			b[initialDCIDAt+initialCIDLen+1:initialDCIDAt+2*initialCIDLen+1], nil, InitialSize)
+		h[0] |= b[0] & 0x0f
+		copy(b, h[:initialHeaderLen])
 	}
 	return g
 }

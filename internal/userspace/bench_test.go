@@ -38,7 +38,7 @@ func sourceAt(i int, fixed bool) netip.AddrPort {
 // floor: what a pass-through wrapper reads of a datagram (its key and
 // probe) without deciding.
 func BenchmarkDecide(b *testing.B) {
-	payload := initial()
+	payload := quicclass.Initial()
 	for _, bc := range []struct {
 		name  string
 		fixed bool
@@ -150,7 +150,7 @@ func benchReadBatch(b *testing.B, withLimiter, fixed bool, limit uint32) {
 	pc := ipv4.NewPacketConn(flood)
 	sentinel := sender(b, "127.0.0.1:0")
 	sentinelDst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(conn))
-	payload := initial()
+	payload := quicclass.Initial()
 	ms, _ := quicGoBatch()
 	sent := 0
 	send := func(n int) {

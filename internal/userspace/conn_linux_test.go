@@ -1,12 +1,7 @@
 package userspace
 
 import (
-	"bufio"
-	"fmt"
 	"os"
-	"os/exec"
-	"strconv"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -57,35 +52,6 @@ func TestSocketOptionsThroughConn(t *testing.T) {
 	}
 }
 
-// Capability numbers (linux/capability.h).
-const (
-	capSysAdmin = 21
-	capPerfmon  = 38
-	capBPF      = 39
-)
-
-// effectiveCaps reads the process's effective capabilities.
-func effectiveCaps(t *testing.T) uint64 {
-	t.Helper()
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return caps
-		}
-	}
-	t.Fatal("no CapEff in /proc/self/status")
-	return 0
-}
-
 // unprivilegedTests are the tests the unprivileged children run: the
 // limiter on a real socket and quic-go over the wrapper, under a flood.
 const unprivilegedTests = "^(TestUnprivilegedChild|TestEveryReadFilters|TestReadBatchPairs|TestQUICGoUnderFlood|TestQUICGoKeepsFastPath)$"
@@ -93,11 +59,11 @@ const unprivilegedTests = "^(TestUnprivilegedChild|TestEveryReadFilters|TestRead
 // TestUnprivilegedChild runs only inside TestWithoutPrivileges's children:
 // it asserts that they lack CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN.
 func TestUnprivilegedChild(t *testing.T) {
-	if os.Getenv("RAKELIMIT_UNPRIVILEGED") == "" {
+	if os.Getenv(testutil.Unprivileged) == "" {
 		t.Skip("runs in TestWithoutPrivileges's children")
 	}
-	caps := effectiveCaps(t)
-	for name, c := range map[string]uint{"CAP_BPF": capBPF, "CAP_PERFMON": capPerfmon, "CAP_SYS_ADMIN": capSysAdmin} {
+	caps := testutil.EffectiveCaps(t)
+	for name, c := range map[string]uint{"CAP_BPF": unix.CAP_BPF, "CAP_PERFMON": unix.CAP_PERFMON, "CAP_SYS_ADMIN": unix.CAP_SYS_ADMIN} {
 		if caps>>c&1 != 0 {
 			t.Errorf("the child has %s (CapEff %#x)", name, caps)
 		}
@@ -109,45 +75,16 @@ func TestUnprivilegedChild(t *testing.T) {
 // with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN dropped. The userspace mode
 // needs none of them.
 func TestWithoutPrivileges(t *testing.T) {
-	if os.Getenv("RAKELIMIT_UNPRIVILEGED") != "" {
+	if os.Getenv(testutil.Unprivileged) != "" {
 		t.Skip("already a child")
 	}
 	if os.Geteuid() != 0 {
 		// Every test of this run is already unprivileged.
-		if caps := effectiveCaps(t); caps>>capBPF&1 != 0 || caps>>capSysAdmin&1 != 0 {
+		if caps := testutil.EffectiveCaps(t); caps>>unix.CAP_BPF&1 != 0 || caps>>unix.CAP_SYS_ADMIN&1 != 0 {
 			t.Fatalf("not root, yet CapEff %#x has CAP_BPF or CAP_SYS_ADMIN", caps)
 		}
 		return
 	}
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		t.Fatalf("needs setpriv (util-linux, installed by make deps): %v", err)
-	}
-	// The test binary, where nobody may run it.
-	dir, bin := testutil.CopyTestBinary(t, "userspace.test")
-	tests := []struct {
-		name string
-		args []string
-	}{
-		{"nobody", []string{fmt.Sprintf("--reuid=%d", testutil.Nobody), fmt.Sprintf("--regid=%d", testutil.Nobody), "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"}},
-		{"root without CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN", []string{"--inh-caps=-bpf,-perfmon,-sys_admin",
-			"--bounding-set=-bpf,-perfmon,-sys_admin"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			args := append(tt.args, bin, "-test.run="+unprivilegedTests, "-test.v", "-test.count=1")
-			cmd := exec.Command(setpriv, args...)
-			cmd.Dir = dir
-			cmd.Env = append(os.Environ(), "RAKELIMIT_UNPRIVILEGED=1", "HOME="+dir)
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Fatalf("%v\n%s", err, tail(out))
-			}
-			for _, name := range []string{"TestUnprivilegedChild", "TestEveryReadFilters", "TestQUICGoUnderFlood", "TestQUICGoKeepsFastPath"} {
-				if !strings.Contains(string(out), "--- PASS: "+name+" ") {
-					t.Errorf("%s did not pass in the child:\n%s", name, tail(out))
-				}
-			}
-		})
-	}
+	testutil.RerunUnprivileged(t, "userspace.test", unprivilegedTests, []string{"bpf", "perfmon", "sys_admin"},
+		[]string{"TestUnprivilegedChild", "TestEveryReadFilters", "TestQUICGoUnderFlood", "TestQUICGoKeepsFastPath"})
 }

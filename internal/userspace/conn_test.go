@@ -84,7 +84,7 @@ func TestEveryReadFilters(t *testing.T) {
 			c := wrap(t, testutil.Listen(t, "udp4", "127.0.0.1:0"), l)
 			s := sender(t, "127.0.0.1:0")
 			dst := loopbackTo("127.0.0.1:0", testutil.PortOf(c.UDPConn))
-			want := initial()
+			want := quicclass.Initial()
 			copy(want[100:], "the datagram that passes")
 			for _, b := range [][]byte{junk(), quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 300), want} {
 				if _, err := s.WriteToUDPAddrPort(b, dst); err != nil {
@@ -157,8 +157,8 @@ func TestSetLimiter(t *testing.T) {
 		t.Fatal("Limiter() is not the one set")
 	}
 	s.WriteToUDPAddrPort(junk(), dst)
-	s.WriteToUDPAddrPort(short(), dst)
-	if n, _, err := c.ReadFromUDPAddrPort(buf); err != nil || n != len(short()) {
+	s.WriteToUDPAddrPort(quicclass.ShortHeader(100), dst)
+	if n, _, err := c.ReadFromUDPAddrPort(buf); err != nil || n != len(quicclass.ShortHeader(100)) {
 		t.Fatalf("with the limiter again: %d bytes, %v; want the junk dropped", n, err)
 	}
 }
@@ -241,7 +241,7 @@ func TestFilterBatchCompaction(t *testing.T) {
 			var want []ipv4.Message
 			var wantBytes [][]byte
 			for i := range ms {
-				b := short()
+				b := quicclass.ShortHeader(100)
 				if tt.pattern[i] == 'd' {
 					b = junk()
 				}
@@ -331,7 +331,7 @@ func TestReadBatchPairs(t *testing.T) {
 	batches, mixed := 0, 0
 	for round := range rounds {
 		for i, s := range srcs {
-			b := short()
+			b := quicclass.ShortHeader(100)
 			if i%2 == 1 {
 				b = junk()
 			}
@@ -357,7 +357,7 @@ func TestReadBatchPairs(t *testing.T) {
 				}
 				from := m.Addr.(*net.UDPAddr).AddrPort()
 				want := fmt.Sprintf("port %d round %d", from.Port(), round)
-				if payload := string(m.Buffers[0][30:m.N]); payload != want || m.Buffers[0][0] != short()[0] {
+				if payload := string(m.Buffers[0][30:m.N]); payload != want || m.Buffers[0][0] != quicclass.ShortHeader(100)[0] {
 					t.Fatalf("round %d: datagram %q (first byte %#x) from %v, want %q", round, payload, m.Buffers[0][0], from, want)
 				}
 				if linux {
@@ -427,7 +427,7 @@ func TestConnFlood(t *testing.T) {
 	legitSent := 0
 	go func() {
 		for end := time.Now().Add(seconds * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			if _, err := legitS.WriteToUDPAddrPort(short(), loopbackTo("[::1]:0", port)); err != nil {
+			if _, err := legitS.WriteToUDPAddrPort(quicclass.ShortHeader(100), loopbackTo("[::1]:0", port)); err != nil {
 				errs <- err
 				return
 			}
@@ -436,8 +436,8 @@ func TestConnFlood(t *testing.T) {
 		errs <- nil
 	}()
 	go func() { errs <- pace(junkS, loopbackTo("127.0.0.1:0", port), junk(), 100, 100*seconds) }()
-	go func() { errs <- pace(blockedS, loopbackTo("127.0.0.1:0", port), initial(), 100, 100*seconds) }()
-	if err := pace(floodS, loopbackTo("127.0.0.1:0", port), initial(), rate, rate*seconds); err != nil {
+	go func() { errs <- pace(blockedS, loopbackTo("127.0.0.1:0", port), quicclass.Initial(), 100, 100*seconds) }()
+	if err := pace(floodS, loopbackTo("127.0.0.1:0", port), quicclass.Initial(), rate, rate*seconds); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {
@@ -487,7 +487,7 @@ func TestFilterBatchAllocatesNothing(t *testing.T) {
 	}
 	// A flood of Initials from 192.0.2.1, dropped, between short-header
 	// packets from 192.0.2.0.
-	payloads := [][]byte{short(), initial()}
+	payloads := [][]byte{quicclass.ShortHeader(100), quicclass.Initial()}
 	fill := func() {
 		for i := range ms {
 			payload := payloads[i%2]

@@ -47,15 +47,9 @@ func dgram(src string, b []byte) decide.Datagram {
 		Probe: b[:min(len(b), quicclass.ProbeBytes)]}
 }
 
-// initial is a QUIC v1 Initial of 1200 bytes; short a short-header packet;
-// junk a datagram with the fixed bit clear; unknownVersion a 1200-byte long
-// header of a version quic-go lacks.
-func initial() []byte { return quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200) }
-func short() []byte   { return quicclass.ShortHeader(100) }
-func junk() []byte    { return make([]byte, 50) }
-func unknownVersion() []byte {
-	return quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
-}
+// junk is a datagram with the fixed bit clear (the other kinds of datagram
+// are quicclass.Initial, quicclass.ShortHeader and quicclass.UnknownVersion).
+func junk() []byte { return make([]byte, 50) }
 
 // wrap wraps conn with l for a test.
 func wrap(t testing.TB, conn *net.UDPConn, l *Limiter) *Conn {

@@ -53,14 +53,14 @@ func TestWritesTeach(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := w.write(c, short(), to); err != nil {
+			if err := w.write(c, quicclass.ShortHeader(100), to); err != nil {
 				t.Fatal(err)
 			}
 			if _, peers := sink.Counts(); peers != 0 || c.Learner() != nil {
 				t.Fatal("a Conn without a learner taught")
 			}
 			c.SetLearner(l)
-			if err := w.write(c, short(), to); err != nil {
+			if err := w.write(c, quicclass.ShortHeader(100), to); err != nil {
 				t.Fatal(err)
 			}
 			if !sink.KnowsPeer(netip.MustParseAddr("127.0.0.1")) {

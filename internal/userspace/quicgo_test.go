@@ -80,11 +80,11 @@ func TestQUICGoKeepsFastPath(t *testing.T) {
 			cmd.Env = append(os.Environ(), "RAKELIMIT_QUIC_CHILD="+tt.mode, "QUIC_GO_LOG_LEVEL=debug")
 			out, err := cmd.CombinedOutput()
 			if err != nil {
-				t.Fatalf("child: %v\n%s", err, tail(out))
+				t.Fatalf("child: %v\n%s", err, testutil.Tail(out))
 			}
 			for _, w := range tt.want {
 				if !bytes.Contains(out, []byte(w)) {
-					t.Errorf("quic-go over the %s conn did not log %q:\n%s", tt.mode, w, tail(out))
+					t.Errorf("quic-go over the %s conn did not log %q:\n%s", tt.mode, w, testutil.Tail(out))
 				}
 			}
 			for _, d := range tt.deny {
@@ -95,7 +95,7 @@ func TestQUICGoKeepsFastPath(t *testing.T) {
 			if tt.mode == "wrapped" && quicBatches {
 				m := regexp.MustCompile(`READBATCH-CALLS (\d+)`).FindSubmatch(out)
 				if m == nil {
-					t.Fatalf("child printed no ReadBatch count:\n%s", tail(out))
+					t.Fatalf("child printed no ReadBatch count:\n%s", testutil.Tail(out))
 				}
 				if n, _ := strconv.Atoi(string(m[1])); n == 0 {
 					t.Fatal("quic-go never called Conn.ReadBatch")
@@ -104,15 +104,6 @@ func TestQUICGoKeepsFastPath(t *testing.T) {
 			}
 		})
 	}
-}
-
-// tail is the end of a child's output, for error messages.
-func tail(out []byte) string {
-	const keep = 4000
-	if len(out) > keep {
-		out = out[len(out)-keep:]
-	}
-	return string(out)
 }
 
 // quicChild serves one echo exchange over the conn mode names, on a

@@ -5,11 +5,9 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -19,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // moduleRoot finds the directory of this repository's go.mod from dir
@@ -51,7 +50,7 @@ func buildCaddy(ctx context.Context, dir string, progress io.Writer) (string, er
 	cmd := exec.CommandContext(ctx, goTool(), "build", "-o", bin, "./cmd/caddy")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building ./cmd/caddy: %w: %s", err, lastLine(out))
+		return "", fmt.Errorf("building ./cmd/caddy: %w: %s", err, testutil.LastLine(out))
 	}
 	fmt.Fprintf(progress, "rakebench: built caddy in %.0f s\n", time.Since(start).Seconds())
 	return bin, nil
@@ -69,9 +68,9 @@ func goTool() string {
 func caddyVersion(ctx context.Context, bin string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, "version").CombinedOutput()
+	out, err := testutil.Caddy{Bin: bin}.Command(ctx, "version").CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("running %s version: %w: %s", bin, err, lastLine(out))
+		return "", fmt.Errorf("running %s version: %w: %s", bin, err, testutil.LastLine(out))
 	}
 	return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]), nil
 }
@@ -130,9 +129,8 @@ const page = "hello"
 
 // caddyProc is one running Caddy.
 type caddyProc struct {
-	*process
-	site    site
-	logPath string
+	*testutil.CaddyProcess
+	site site
 }
 
 // caddyEnv keeps Caddy's files in the run's directory.
@@ -146,25 +144,29 @@ func caddyEnv(dir string) []string {
 	return env
 }
 
+// variantCaddy is Caddy with a variant's configuration (which
+// validateVariant writes), its files in the run's directory.
+func variantCaddy(bin, dir string, v Variant) testutil.Caddy {
+	return testutil.Caddy{Bin: bin, Env: caddyEnv(dir), Config: filepath.Join(dir, "Caddyfile."+v.Name)}
+}
+
 // validateVariant runs `caddy validate` on a variant's configuration, which
 // provisions every module (and loads BPF programs) without serving.
 func validateVariant(ctx context.Context, bin, dir string, s site, v Variant) error {
-	cfg := filepath.Join(dir, "Caddyfile."+v.Name)
-	if err := os.WriteFile(cfg, []byte(s.caddyfile(v.Directive)), 0o600); err != nil {
+	c := variantCaddy(bin, dir, v)
+	if err := os.WriteFile(c.Config, []byte(s.caddyfile(v.Directive)), 0o600); err != nil {
 		return fmt.Errorf("writing the configuration of variant %q: %w", v.Name, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "validate", "--adapter", "caddyfile", "--config", cfg)
-	cmd.Env = caddyEnv(dir)
-	out, err := cmd.CombinedOutput()
+	out, err := c.Command(ctx, append([]string{"validate"}, c.ConfigArgs()...)...).CombinedOutput()
 	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return ctx.Err()
 	}
 	if err == nil {
 		return nil
 	}
-	msg := errorLine(out)
+	msg := testutil.ErrorLine(out)
 	if strings.Contains(string(out), "CAP_BPF") && os.Geteuid() != 0 {
 		return fmt.Errorf("variant %q needs CAP_BPF: run as root: %s", v.Name, msg)
 	}
@@ -172,132 +174,40 @@ func validateVariant(ctx context.Context, bin, dir string, s site, v Variant) er
 }
 
 // startCaddy starts Caddy with a variant's configuration (written by
-// validateVariant) and waits up to ready until the site answers over
-// HTTP/3. A Caddy that does not get there is stopped.
+// validateVariant), its log in the run's directory, and waits up to ready
+// until its admin endpoint answers and then its site over HTTP/3. A Caddy
+// that does not get there is stopped.
 func startCaddy(ctx context.Context, bin, dir string, s site, v Variant, tag string, ready time.Duration) (*caddyProc, error) {
-	logPath := filepath.Join(dir, "caddy-"+tag+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("creating caddy's log: %w", err)
+	c := variantCaddy(bin, dir, v)
+	c.LogFile, c.Admin, c.Wait = filepath.Join(dir, "caddy-"+tag+".log"), s.adminPort, ready
+	dst := s.dst()
+	c.Ready = func(ctx context.Context) error {
+		if _, err := newConnGet(ctx, probeSrc, dst, "/", page); err != nil {
+			return fmt.Errorf("HTTP/3 request: %w", err)
+		}
+		return nil
 	}
-	defer logf.Close()
-	cfg := filepath.Join(dir, "Caddyfile."+v.Name)
-	p, err := startProcess(ctx, []string{bin, "run", "--adapter", "caddyfile", "--config", cfg}, caddyEnv(dir), logf)
+	p, err := c.Start(ctx)
 	if err != nil {
-		return nil, err
-	}
-	c := &caddyProc{process: p, site: s, logPath: logPath}
-	if err := c.waitReady(ctx, ready); err != nil {
-		c.stop(5 * time.Second)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		return nil, fmt.Errorf("caddy (variant %s) failed to start: %w", v.Name, err)
 	}
-	return c, nil
-}
-
-// waitReady waits for the admin endpoint and then for an HTTP/3 answer from
-// the site: Caddy issues the internal certificate after it starts.
-func (c *caddyProc) waitReady(ctx context.Context, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	dst := c.dst()
-	var last error
-	for {
-		if c.exited() {
-			return fmt.Errorf("caddy exited: %s", c.logError())
-		}
-		if _, err := c.admin(ctx, "/config/"); err != nil {
-			last = fmt.Errorf("admin endpoint: %w", err)
-		} else {
-			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-			_, err := newConnGet(rctx, probeSrc, dst, "/", page)
-			rcancel()
-			if err == nil {
-				return nil
-			}
-			last = fmt.Errorf("HTTP/3 request: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not ready after %v: %w (log: %s)", timeout, last, c.logError())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return &caddyProc{CaddyProcess: p, site: s}, nil
 }
 
 // dst is the site's address for IPv4 clients.
-func (c *caddyProc) dst() netip.AddrPort {
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(c.site.port))
+func (s site) dst() netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(s.port))
 }
+
+// dst is the site's address for IPv4 clients.
+func (c *caddyProc) dst() netip.AddrPort { return c.site.dst() }
 
 // admin GETs path from the admin endpoint.
 func (c *caddyProc) admin(ctx context.Context, path string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", c.site.adminPort, path), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
-	}
-	return b, nil
-}
-
-// logError is the most telling line of Caddy's log: the last error, or the
-// last line.
-func (c *caddyProc) logError() string {
-	b, err := os.ReadFile(c.logPath)
-	if err != nil {
-		return err.Error()
-	}
-	return errorLine(b)
-}
-
-// errorLine returns the last line of out that mentions an error, else its
-// last line; of a JSON log line, its message and error.
-func errorLine(out []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	for i := len(lines) - 1; i >= 0; i-- {
-		if l := strings.ToLower(lines[i]); strings.Contains(l, "error") {
-			return logMessage(strings.TrimSpace(lines[i]))
-		}
-	}
-	return logMessage(lastLine(out))
-}
-
-// logMessage extracts msg and error from a JSON log line.
-func logMessage(line string) string {
-	var entry struct {
-		Msg   string `json:"msg"`
-		Error string `json:"error"`
-	}
-	if json.Unmarshal([]byte(line), &entry) != nil || entry.Msg == "" {
-		return line
-	}
-	if entry.Error != "" {
-		return entry.Msg + ": " + entry.Error
-	}
-	return entry.Msg
-}
-
-func lastLine(out []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if l := strings.TrimSpace(lines[len(lines)-1]); l != "" {
-		return l
-	}
-	return "(no output)"
+	return testutil.AdminRequest(ctx, c.site.adminPort, path)
 }
 
 // procSample is what /proc says about Caddy at one moment.
@@ -312,7 +222,7 @@ const clockTicks = 100
 
 func (c *caddyProc) sample() (procSample, error) {
 	s := procSample{at: time.Now()}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.pid()))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.Pid()))
 	if err != nil {
 		return s, fmt.Errorf("reading caddy's CPU time: %w", err)
 	}
@@ -358,7 +268,7 @@ func cpuPercent(a, b procSample) float64 {
 
 // resetPeakRSS resets Caddy's VmHWM to its current RSS.
 func (c *caddyProc) resetPeakRSS() error {
-	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", c.pid()), []byte("5"), 0); err != nil {
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", c.Pid()), []byte("5"), 0); err != nil {
 		return fmt.Errorf("resetting caddy's peak RSS: %w", err)
 	}
 	return nil
@@ -366,7 +276,7 @@ func (c *caddyProc) resetPeakRSS() error {
 
 // peakRSS returns Caddy's VmHWM in bytes.
 func (c *caddyProc) peakRSS() (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.pid()))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.Pid()))
 	if err != nil {
 		return 0, fmt.Errorf("reading caddy's peak RSS: %w", err)
 	}

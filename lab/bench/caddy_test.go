@@ -74,20 +74,6 @@ func TestCaddyfileAdapts(t *testing.T) {
 	}
 }
 
-func TestErrorLine(t *testing.T) {
-	for _, tt := range []struct{ in, want string }{
-		{"a\nb\n", "b"},
-		{"info\nError: loading config: bad\nbye\n", "Error: loading config: bad"},
-		{`{"level":"error","msg":"x"}` + "\n{\"level\":\"info\"}\n", "x"},
-		{`{"level":"error","msg":"loading","error":"bad port"}`, "loading: bad port"},
-		{"", "(no output)"},
-	} {
-		if got := errorLine([]byte(tt.in)); got != tt.want {
-			t.Errorf("errorLine(%q) = %q, want %q", tt.in, got, tt.want)
-		}
-	}
-}
-
 func TestParseStatCPU(t *testing.T) {
 	// pid (comm) state ppid ... utime (14) stime (15) ...; a name with
 	// spaces and parentheses.

@@ -249,19 +249,19 @@ func gtlsGet(ctx context.Context, bin, dir string, port int, timeout time.Durati
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
-	p, err := startProcess(ctx, []string{bin, "-q", "--exit-on-all-streams-close", "--download=" + out,
+	p, err := testutil.StartProcess(ctx, []string{bin, "-q", "--exit-on-all-streams-close", "--download=" + out,
 		"localhost", strconv.Itoa(port), fmt.Sprintf("https://localhost:%d/", port)}, os.Environ(), logf)
 	if err != nil {
 		return 0, err
 	}
-	<-p.done
+	<-p.Done()
 	d := time.Since(start)
 	if ctx.Err() != nil {
 		return d, ctx.Err()
 	}
-	if p.err != nil {
+	if err := p.Err(); err != nil {
 		log, _ := os.ReadFile(filepath.Join(out, "log"))
-		return d, fmt.Errorf("gtlsclient: %w: %s", p.err, lastLine(log))
+		return d, fmt.Errorf("gtlsclient: %w: %s", err, testutil.LastLine(log))
 	}
 	body, err := os.ReadFile(filepath.Join(out, "index.html"))
 	if err != nil || string(body) != page {

@@ -12,8 +12,9 @@
 //
 //   - options.go: flags, variants, validation
 //   - scenarios.go: the scenarios and their flood sources
-//   - process.go, caddy.go: the Caddy process, its configuration and probes
-//     from /proc (CPU, peak RSS; socket drops through internal/engine/backlog)
+//   - caddy.go: the Caddy process (started by internal/testutil's Caddy,
+//     the tests' starter too), its configuration and probes from /proc
+//     (CPU, peak RSS; socket drops through internal/engine/backlog)
 //   - metrics.go: the module's Prometheus counters, parsed generically
 //   - packets.go, flood.go: flood datagrams and their bounded senders
 //   - spoof.go: spoofed floods, whole IPv4 datagrams from a raw socket

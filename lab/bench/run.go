@@ -374,7 +374,7 @@ func (b *bench) runOne(ctx context.Context, sc Scenario, v Variant, rep int) (Ru
 	stopped := false
 	defer func() {
 		if !stopped {
-			c.stop(b.o.stopTimeout())
+			c.Stop(b.o.stopTimeout())
 		}
 	}()
 	var rec *recorder
@@ -409,7 +409,7 @@ func (b *bench) runOne(ctx context.Context, sc Scenario, v Variant, rep int) (Ru
 	if sc.Transfers {
 		grace = b.o.stopTimeout()
 	}
-	d, ok := c.stop(grace)
+	d, ok := c.Stop(grace)
 	stopped = true
 	res.StopSeconds, res.StopTimedOut = d.Seconds(), !ok
 	return res, nil

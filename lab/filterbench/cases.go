@@ -8,6 +8,7 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // verdict is what a program is expected to decide on a case's packets.
@@ -193,5 +194,5 @@ func (c *caseSpec) addresses() (src, dst netip.Addr) {
 // frame returns the case's frame from its one source.
 func (c *caseSpec) frame() []byte {
 	src, dst := c.addresses()
-	return frame(src, dst, srcPort, dstPort, c.payload)
+	return testutil.Frame{Src: src, Dst: dst, SrcPort: srcPort, DstPort: dstPort, Data: c.payload}.Bytes()
 }

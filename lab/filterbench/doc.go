@@ -35,7 +35,8 @@
 //
 // The files split by concern:
 //
-//   - frames.go: the Ethernet frames both programs see
+//   - frames.go: the frames' addresses and their random sources (the
+//     frames themselves are testutil.Frame's, as the kernel tests')
 //   - cloudflare.go: fetching and extracting Cloudflare's object
 //   - stats.go: medians, the results table (text and Markdown), the CPU model
 //   - cases.go: the cases and the configurations of this filter for them

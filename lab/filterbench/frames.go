@@ -4,22 +4,8 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
-)
 
-// Header sizes and fields of the frames BPF_PROG_TEST_RUN takes: it expects
-// an Ethernet header, which it strips, so that a socket filter sees
-// skb->data at the IP header.
-const (
-	ethHdrLen   = 14
-	ipv4HdrLen  = 20
-	ipv6HdrLen  = 40
-	udpHdrLen   = 8
-	etherIPv4   = 0x0800
-	etherIPv6   = 0x86dd
-	protoUDP    = 17
-	defaultTTL  = 64
-	ipv4Version = 4 << 4
-	ipv6Version = 6 << 4
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // Addresses of the frames: documentation prefixes, never sent anywhere.
@@ -36,69 +22,17 @@ const (
 	dstPort = 443
 )
 
-// frame returns an Ethernet frame carrying a UDP datagram with payload from
-// src:sport to dst:dport; src and dst must be of one family. The IPv4
-// header checksum is filled in; the UDP checksum is left 0 (none), which
-// neither program reads.
-func frame(src, dst netip.Addr, sport, dport uint16, payload []byte) []byte {
-	udpLen := udpHdrLen + len(payload)
-	ipLen := ipv6HdrLen
-	ether := uint16(etherIPv6)
-	if src.Is4() {
-		ipLen, ether = ipv4HdrLen, etherIPv4
-	}
-	b := make([]byte, ethHdrLen+ipLen+udpLen)
-	binary.BigEndian.PutUint16(b[12:], ether)
-	ip := b[ethHdrLen : ethHdrLen+ipLen]
-	if src.Is4() {
-		ip[0] = ipv4Version | ipv4HdrLen/4
-		binary.BigEndian.PutUint16(ip[2:], uint16(ipLen+udpLen))
-		ip[8] = defaultTTL
-		ip[9] = protoUDP
-		s, d := src.As4(), dst.As4()
-		copy(ip[12:], s[:])
-		copy(ip[16:], d[:])
-		binary.BigEndian.PutUint16(ip[10:], ipv4Checksum(ip))
-	} else {
-		ip[0] = ipv6Version
-		binary.BigEndian.PutUint16(ip[4:], uint16(udpLen))
-		ip[6] = protoUDP
-		ip[7] = defaultTTL
-		s, d := src.As16(), dst.As16()
-		copy(ip[8:], s[:])
-		copy(ip[24:], d[:])
-	}
-	udp := b[ethHdrLen+ipLen:]
-	binary.BigEndian.PutUint16(udp[0:], sport)
-	binary.BigEndian.PutUint16(udp[2:], dport)
-	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
-	copy(udp[udpHdrLen:], payload)
-	return b
-}
-
-// ipv4Checksum is the Internet checksum of an IPv4 header whose checksum
-// field is zero.
-func ipv4Checksum(h []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(h); i += 2 {
-		s += uint32(binary.BigEndian.Uint16(h[i:]))
-	}
-	for s>>16 != 0 {
-		s = s&0xffff + s>>16
-	}
-	return ^uint16(s)
-}
-
-// withSource returns a copy of an IPv4 or IPv6 frame (as frame builds) from
-// src, which must be of the frame's family. The IPv4 checksum is updated.
+// withSource returns a copy of an IPv4 or IPv6 frame (as testutil.Frame
+// builds it, without options or extension headers) from src, which must be
+// of the frame's family. The IPv4 checksum is updated.
 func withSource(f []byte, src netip.Addr) []byte {
 	g := append([]byte(nil), f...)
-	ip := g[ethHdrLen:]
+	ip := g[testutil.EthHdrLen:]
 	if src.Is4() {
 		s := src.As4()
 		copy(ip[12:], s[:])
 		binary.BigEndian.PutUint16(ip[10:], 0)
-		binary.BigEndian.PutUint16(ip[10:], ipv4Checksum(ip[:ipv4HdrLen]))
+		binary.BigEndian.PutUint16(ip[10:], testutil.IPv4Checksum(ip[:testutil.IPv4HdrLen]))
 	} else {
 		s := src.As16()
 		copy(ip[8:], s[:])
@@ -117,18 +51,10 @@ func randomFrames(f []byte, ipv6, ports bool, n int, rng *rand.Rand) [][]byte {
 	for i := range out {
 		out[i] = withSource(f, randomSource(ipv6, rng))
 		if ports {
-			binary.BigEndian.PutUint16(out[i][udpOffset(ipv6):], uint16(1024+rng.IntN(65536-1024)))
+			binary.BigEndian.PutUint16(out[i][testutil.UDPOffset(ipv6):], uint16(1024+rng.IntN(65536-1024)))
 		}
 	}
 	return out
-}
-
-// udpOffset is where the UDP header of an IPv4 frame (IPv6 with ipv6) starts.
-func udpOffset(ipv6 bool) int {
-	if ipv6 {
-		return ethHdrLen + ipv6HdrLen
-	}
-	return ethHdrLen + ipv4HdrLen
 }
 
 // randomSource returns a random source address (see randomFrames).

@@ -5,11 +5,13 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"testing"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // frameSource returns the source address of an IPv4 or IPv6 frame.
 func frameSource(f []byte) netip.Addr {
-	ip := f[ethHdrLen:]
+	ip := f[testutil.EthHdrLen:]
 	if ip[0]>>4 == 4 {
 		return netip.AddrFrom4([4]byte(ip[12:16]))
 	}
@@ -25,9 +27,9 @@ func TestFrame(t *testing.T) {
 		wantEtherType uint16
 	}{
 		// The 1,228-byte IPv4 packet: a 1,200-byte Initial.
-		{"IPv4 Initial", false, initialSize, ethHdrLen + 1228, etherIPv4},
-		{"IPv6 Initial", true, initialSize, ethHdrLen + 1248, etherIPv6},
-		{"IPv4 junk", false, junkSize, ethHdrLen + 128, etherIPv4},
+		{"IPv4 Initial", false, initialSize, testutil.EthHdrLen + 1228, testutil.EtherTypeIPv4},
+		{"IPv6 Initial", true, initialSize, testutil.EthHdrLen + 1248, testutil.EtherTypeIPv6},
+		{"IPv4 junk", false, junkSize, testutil.EthHdrLen + 128, testutil.EtherTypeIPv4},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := caseSpec{ipv6: tt.ipv6, payload: make([]byte, tt.payload)}
@@ -38,21 +40,21 @@ func TestFrame(t *testing.T) {
 			if et := binary.BigEndian.Uint16(f[12:]); et != tt.wantEtherType {
 				t.Errorf("ethertype %#x, want %#x", et, tt.wantEtherType)
 			}
-			ip := f[ethHdrLen:]
+			ip := f[testutil.EthHdrLen:]
 			var udp []byte
 			if tt.ipv6 {
-				if ip[6] != protoUDP || int(binary.BigEndian.Uint16(ip[4:])) != udpHdrLen+tt.payload {
+				if ip[6] != testutil.ProtoUDP || int(binary.BigEndian.Uint16(ip[4:])) != testutil.UDPHdrLen+tt.payload {
 					t.Errorf("IPv6 next header %d, payload length %d", ip[6], binary.BigEndian.Uint16(ip[4:]))
 				}
-				udp = ip[ipv6HdrLen:]
+				udp = ip[testutil.IPv6HdrLen:]
 			} else {
-				if ip[9] != protoUDP || int(binary.BigEndian.Uint16(ip[2:])) != len(ip) {
+				if ip[9] != testutil.ProtoUDP || int(binary.BigEndian.Uint16(ip[2:])) != len(ip) {
 					t.Errorf("IPv4 protocol %d, total length %d of %d", ip[9], binary.BigEndian.Uint16(ip[2:]), len(ip))
 				}
-				if ipv4Checksum(ip[:ipv4HdrLen]) != 0 {
+				if testutil.IPv4Checksum(ip[:testutil.IPv4HdrLen]) != 0 {
 					t.Errorf("IPv4 header checksum does not verify")
 				}
-				udp = ip[ipv4HdrLen:]
+				udp = ip[testutil.IPv4HdrLen:]
 			}
 			if sp, dp := binary.BigEndian.Uint16(udp), binary.BigEndian.Uint16(udp[2:]); sp != srcPort || dp != dstPort {
 				t.Errorf("ports %d -> %d, want %d -> %d", sp, dp, srcPort, dstPort)
@@ -66,7 +68,7 @@ func TestFrame(t *testing.T) {
 
 // framePort is the UDP source port of frame f.
 func framePort(f []byte, ipv6 bool) uint16 {
-	return binary.BigEndian.Uint16(f[udpOffset(ipv6):])
+	return binary.BigEndian.Uint16(f[testutil.UDPOffset(ipv6):])
 }
 
 func TestRandomFrames(t *testing.T) {
@@ -97,7 +99,7 @@ func TestRandomFrames(t *testing.T) {
 			if a := src.As4(); !src.Is4() || a[0] == 0 || a[0] == 127 || a[0] >= 224 {
 				t.Errorf("IPv4 source %v: want unicast outside 0/8 and 127/8", src)
 			}
-			if ipv4Checksum(f[ethHdrLen:ethHdrLen+ipv4HdrLen]) != 0 {
+			if testutil.IPv4Checksum(f[testutil.EthHdrLen:testutil.EthHdrLen+testutil.IPv4HdrLen]) != 0 {
 				t.Errorf("IPv4 checksum of the frame from %v does not verify", src)
 			}
 		}

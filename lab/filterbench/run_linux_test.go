@@ -197,8 +197,8 @@ func TestTogetherFloor(t *testing.T) {
 		t.Errorf("wall %v", wall)
 	}
 	for i, ret := range rets {
-		if int(ret) != len(fr)-ethHdrLen {
-			t.Errorf("thread %d: the floor returned %d, want %d", i, ret, len(fr)-ethHdrLen)
+		if int(ret) != len(fr)-testutil.EthHdrLen {
+			t.Errorf("thread %d: the floor returned %d, want %d", i, ret, len(fr)-testutil.EthHdrLen)
 		}
 	}
 	// The test's own thread kept its affinity.

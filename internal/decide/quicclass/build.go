@@ -5,6 +5,10 @@ import "encoding/binary"
 // Datagram builders, for tests and benchmarks that need datagrams of each
 // class.
 
+// retryTagLen is the Retry Integrity Tag that ends a Retry packet (RFC 9001
+// section 5.8).
+const retryTagLen = 16
+
 // LongHeader returns a long-header datagram of version v with the packet type
 // field typ (as on the wire: v1 numbers Initial 0, 0-RTT 1, Handshake 2,
 // Retry 3) and connection IDs of the given lengths, zero-padded or cut to
@@ -20,6 +24,20 @@ func LongHeader(v uint32, typ uint8, dcil, scil, size int) []byte {
 		b = append(b, 0)
 	}
 	return b[:size]
+}
+
+// Initial returns the datagram tests take for a client's first: a v1
+// Initial of MinInitialDatagram bytes with 8-byte connection IDs, the rest
+// zero. Its Length field is 0, which only verification refuses.
+func Initial() []byte {
+	return LongHeader(Version1, typeInitial, 8, 8, MinInitialDatagram)
+}
+
+// UnknownVersion returns Initial with the version 0x0a0a0a0a, one of those
+// reserved for exercising version negotiation: no server speaks it, and
+// quic-go answers it with a Version Negotiation packet.
+func UnknownVersion() []byte {
+	return LongHeader(0x0a0a0a0a, typeInitial, 8, 8, MinInitialDatagram)
 }
 
 // ShortHeader returns a short-header datagram of size bytes with its fixed
@@ -58,6 +76,46 @@ func LongPacket(v uint32, typ uint8, dcid, scid, token []byte, size int) []byte 
 		b = append(b, 0)
 	}
 	return b[:size]
+}
+
+// AppendLongPacket appends to b a long-header packet of version v and type
+// typ, numbered as v1 numbers them (Initial 0, 0-RTT 1, Handshake 2, Retry
+// 3; for v2 the field on the wire is rotated), from scid to dcid: an
+// Initial carries token; a Retry carries token and a Retry Integrity Tag of
+// zeros, and ends there; every other type carries a Length field of payload
+// and payload zero bytes, so that packets appended one after another make a
+// coalesced datagram. The token length and the Length are 2-byte varints
+// when they fit (8 bytes otherwise).
+func AppendLongPacket(b []byte, v uint32, typ uint8, dcid, scid, token []byte, payload int) []byte {
+	wire := typ
+	if v == Version2 {
+		wire = (typ + 1) & 3
+	}
+	b = append(b, headerForm|fixedBit|wire<<longTypeBit)
+	b = binary.BigEndian.AppendUint32(b, v)
+	b = append(b, byte(len(dcid)))
+	b = append(b, dcid...)
+	b = append(b, byte(len(scid)))
+	b = append(b, scid...)
+	switch typ {
+	case typeRetry:
+		b = append(b, token...)
+		return append(b, make([]byte, retryTagLen)...)
+	case typeInitial:
+		b = appendVarint2(b, uint64(len(token)))
+		b = append(b, token...)
+	}
+	b = appendVarint2(b, uint64(payload))
+	return append(b, make([]byte, payload)...)
+}
+
+// appendVarint2 appends v as a 2-byte varint when it fits, else as an
+// 8-byte one; v must be under 2^62.
+func appendVarint2(b []byte, v uint64) []byte {
+	if v < 1<<14 {
+		return binary.BigEndian.AppendUint16(b, uint16(v)|0x4000)
+	}
+	return binary.BigEndian.AppendUint64(b, v|0xc000_0000_0000_0000)
 }
 
 // ShortPacket returns a short-header datagram of size bytes whose

@@ -5,21 +5,23 @@ package egress
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 // BenchmarkLearn measures Learn per call on datagrams already taught (the
 // steady state of a server's writes), from parallel writers to distinct
 // peers, as quic-go's connections write.
 func BenchmarkLearn(b *testing.B) {
-	batch := cat(shortPacket(1200), shortPacket(1200), shortPacket(1200), shortPacket(700))
+	batch := cat(quicclass.ShortHeader(1200), quicclass.ShortHeader(1200), quicclass.ShortHeader(1200), quicclass.ShortHeader(700))
 	tests := []struct {
 		name string
 		b    []byte
 		oob  []byte
 	}{
-		{"short header", shortPacket(1200), cmsgTOS()},
+		{"short header", quicclass.ShortHeader(1200), cmsgTOS()},
 		{"GSO batch of 4", batch, cat(cmsgTOS(), segmentMsg(1200))},
-		{"coalesced handshake", cat(long(v1, typeInitial, client[:4], idA[:], nil, 300), handshakeTo(idA)), nil},
+		{"coalesced handshake", cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), handshakeTo(idA)), nil},
 	}
 	for _, tt := range tests {
 		b.Run(tt.name, func(b *testing.B) {

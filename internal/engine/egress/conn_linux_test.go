@@ -11,6 +11,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -37,12 +38,12 @@ func TestFastPathThroughConn(t *testing.T) {
 	}
 
 	const size = 1000
-	batch := cat(pad(long(v1, typeInitial, client[:4], idA[:], nil, 300), size), pad(handshakeTo(idB), size), shortPacket(400))
+	batch := cat(pad(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), size), pad(handshakeTo(idB), size), quicclass.ShortHeader(400))
 	if _, _, err := c.WriteMsgUDPAddrPort(batch, segmentMsg(size), to); err != nil {
 		t.Fatalf("GSO write: %v", err)
 	}
 	const ect0 = 2
-	if _, _, err := c.WriteMsgUDPAddrPort(shortPacket(100), cmsgTOS(), to); err != nil {
+	if _, _, err := c.WriteMsgUDPAddrPort(quicclass.ShortHeader(100), cmsgTOS(), to); err != nil {
 		t.Fatalf("ECN write: %v", err)
 	}
 	if sink.ids[idA] != 1 || sink.ids[idB] != 1 {
@@ -73,7 +74,7 @@ func TestFastPathThroughConn(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 4 {
-		if _, err := c.WriteToUDPAddrPort(shortPacket(50), to); err != nil {
+		if _, err := c.WriteToUDPAddrPort(quicclass.ShortHeader(50), to); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -151,7 +152,7 @@ func TestConnWritesAllocateNothingMore(t *testing.T) {
 	sock := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
 	l, _ := testLearner(t, nopSink{}, Options{})
 	c, _ := NewConn(sock, l)
-	b := shortPacket(1200)
+	b := quicclass.ShortHeader(1200)
 	oob := cmsgTOS()
 	udpTo := net.UDPAddrFromAddrPort(to)
 	c.WriteMsgUDP(b, oob, udpTo)

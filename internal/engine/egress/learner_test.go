@@ -87,7 +87,9 @@ var (
 )
 
 // handshakeTo is a Handshake packet from the server's ID id.
-func handshakeTo(id ServerID) []byte { return long(v1, typeHandshake, client[:4], id[:], nil, 100) }
+func handshakeTo(id ServerID) []byte {
+	return quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], id[:], nil, 100)
+}
 
 func TestNewLearnerRefuses(t *testing.T) {
 	for _, d := range []time.Duration{-time.Second, 500 * time.Millisecond} {
@@ -115,9 +117,9 @@ func TestLearnDedupes(t *testing.T) {
 	}{
 		{0, handshakeTo(idA), 1, 1},
 		{100 * time.Millisecond, handshakeTo(idA), 1, 1},
-		{100 * time.Millisecond, shortPacket(50), 1, 1},
-		{800 * time.Millisecond, shortPacket(50), 1, 2}, // PeerInterval after the first
-		{500 * time.Millisecond, shortPacket(50), 1, 2},
+		{100 * time.Millisecond, quicclass.ShortHeader(50), 1, 1},
+		{800 * time.Millisecond, quicclass.ShortHeader(50), 1, 2}, // PeerInterval after the first
+		{500 * time.Millisecond, quicclass.ShortHeader(50), 1, 2},
 		{8 * time.Second, handshakeTo(idA), 1, 3}, // 9.5 s: no refresh yet
 		{500 * time.Millisecond, handshakeTo(idA), 2, 3},
 		{time.Second, handshakeTo(idA), 2, 4},
@@ -149,7 +151,7 @@ func TestLearnPeerAddress(t *testing.T) {
 		sink := newRecSink()
 		l, _ := testLearner(t, sink, Options{})
 		for _, to := range tt.to {
-			l.Learn(shortPacket(50), nil, netip.MustParseAddrPort(to))
+			l.Learn(quicclass.ShortHeader(50), nil, netip.MustParseAddrPort(to))
 		}
 		if _, n := sink.counts(ServerID{}, tt.want); n != 1 || len(sink.peers) != 1 {
 			t.Errorf("%v: taught %v", tt.to, sink.peers)
@@ -157,7 +159,7 @@ func TestLearnPeerAddress(t *testing.T) {
 	}
 	sink := newRecSink()
 	l, _ := testLearner(t, sink, Options{})
-	l.Learn(shortPacket(50), nil, netip.AddrPort{})
+	l.Learn(quicclass.ShortHeader(50), nil, netip.AddrPort{})
 	if len(sink.peers) != 0 {
 		t.Errorf("a datagram without a destination taught %v", sink.peers)
 	}
@@ -204,7 +206,7 @@ func TestSetSink(t *testing.T) {
 	if a, _ := second.counts(idA, peerA.Addr()); a != 0 || second.ids[idB] != 1 || len(second.peers) != 0 {
 		t.Fatalf("the new sink was taught %v and %v; want %x only", second.ids, second.peers, idB)
 	}
-	l.Learn(shortPacket(50), nil, peerA)
+	l.Learn(quicclass.ShortHeader(50), nil, peerA)
 	if _, p := second.counts(idA, peerA.Addr()); p != 1 {
 		t.Fatal("the new sink was not taught the peer at its next datagram")
 	}
@@ -227,9 +229,9 @@ func TestSetSink(t *testing.T) {
 func TestOddIDs(t *testing.T) {
 	var calls []int
 	l, _ := testLearner(t, newRecSink(), Options{OnOddID: func(n int) { calls = append(calls, n) }})
-	odd := long(v1, typeHandshake, client[:4], client, nil, 100)
+	odd := quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], client, nil, 100)
 	l.Learn(odd, nil, peerA)
-	l.Learn(cat(long(v1, typeInitial, client[:4], client, nil, 100), odd), nil, peerA)
+	l.Learn(cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 100), odd), nil, peerA)
 	if st := l.Stats(); st.OddIDs != 2 || len(calls) != 1 || calls[0] != len(client) {
 		t.Fatalf("odd IDs %d, callback calls %v; want 2, [%d]", st.OddIDs, calls, len(client))
 	}
@@ -243,7 +245,7 @@ func pad(p []byte, size int) []byte { return append(p, make([]byte, size-len(p))
 // TestGSOBatch: each segment of a GSO batch is a datagram of its own.
 func TestGSOBatch(t *testing.T) {
 	const size = 1200
-	initial := pad(long(v1, typeInitial, client[:4], idA[:], nil, 300), size)
+	initial := pad(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), size)
 	handshake := pad(handshakeTo(idB), size)
 	tests := []struct {
 		name string
@@ -252,11 +254,11 @@ func TestGSOBatch(t *testing.T) {
 		ids  []ServerID
 		peer bool
 	}{
-		{"batch", cat(initial, handshake, shortPacket(500)), segmentMsg(size), []ServerID{idA, idB}, true},
-		{"one datagram", cat(initial, handshake, shortPacket(500)), nil, []ServerID{idA}, true},
-		{"short headers", cat(shortPacket(size), shortPacket(size), shortPacket(10)), segmentMsg(size), nil, true},
-		{"last segment a Handshake", cat(pad(shortPacket(100), size), handshakeTo(idB)), segmentMsg(size), []ServerID{idB}, true},
-		{"retry", long(v1, typeRetry, client, idB[:], []byte("token"), 0), segmentMsg(size), []ServerID{idB}, false},
+		{"batch", cat(initial, handshake, quicclass.ShortHeader(500)), segmentMsg(size), []ServerID{idA, idB}, true},
+		{"one datagram", cat(initial, handshake, quicclass.ShortHeader(500)), nil, []ServerID{idA}, true},
+		{"short headers", cat(quicclass.ShortHeader(size), quicclass.ShortHeader(size), quicclass.ShortHeader(10)), segmentMsg(size), nil, true},
+		{"last segment a Handshake", cat(pad(quicclass.ShortHeader(100), size), handshakeTo(idB)), segmentMsg(size), []ServerID{idB}, true},
+		{"retry", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("token"), 0), segmentMsg(size), []ServerID{idB}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -283,8 +285,8 @@ func TestTeachBeforeWrite(t *testing.T) {
 		first []byte
 		then  []byte
 	}{
-		{"peer", shortPacket(50), shortPacket(60)},
-		{"ID", long(v1, typeRetry, client, idA[:], []byte("token"), 0), long(v1, typeRetry, client, idA[:], []byte("token"), 0)},
+		{"peer", quicclass.ShortHeader(50), quicclass.ShortHeader(60)},
+		{"ID", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idA[:], []byte("token"), 0), quicclass.AppendLongPacket(nil, v1, typeRetry, client, idA[:], []byte("token"), 0)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -325,7 +327,7 @@ func TestConcurrentLearn(t *testing.T) {
 				binary.BigEndian.PutUint32(id[:], uint32(k))
 				to := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 1, byte(k)}), 443)
 				l.Learn(handshakeTo(id), nil, to)
-				l.Learn(shortPacket(50), nil, to)
+				l.Learn(quicclass.ShortHeader(50), nil, to)
 			}
 		})
 	}
@@ -350,15 +352,15 @@ func TestConcurrentLearn(t *testing.T) {
 func TestLearnAllocatesNothing(t *testing.T) {
 	l, _ := testLearner(t, newRecSink(), Options{})
 	mapped := netip.MustParseAddrPort("[::ffff:127.0.0.1]:443")
-	batch := cat(shortPacket(1200), shortPacket(1200), shortPacket(700))
+	batch := cat(quicclass.ShortHeader(1200), quicclass.ShortHeader(1200), quicclass.ShortHeader(700))
 	oob := cat(cmsgTOS(), segmentMsg(1200))
-	coalesced := cat(long(v1, typeInitial, client[:4], idA[:], nil, 300), handshakeTo(idA), shortPacket(100))
+	coalesced := cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), handshakeTo(idA), quicclass.ShortHeader(100))
 	tests := []struct {
 		name string
 		b    []byte
 		oob  []byte
 	}{
-		{"short header", shortPacket(1200), nil},
+		{"short header", quicclass.ShortHeader(1200), nil},
 		{"GSO batch", batch, oob},
 		{"coalesced handshake", coalesced, nil},
 	}
@@ -433,7 +435,7 @@ func ExampleLearner_Stats() {
 	sink := newRecSink()
 	sink.peerErr = errors.New("no room")
 	l, _ := NewLearner(sink, Options{})
-	l.Learn(shortPacket(100), nil, netip.MustParseAddrPort("127.0.0.1:443"))
+	l.Learn(quicclass.ShortHeader(100), nil, netip.MustParseAddrPort("127.0.0.1:443"))
 	fmt.Printf("%+v\n", l.Stats())
 	// Output: {IDs:0 Peers:0 Errors:1 OddIDs:0 Overflows:0}
 }

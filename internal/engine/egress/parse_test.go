@@ -21,54 +21,16 @@ var (
 	client = []byte{1, 2, 3, 4, 5, 6, 7, 8}
 )
 
-// long builds a long-header packet of version v and type typ (numbered as
-// in v1; v2 rotates it on the wire) from dcid to scid: an Initial carries
-// token, a Retry the token and its tag; Initial and Handshake packets carry
-// a Length field of payload bytes and the payload.
-func long(v uint32, typ uint8, dcid, scid, token []byte, payload int) []byte {
-	wire := typ
-	if v == quicclass.Version2 {
-		wire = (typ + 1) & longTypeMask
-	}
-	b := []byte{headerForm | fixedBit | wire<<longTypeShift}
-	b = binary.BigEndian.AppendUint32(b, v)
-	b = append(b, byte(len(dcid)))
-	b = append(b, dcid...)
-	b = append(b, byte(len(scid)))
-	b = append(b, scid...)
-	switch typ {
-	case typeRetry:
-		b = append(b, token...)
-		return append(b, make([]byte, retryTagLen)...)
-	case typeInitial:
-		b = appendVarint(b, uint64(len(token)))
-		b = append(b, token...)
-	}
-	b = appendVarint(b, uint64(payload))
-	return append(b, make([]byte, payload)...)
-}
-
-// appendVarint appends v as a 2-byte varint when it fits, else 8 bytes.
-func appendVarint(b []byte, v uint64) []byte {
-	if v < 1<<14 {
-		return binary.BigEndian.AppendUint16(b, uint16(v)|0x4000)
-	}
-	return binary.BigEndian.AppendUint64(b, v|0xc0<<56)
-}
-
 // cat concatenates packets into one datagram.
 func cat(ps ...[]byte) []byte { return bytes.Join(ps, nil) }
 
-// shortPacket is a short-header packet of n bytes.
-func shortPacket(n int) []byte { return quicclass.ShortHeader(n) }
-
 func TestInspect(t *testing.T) {
 	v1, v2 := uint32(quicclass.Version1), uint32(quicclass.Version2)
-	initial := long(v1, typeInitial, client[:4], idA[:], nil, 1000)
-	handshake := long(v1, typeHandshake, client[:4], idA[:], nil, 300)
-	tooShortLength := long(v1, typeHandshake, client[:4], idA[:], nil, minLength-1)
+	initial := quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 1000)
+	handshake := quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idA[:], nil, 300)
+	tooShortLength := quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idA[:], nil, minLength-1)
 	cut := initial[:len(initial)-1]
-	badToken := long(v1, typeInitial, client[:4], idA[:], nil, 100)
+	badToken := quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 100)
 	badToken[6+4+1+4] = 0x7f // a 2-byte token length, then a length past the end
 	tests := []struct {
 		name string
@@ -78,42 +40,42 @@ func TestInspect(t *testing.T) {
 		peer bool
 	}{
 		{"empty", nil, nil, 0, false},
-		{"short header", shortPacket(100), nil, 0, true},
+		{"short header", quicclass.ShortHeader(100), nil, 0, true},
 		{"short header, fixed bit clear", make([]byte, 100), nil, 0, false},
 		{"v1 Initial", initial, []ServerID{idA}, 0, true},
-		{"v1 Initial with a token", long(v1, typeInitial, client[:4], idA[:], []byte("token"), 500), []ServerID{idA}, 0, true},
-		{"v2 Initial", long(v2, typeInitial, client[:4], idA[:], nil, 1000), []ServerID{idA}, 0, true},
+		{"v1 Initial with a token", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], []byte("token"), 500), []ServerID{idA}, 0, true},
+		{"v2 Initial", quicclass.AppendLongPacket(nil, v2, typeInitial, client[:4], idA[:], nil, 1000), []ServerID{idA}, 0, true},
 		{"v1 Handshake", handshake, []ServerID{idA}, 0, true},
-		{"v2 Handshake", long(v2, typeHandshake, client[:4], idA[:], nil, 300), []ServerID{idA}, 0, true},
-		{"v1 Retry", long(v1, typeRetry, client, idB[:], []byte("retry token"), 0), []ServerID{idB}, 0, false},
-		{"v2 Retry", long(v2, typeRetry, client, idB[:], []byte("retry token"), 0), []ServerID{idB}, 0, false},
-		{"Retry without a token", long(v1, typeRetry, client, idB[:], nil, 0), nil, 0, false},
+		{"v2 Handshake", quicclass.AppendLongPacket(nil, v2, typeHandshake, client[:4], idA[:], nil, 300), []ServerID{idA}, 0, true},
+		{"v1 Retry", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("retry token"), 0), []ServerID{idB}, 0, false},
+		{"v2 Retry", quicclass.AppendLongPacket(nil, v2, typeRetry, client, idB[:], []byte("retry token"), 0), []ServerID{idB}, 0, false},
+		{"Retry without a token", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], nil, 0), nil, 0, false},
 		{"coalesced Initial and Handshake", cat(initial, handshake), []ServerID{idA}, 0, true},
-		{"coalesced Initial, Handshake and 1-RTT", cat(initial, handshake, shortPacket(60)), []ServerID{idA}, 0, true},
-		{"coalesced with two IDs", cat(initial, long(v1, typeHandshake, client[:4], idB[:], nil, 300)), []ServerID{idA, idB}, 0, true},
-		{"coalesced, the second cut", cat(initial, long(v1, typeHandshake, client[:4], idB[:], nil, 300)[:100]), []ServerID{idA}, 0, true},
+		{"coalesced Initial, Handshake and 1-RTT", cat(initial, handshake, quicclass.ShortHeader(60)), []ServerID{idA}, 0, true},
+		{"coalesced with two IDs", cat(initial, quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 300)), []ServerID{idA, idB}, 0, true},
+		{"coalesced, the second cut", cat(initial, quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 300)[:100]), []ServerID{idA}, 0, true},
 		{"coalesced after garbage", cat(make([]byte, 10), initial), nil, 0, false},
 		{"Initial cut short", cut, nil, 0, false},
 		{"Initial with a token past the end", badToken, nil, 0, false},
 		{"Length under the minimum", tooShortLength, nil, 0, false},
 		{"header only", initial[:6+4+1+4], nil, 0, false},
-		{"0-RTT", long(v1, typeZeroRTT, client, idA[:], nil, 300), nil, 0, false},
+		{"0-RTT", quicclass.AppendLongPacket(nil, v1, typeZeroRTT, client, idA[:], nil, 300), nil, 0, false},
 		{"version negotiation", cat([]byte{0x80, 0, 0, 0, 0, 4}, client[:4], []byte{4}, idA[:], []byte{0, 0, 0, 1}), nil, 0, false},
-		{"unknown version", long(0x0a0a0a0a, typeInitial, client[:4], idA[:], nil, 1000), nil, 0, false},
+		{"unknown version", quicclass.AppendLongPacket(nil, 0x0a0a0a0a, typeInitial, client[:4], idA[:], nil, 1000), nil, 0, false},
 		{"fixed bit clear", append([]byte{initial[0] &^ fixedBit}, initial[1:]...), nil, 0, false},
-		{"DCID of 21 bytes", long(v1, typeHandshake, make([]byte, 21), idA[:], nil, 300), nil, 0, false},
-		{"SCID of 21 bytes", long(v1, typeHandshake, client, make([]byte, 21), nil, 300), nil, 0, false},
-		{"Handshake with an 8-byte SCID", long(v1, typeHandshake, client[:4], client, nil, 300), nil, 1, true},
-		{"Handshake with an empty SCID", long(v1, typeHandshake, client[:4], nil, nil, 300), nil, 1, true},
-		{"Retry with a 5-byte SCID", long(v2, typeRetry, client, client[:5], []byte("t"), 0), nil, 1, false},
+		{"DCID of 21 bytes", quicclass.AppendLongPacket(nil, v1, typeHandshake, make([]byte, 21), idA[:], nil, 300), nil, 0, false},
+		{"SCID of 21 bytes", quicclass.AppendLongPacket(nil, v1, typeHandshake, client, make([]byte, 21), nil, 300), nil, 0, false},
+		{"Handshake with an 8-byte SCID", quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], client, nil, 300), nil, 1, true},
+		{"Handshake with an empty SCID", quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], nil, nil, 300), nil, 1, true},
+		{"Retry with a 5-byte SCID", quicclass.AppendLongPacket(nil, v2, typeRetry, client, client[:5], []byte("t"), 0), nil, 1, false},
 		// quic-go refuses a connection with an Initial from the client's
 		// own destination ID: not the server's, not a peer, not odd.
-		{"refusal", long(v1, typeInitial, client[:4], client, nil, 30), nil, 0, false},
-		{"refusal coalesced before a Handshake", cat(long(v1, typeInitial, client[:4], client, nil, 30), handshake), []ServerID{idA}, 0, true},
+		{"refusal", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 30), nil, 0, false},
+		{"refusal coalesced before a Handshake", cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 30), handshake), []ServerID{idA}, 0, true},
 		{"five IDs", cat(
-			long(v1, typeHandshake, nil, []byte{1, 0, 0, 0}, nil, 20), long(v1, typeHandshake, nil, []byte{2, 0, 0, 0}, nil, 20),
-			long(v1, typeHandshake, nil, []byte{3, 0, 0, 0}, nil, 20), long(v1, typeHandshake, nil, []byte{4, 0, 0, 0}, nil, 20),
-			long(v1, typeHandshake, nil, []byte{5, 0, 0, 0}, nil, 20)),
+			quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{1, 0, 0, 0}, nil, 20), quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{2, 0, 0, 0}, nil, 20),
+			quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{3, 0, 0, 0}, nil, 20), quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{4, 0, 0, 0}, nil, 20),
+			quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{5, 0, 0, 0}, nil, 20)),
 			[]ServerID{{1}, {2}, {3}, {4}}, 0, true},
 	}
 	for _, tt := range tests {
@@ -192,10 +154,10 @@ func TestSegmentSize(t *testing.T) {
 // consistent: IDs only from long headers, distinct, within the bound.
 func FuzzInspect(f *testing.F) {
 	v1 := uint32(quicclass.Version1)
-	f.Add(long(v1, typeInitial, client[:4], idA[:], []byte("tok"), 100))
-	f.Add(cat(long(v1, typeInitial, client[:4], idA[:], nil, 100), long(v1, typeHandshake, client[:4], idB[:], nil, 40), shortPacket(30)))
-	f.Add(long(quicclass.Version2, typeRetry, client, idB[:], []byte("t"), 0))
-	f.Add(shortPacket(40))
+	f.Add(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], []byte("tok"), 100))
+	f.Add(cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 100), quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 40), quicclass.ShortHeader(30)))
+	f.Add(quicclass.AppendLongPacket(nil, quicclass.Version2, typeRetry, client, idB[:], []byte("t"), 0))
+	f.Add(quicclass.ShortHeader(40))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := inspect(b)
 		if s.nIDs > maxIDsPerDatagram || s.nIDs < 0 {

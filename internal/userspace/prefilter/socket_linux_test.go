@@ -3,17 +3,13 @@
 package prefilter
 
 import (
-	"bufio"
-	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
@@ -245,74 +241,26 @@ const unprivilegedTests = "^(TestUnprivilegedChild|TestKernelDropsInvalid|TestKe
 // asserts that they lack CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN and
 // CAP_NET_ADMIN.
 func TestUnprivilegedChild(t *testing.T) {
-	if os.Getenv("RAKELIMIT_UNPRIVILEGED") == "" {
+	if os.Getenv(testutil.Unprivileged) == "" {
 		t.Skip("runs in TestWithoutPrivileges's children")
 	}
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for name, c := range map[string]uint{"CAP_NET_ADMIN": 12, "CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39} {
-				if caps>>c&1 != 0 {
-					t.Errorf("the child has %s (CapEff %#x)", name, caps)
-				}
-			}
-			return
+	caps := testutil.EffectiveCaps(t)
+	for name, c := range map[string]uint{"CAP_NET_ADMIN": unix.CAP_NET_ADMIN, "CAP_SYS_ADMIN": unix.CAP_SYS_ADMIN,
+		"CAP_PERFMON": unix.CAP_PERFMON, "CAP_BPF": unix.CAP_BPF} {
+		if caps>>c&1 != 0 {
+			t.Errorf("the child has %s (CapEff %#x)", name, caps)
 		}
 	}
-	t.Fatal("no CapEff in /proc/self/status")
 }
 
 // TestWithoutPrivileges runs the socket tests again as nobody with no
 // capability, and as root without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN:
 // a classic filter on one's own socket needs none.
 func TestWithoutPrivileges(t *testing.T) {
-	if os.Getenv("RAKELIMIT_UNPRIVILEGED") != "" {
+	if os.Getenv(testutil.Unprivileged) != "" {
 		t.Skip("already a child")
 	}
 	testutil.RequireRoot(t)
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		testutil.SkipOrFail(t, "needs setpriv (util-linux): %v", err)
-	}
-	dir, bin := testutil.CopyTestBinary(t, "prefilter.test")
-	tests := []struct {
-		name string
-		args []string
-	}{
-		{"nobody", []string{fmt.Sprintf("--reuid=%d", testutil.Nobody), fmt.Sprintf("--regid=%d", testutil.Nobody),
-			"--clear-groups", "--inh-caps=-all", "--bounding-set=-all"}},
-		{"root without CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_NET_ADMIN", []string{
-			"--inh-caps=-bpf,-perfmon,-sys_admin,-net_admin", "--bounding-set=-bpf,-perfmon,-sys_admin,-net_admin"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			args := append(tt.args, bin, "-test.run="+unprivilegedTests, "-test.v", "-test.count=1")
-			cmd := exec.Command(setpriv, args...)
-			cmd.Dir = dir
-			cmd.Env = append(os.Environ(), "RAKELIMIT_UNPRIVILEGED=1", "HOME="+dir)
-			out, err := cmd.CombinedOutput()
-			var ee *exec.ExitError
-			if err != nil && !errors.As(err, &ee) {
-				t.Fatal(err)
-			}
-			if err != nil {
-				t.Fatalf("%v\n%s", err, out)
-			}
-			for _, name := range []string{"TestUnprivilegedChild", "TestKernelDropsInvalid", "TestKernelEnforcesRules",
-				"TestKernelTakesLargestProgram"} {
-				if !strings.Contains(string(out), "--- PASS: "+name+" ") {
-					t.Errorf("%s did not pass in the child:\n%s", name, out)
-				}
-			}
-		})
-	}
+	testutil.RerunUnprivileged(t, "prefilter.test", unprivilegedTests, []string{"bpf", "perfmon", "sys_admin", "net_admin"},
+		[]string{"TestUnprivilegedChild", "TestKernelDropsInvalid", "TestKernelEnforcesRules", "TestKernelTakesLargestProgram"})
 }

@@ -1,11 +1,12 @@
 package prefilter
 
 import (
-	"encoding/binary"
 	"net/netip"
 	"testing"
 
 	"golang.org/x/net/bpf"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // packet is a datagram as the kernel shows it to a UDP socket's filter.
@@ -25,13 +26,7 @@ type packet struct {
 // extensions become constants (the UDP datagram's length, p.rnd).
 func run(t testing.TB, prog *Program, p packet) bool {
 	t.Helper()
-	net := netHeader(p)
-	buf := append([]byte(nil), net...)
-	buf = binary.BigEndian.AppendUint16(buf, p.src.Port())
-	buf = binary.BigEndian.AppendUint16(buf, p.dport)
-	buf = binary.BigEndian.AppendUint16(buf, uint16(udpHeaderLen+len(p.payload)))
-	buf = append(buf, 0, 0)
-	buf = append(buf, p.payload...)
+	buf, netLen := datagram(p)
 	ins := make([]bpf.Instruction, len(prog.Instructions))
 	for i, in := range prog.Instructions {
 		switch in := in.(type) {
@@ -39,11 +34,11 @@ func run(t testing.TB, prog *Program, p packet) bool {
 			if in.Off >= skfNetOff {
 				in.Off -= skfNetOff
 			} else {
-				in.Off += uint32(len(net))
+				in.Off += uint32(netLen)
 			}
 			ins[i] = in
 		case bpf.LoadIndirect:
-			in.Off += uint32(len(net))
+			in.Off += uint32(netLen)
 			ins[i] = in
 		case bpf.LoadExtension:
 			switch in.Num {
@@ -69,26 +64,18 @@ func run(t testing.TB, prog *Program, p packet) bool {
 	return n != 0
 }
 
-// netHeader is the network header of p: IPv4 (20 bytes) or IPv6 (40).
-func netHeader(p packet) []byte {
+// datagram is p as the VM reads it: its network header (IPv4, 20 bytes, or
+// IPv6, 40, to the loopback address; one zero byte with noNetHeader), of
+// netLen bytes, then the UDP header and the payload.
+func datagram(p packet) (b []byte, netLen int) {
+	src := p.src.Addr().Unmap()
+	dst, netLen := netip.IPv6Loopback(), testutil.IPv6HdrLen
+	if src.Is4() {
+		dst, netLen = netip.AddrFrom4([4]byte{127, 0, 0, 1}), testutil.IPv4HdrLen
+	}
+	b = testutil.Frame{Src: src, Dst: dst, SrcPort: p.src.Port(), DstPort: p.dport, Data: p.payload}.Bytes()[testutil.EthHdrLen:]
 	if p.noNetHeader {
-		return []byte{0x00}
+		return append([]byte{0x00}, b[netLen:]...), 1
 	}
-	a := p.src.Addr().Unmap()
-	if a.Is4() {
-		h := make([]byte, 20)
-		h[0] = 0x45
-		h[9] = 17
-		s := a.As4()
-		copy(h[12:], s[:])
-		copy(h[16:], []byte{127, 0, 0, 1})
-		return h
-	}
-	h := make([]byte, 40)
-	h[0] = 0x60
-	h[6] = 17
-	s := a.As16()
-	copy(h[8:], s[:])
-	h[39] = 1
-	return h
+	return b, netLen
 }

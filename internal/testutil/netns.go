@@ -1,0 +1,114 @@
+//go:build linux
+
+package testutil
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// NetNS is a network namespace made for one test: the place for the fd00::/8
+// addresses (and links between namespaces) that tests may send to. It is
+// removed when the test ends; sockets made in it stay there.
+type NetNS struct {
+	name string
+	fd   int
+}
+
+// NewNetNS makes a network namespace, named after this process and a random
+// number, with its loopback up and each of addrs (prefixes such as
+// "fd00:1::1/128") on it, usable at once (no duplicate address detection).
+// It is removed when t ends. Without iproute2's ip, or the privilege to
+// make a namespace, it skips t (or, when Required, fails it).
+func NewNetNS(t testing.TB, addrs ...string) *NetNS {
+	t.Helper()
+	if _, err := exec.LookPath("ip"); err != nil {
+		SkipOrFail(t, "needs iproute2: %v", err)
+	}
+	name := fmt.Sprintf("rakelimit-test-%d-%08x", os.Getpid(), rand.Uint32())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		SkipOrFail(t, "creating network namespace: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	fd, err := unix.Open("/var/run/netns/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("opening network namespace %s: %v", name, err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	n := &NetNS{name: name, fd: fd}
+	cmds := []string{"link set lo up"}
+	for _, a := range addrs {
+		cmds = append(cmds, fmt.Sprintf("addr add %s dev lo nodad", a))
+	}
+	n.IP(t, cmds...)
+	return n
+}
+
+// Name is the namespace's name, as `ip netns` lists it.
+func (n *NetNS) Name() string { return n.name }
+
+// IP runs ip commands (such as "addr add fd00::1/128 dev lo") in the
+// namespace, as one batch, and fails t when one fails.
+func (n *NetNS) IP(t testing.TB, cmds ...string) {
+	t.Helper()
+	cmd := exec.Command("ip", "-n", n.name, "-b", "-")
+	cmd.Stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("configuring network namespace %s (%q): %v: %s", n.name, cmds, err, out)
+	}
+}
+
+// Do runs fn with the calling goroutine's thread inside the namespace:
+// sockets fn makes belong to it, and stay there once fn returns. fn must
+// not start goroutines that make sockets: they may run on other threads.
+func (n *NetNS) Do(t testing.TB, fn func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	home, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("opening the test's network namespace: %v", err)
+	}
+	defer unix.Close(home)
+	if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
+		t.Fatalf("entering network namespace %s: %v", n.name, err)
+	}
+	defer func() {
+		if err := unix.Setns(home, unix.CLONE_NEWNET); err != nil {
+			panic(fmt.Sprintf("cannot return to the test's network namespace: %v", err))
+		}
+	}()
+	fn()
+}
+
+// Link joins namespaces n and peer with a veth pair whose ends are both
+// called name, brings them up and puts addrs on n's end and peerAddrs on
+// peer's (prefixes such as "fd00:a::1/64", usable at once: no duplicate
+// address detection, and the ends are up before they get addresses, so
+// that the first neighbour solicitation is answered). The pair goes with
+// the namespaces.
+func (n *NetNS) Link(t testing.TB, peer *NetNS, name string, addrs, peerAddrs []string) {
+	t.Helper()
+	n.IP(t, fmt.Sprintf("link add %s type veth peer name %s netns %s", name, name, peer.name), "link set "+name+" up")
+	peer.IP(t, "link set "+name+" up")
+	for _, end := range []struct {
+		ns    *NetNS
+		addrs []string
+	}{{n, addrs}, {peer, peerAddrs}} {
+		if len(end.addrs) == 0 {
+			continue
+		}
+		var cmds []string
+		for _, a := range end.addrs {
+			cmds = append(cmds, fmt.Sprintf("addr add %s dev %s nodad", a, name))
+		}
+		end.ns.IP(t, cmds...)
+	}
+}
