@@ -528,18 +528,6 @@ func (p *Params) PrefixLen(fam Family, s int) int {
 	return int(p.Prefix4[s])
 }
 
-// decay returns exp(-k epochs / window) as a Q32 fraction.
-func (p *Params) decay(k uint32) uint64 {
-	if k < DecayEntries {
-		return p.D0[k]
-	}
-	if k >= decayHorizon {
-		return 0
-	}
-	d := mulQ32(p.D0[k&(DecayEntries-1)], p.D1[(k>>decayBits)&(DecayEntries-1)])
-	return mulQ32(d, p.D2[k>>(2*decayBits)])
-}
-
 // SameShape reports whether q can replace p on a live limiter: the sketch
 // layout (the node list, and so the rows) must not change.
 func (p *Params) SameShape(q *Params) bool {
