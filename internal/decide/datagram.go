@@ -144,7 +144,18 @@ type Outcome struct {
 
 // Families is the number of families the counters keep apart: 0 counts
 // datagrams without a readable network header, 1 IPv4, 2 IPv6.
-const Families = 3
+const Families = 3 // C: FAMILY_SLOTS
+
+// The columns of Stats.Negotiation.
+const (
+	// NegotiationPassed counts the datagrams the cap let through.
+	NegotiationPassed = 0 // C: NEG_PASSED
+	// NegotiationDropped counts those over the cap, dropped.
+	NegotiationDropped = 1 // C: NEG_DROPPED
+	// NegotiationWouldDrop counts those over the cap in a dry run, which
+	// delivers them.
+	NegotiationWouldDrop = 2 // C: NEG_WOULD_DROP
+)
 
 // FamilyIndex returns the counters' index of a family.
 func FamilyIndex(f sketch.Family) int {
@@ -169,7 +180,8 @@ type Stats struct {
 	Dropped   [sketch.NumClasses][Families][sketch.MaxLevels]uint64
 	WouldDrop [sketch.NumClasses][Families][sketch.MaxLevels]uint64
 	// Negotiation counts datagrams with an unknown version: passed
-	// (index 0), dropped over the cap (1), or over it in a dry run (2).
+	// (NegotiationPassed), dropped over the cap (NegotiationDropped), or
+	// over it in a dry run (NegotiationWouldDrop).
 	Negotiation [Families][3]uint64
 	// Invalid counts invalid datagrams by reason: dropped (index 0) or, in
 	// a dry run, delivered (1).
@@ -306,11 +318,11 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 		out.Paced, f.tat = f.pacing.Admit(f.tat, uint64(now))
 		switch {
 		case out.Paced:
-			f.stats.Negotiation[fam][0]++
+			f.stats.Negotiation[fam][NegotiationPassed]++
 		case f.cfg.DryRun:
-			f.stats.Negotiation[fam][2]++
+			f.stats.Negotiation[fam][NegotiationWouldDrop]++
 		default:
-			f.stats.Negotiation[fam][1]++
+			f.stats.Negotiation[fam][NegotiationDropped]++
 			out.Drop = true
 		}
 	default:

@@ -73,7 +73,7 @@ func TestClassifyFrames(t *testing.T) {
 	// is out of reach: invalid, as its own reason.
 	p := udp("2001:db8:1:2::7", 50000)
 	p.data = quicclass.ShortHeader(100)
-	for range IPV6MaxExt + 1 {
+	for range decide.IPv6MaxExt + 1 {
 		p.ipv6Ext = append(p.ipv6Ext, ipv6Ext{kind: unix.IPPROTO_DSTOPTS})
 	}
 	w.t = t
@@ -181,9 +181,6 @@ func TestClassifyFramesVerify(t *testing.T) {
 	w.t = t
 	w.compareState()
 }
-
-// IPV6MaxExt is IPV6_MAX_EXT in rakelimit.c, the extension headers walked.
-const IPV6MaxExt = 6
 
 // TestAllowlistFamilies: an IPv6 prefix never allowlists an IPv4 source,
 // however wide (::/0), on the program as in the Go twin.

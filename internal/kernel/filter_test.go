@@ -173,7 +173,7 @@ func (w *twin) compareState() {
 		w.t.Fatalf("after packet %d: the total's pending counts BPF %+v, Go %+v", w.packet, p, w.d.Limiter().Pending())
 	}
 	var tat uint64
-	if err := w.f.objs.Pacer.Lookup(uint32(0), &tat); err != nil {
+	if err := w.f.objs.Pacer.Lookup(uint32(pacerNegotiation), &tat); err != nil {
 		w.t.Fatal(err)
 	}
 	if tat != w.d.PacerTAT() {

@@ -9,8 +9,8 @@ import "unsafe"
 // over its limit; from the next level on it is counted as limited, against a
 // budget of its own.
 const (
-	Clean   = 0
-	Limited = 1
+	Clean   = 0 // C: BUDGET_CLEAN
+	Limited = 1 // C: BUDGET_LIMITED
 )
 
 // Counter is a pair of exponentially decayed packet counts (FracBits

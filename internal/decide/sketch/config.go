@@ -13,19 +13,19 @@ import (
 // touched, and into slots of 2^SlotShift ns (about 4.1 µs), the resolution
 // of a packet's weight inside an epoch.
 const (
-	EpochShift = 20
-	SlotShift  = 12
+	EpochShift = 20 // C: EPOCH_SHIFT
+	SlotShift  = 12 // C: SLOT_SHIFT
 	// Slots is the number of weight slots in one epoch.
-	Slots = 1 << (EpochShift - SlotShift)
+	Slots = 1 << (EpochShift - SlotShift) // C: SLOTS
 
 	// decayBits is the width of each of the three decay tables' index: a cell
 	// idle for k epochs is scaled by D0[k&511]*D1[(k>>9)&511]*D2[k>>18].
-	decayBits = 9
+	decayBits = 9 // C: DECAY_BITS
 	// DecayEntries is the length of each decay table.
-	DecayEntries = 1 << decayBits
+	DecayEntries = 1 << decayBits // C: DECAY_ENTRIES
 	// decayHorizon is the first idle time, in epochs, that the tables do not
 	// cover (2^27 epochs, about 39 h); such a cell is zeroed.
-	decayHorizon = 1 << (3 * decayBits)
+	decayHorizon = 1 << (3 * decayBits) // C: DECAY_HORIZON
 
 	// A cell keeps its epoch in 32 bits, which wrap after 2^32 epochs
 	// (about 52 days). A clock reading up to SkewEpochs epochs older than
@@ -34,22 +34,22 @@ const (
 	// epoch: no decay, no change of epoch. A reading further behind is
 	// taken as a cell idle so long that its epoch wrapped: it is forgotten.
 	// Sweep keeps cells from ever idling that long.
-	SkewEpochs = 1 << 10
+	SkewEpochs = 1 << 10 // C: SKEW_EPOCHS
 
 	// PeriodShift sets how long a source keeps its rank at the fair total:
 	// sources are ranked anew every 2^PeriodShift ns (about 4.3 s).
-	PeriodShift = 32
+	PeriodShift = 32 // C: PERIOD_SHIFT
 )
 
 // Bounds on the configuration, enforced by Validate.
 const (
 	// MaxPrefixes is the largest number of source prefixes per family.
-	MaxPrefixes = 4
+	MaxPrefixes = 4 // C: MAX_PREFIXES
 	// MaxNodes is the largest number of lattice nodes: every prefix, source
 	// port specified or wildcard, destination port specified or wildcard.
-	MaxNodes = MaxPrefixes * 4
+	MaxNodes = MaxPrefixes * 4 // C: MAX_NODES
 	// MaxLevels is the largest number of lattice levels.
-	MaxLevels = MaxPrefixes + 2
+	MaxLevels = MaxPrefixes + 2 // C: MAX_LEVELS
 	// MinWindow and MaxWindow bound the smoothing window.
 	MinWindow = 10 * time.Millisecond
 	MaxWindow = time.Hour
@@ -70,7 +70,7 @@ const (
 	// packets (with connection ID verification, those verified by a server
 	// ID or a peer address), class 2 short-header packets that could not be
 	// verified.
-	NumClasses = 3
+	NumClasses = 3 // C: NUM_CLASSES
 )
 
 // The limits of class 2 (unverified short headers) when Config.Unverified
@@ -297,8 +297,8 @@ type Params struct {
 	// when no node does (a per-destination-port lattice's last node
 	// counts one stream per port). Each CPU counts it in a pending cell
 	// of its own (see Limiter.countTotal). Either is the last node: the
-	// filter's node loop (visit_nodes in internal/kernel/rakelimit.c) has the code of
-	// the total and of the fair total for the last node only.
+	// filter's node loop (visit_nodes in internal/kernel/c/walk.h) has
+	// the code of the total and of the fair total for the last node only.
 	TotalNode int
 	// Visited is how many of Nodes, from the first, each class's packets
 	// visit: up to the class's last limited node. The nodes after it are
@@ -349,7 +349,7 @@ type Params struct {
 }
 
 // ThreshUnlimited marks an unlimited node in Params.Thresh and Over.
-const ThreshUnlimited = ^uint32(0)
+const ThreshUnlimited = ^uint32(0) // C: THRESH_UNLIMITED
 
 // Compile validates c (after WithDefaults) and computes its Params.
 func Compile(c Config) (*Params, error) {
@@ -456,9 +456,9 @@ func Compile(c Config) (*Params, error) {
 // Where the screen asks (Params.Screen), a bit each.
 const (
 	// ScreenFair screens at the fair total.
-	ScreenFair = 1 << iota
+	ScreenFair = 1 << iota // C: SCREEN_FAIR
 	// ScreenReflect screens at the reflection node.
-	ScreenReflect
+	ScreenReflect // C: SCREEN_REFLECT
 )
 
 // screens says where class's clean packets are screened (Params.Screen):

@@ -1,7 +1,15 @@
 // Package sketch is the hierarchical fair-share rate limiter of rakelimit in
-// plain, deterministic Go. The BPF socket filter in internal/kernel/rakelimit.c performs
+// plain, deterministic Go. The BPF socket filter in internal/kernel performs
 // the same integer operations in the same order; tests feed both one packet
-// trace and compare verdicts and state bit for bit.
+// trace and compare verdicts and state bit for bit. Its C is split as this
+// package is, a header in internal/kernel/c for each file, of the same
+// name: the cells and their decay (cells.go, cells.h), one node's part in
+// a decision (node.go), the socket's total counted per CPU (total.go), the
+// fair total (fair.go), the screen (screen.go), the walk through the
+// lattice (walk.go), and fixed.go, hash.go and lattice.go; limiter.go holds
+// the limiter's state, which the C keeps in maps (maps.h). The constants
+// marked "C: NAME" are the C program's: internal/kernel/c/contract.h is
+// generated from them.
 //
 // # Classes
 //

@@ -28,10 +28,10 @@ package sketch
 // to f (the proportional floor, see admitFair), so that no network keeps
 // less than f of its packets. A network the share admits at f or more never
 // needs the floor.
-const FairStep = 8
+const FairStep = 8 // C: FAIR_STEP
 
 // FairUnbounded is the fair share that admits every packet.
-const FairUnbounded = 1<<48 - 1
+const FairUnbounded = 1<<48 - 1 // C: FAIR_UNBOUNDED
 
 // FairSlack bounds the fair total while its share settles: as a flood
 // starts, the offered rate is still ramping up and the share admits too
@@ -45,14 +45,14 @@ const FairUnbounded = 1<<48 - 1
 // the fair share lost packets in every pulse of a flood that stops and
 // starts (scenario quiet-network-pulse, and the end-to-end benchmark's
 // pulse).
-const FairSlack = 0
+const FairSlack = 0 // C: FAIR_SLACK
 
 // The coin of the proportional floor is FairCoinBits bits of the packet's
 // random number, from bit FairCoinShift: under its top FracBits bits (the
 // dither) and above the low bits that sample drops for tracking.
 const (
-	FairCoinBits  = 16
-	FairCoinShift = 32 - FracBits - FairCoinBits
+	FairCoinBits  = 16                           // C: FAIR_COIN_BITS
+	FairCoinShift = 32 - FracBits - FairCoinBits // C: FAIR_COIN_SHIFT
 )
 
 // fairCoin is the coin of the proportional floor, uniform in
@@ -61,12 +61,14 @@ func fairCoin(rnd uint32) uint32 {
 	return rnd >> FairCoinShift & (1<<FairCoinBits - 1)
 }
 
-// Verdicts of admitFair (FAIR_REFUSE, FAIR_RANK and FAIR_FLOOR in the C
-// program).
+// Verdicts of admitFair.
 const (
-	fairRefuse = iota // the packet is dropped
-	fairRank          // the share admits the packet's source
-	fairFloor         // the proportional floor admits the packet
+	// fairRefuse: the packet is dropped.
+	fairRefuse = iota // C: FAIR_REFUSE
+	// fairRank: the share admits the packet's source.
+	fairRank // C: FAIR_RANK
+	// fairFloor: the proportional floor admits the packet.
+	fairFloor // C: FAIR_FLOOR
 )
 
 // admitFair decides a packet at the fair total and moves the share

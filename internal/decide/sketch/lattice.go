@@ -120,9 +120,9 @@ type Family uint8
 // Families. Unknown is a packet whose network header could not be parsed; it
 // is still counted, at the all-sources nodes.
 const (
-	Unknown Family = 0
-	IPv4    Family = 4
-	IPv6    Family = 6
+	Unknown Family = 0 // C: FAMILY_UNKNOWN
+	IPv4    Family = 4 // C: FAMILY_IPV4
+	IPv6    Family = 6 // C: FAMILY_IPV6
 )
 
 func (f Family) String() string {

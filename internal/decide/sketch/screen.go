@@ -6,14 +6,14 @@ package sketch
 
 // ScreenHeadroomShift bounds the networks the screen judges alone to those
 // whose clean count, with the packet, is at most their limit >>
-// ScreenHeadroomShift (SCREEN_HEADROOM_SHIFT in the C program): half of it.
+// ScreenHeadroomShift: half of it.
 // The packets the screen drops are not counted at the nodes more specific
 // than the network's, so a stream's estimate there falls short by at most
 // what the network counted of them; the headroom keeps that shortfall under
 // half a limit, so that a network that grows past it is walked again well
 // before its specific nodes reach their limits, and they limit it where the
 // walk alone would (see "The screen" in the package doc).
-const ScreenHeadroomShift = 1
+const ScreenHeadroomShift = 1 // C: SCREEN_HEADROOM_SHIFT
 
 // noteScreen sets, for a packet at the fair total in budget, whether the
 // screen runs at the total for class's next packets (Limiter.screening):

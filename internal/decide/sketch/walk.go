@@ -98,16 +98,15 @@ func (l *Limiter) visitNode(k *Key, nw *nodeWork, v *Verdict) bool {
 	return false
 }
 
-// Verdicts of judgeNode (JUDGE_PASS, JUDGE_OVER, JUDGE_DROP and
-// JUDGE_FLOOR in the C program). A packet the proportional floor admits at
-// the fair total passes, over the limit, but is not counted as forwarded
-// there: the forwarded count is what the share admits, which the share
-// holds at the limit.
+// Verdicts of judgeNode. A packet the proportional floor admits at the fair
+// total passes, over the limit, but is not counted as forwarded there: the
+// forwarded count is what the share admits, which the share holds at the
+// limit.
 const (
-	judgePass = iota
-	judgeOver
-	judgeDrop
-	judgeFloor
+	judgePass  = iota // C: JUDGE_PASS
+	judgeOver         // C: JUDGE_OVER
+	judgeDrop         // C: JUDGE_DROP
+	judgeFloor        // C: JUDGE_FLOOR
 )
 
 // judgeNode compares what countNode found with the node's limit (judge_node
