@@ -21,22 +21,23 @@ import (
 
 // Config is the whole decision's configuration.
 type Config struct {
-	// Limiter configures the limiter: class 0 limits connection-opening
-	// packets (or every datagram when Classify is off), class 1 packets of
-	// established connections, class 2 unverified short headers (only with
-	// VerifyIDs).
+	// Limiter configures the limiter: the opening class limits
+	// connection-opening packets (or every datagram when Classify is off),
+	// the established class packets of established connections, the
+	// unverified class unverified short headers (only with VerifyIDs).
 	Limiter sketch.Config
 	// Classify sorts datagrams into QUIC classes. Off, every datagram is
-	// counted alike, in class 0: nothing is invalid.
+	// counted alike, in the opening class: nothing is invalid.
 	Classify bool
 	// VerifyIDs, when classifying, verifies datagrams against the
 	// connection IDs the server issued and the addresses it sends to
 	// (LearnServerID, LearnPeer; see package quicclass): short headers
-	// with neither go to class 2 (quicclass.Unverified), Initials and
-	// Handshakes that answer a server ID to class 1, Handshakes with
-	// another ID are invalid, and long headers' lengths are checked. Off,
-	// the classes are exactly those without verification, and nothing
-	// learned is looked up: keep it off until something learns.
+	// with neither go to the unverified class (quicclass.Unverified),
+	// Initials and Handshakes that answer a server ID to the established
+	// class (quicclass.Established), Handshakes with another ID are
+	// invalid, and long headers' lengths are checked. Off, the classes are
+	// exactly those without verification, and nothing learned is looked
+	// up: keep it off until something learns.
 	VerifyIDs bool
 	// BlockedPorts are source ports whose datagrams are invalid (nil:
 	// none). Used only when classifying.
@@ -191,9 +192,9 @@ type Stats struct {
 	// Verified counts, with VerifyIDs, the datagrams verified by a server
 	// ID or a peer address, by how (quicclass.Verification; the
 	// NotVerified column stays zero), whatever the limiter then decides:
-	// short headers by ID and by peer (the rest of class 1 with
-	// verification: openings by ID), and openings from a peer, which are
-	// in class 0.
+	// short headers by ID and by peer (the rest of the established class
+	// with verification: openings by ID), and openings from a peer, which
+	// are in the opening class.
 	Verified [Families][quicclass.NumVerifications]uint64
 	// Errors counts datagrams passed because the filter could not reach
 	// its state (only the BPF program has such errors).

@@ -529,7 +529,7 @@ func TestTotalPerCPU(t *testing.T) {
 	send(cpus[0], later)
 	send(cpus[1], later+1000)
 	params := w.d.Limiter().Params()
-	base := int(params.Base[0][total])
+	base := int(params.Base[quicclass.Opening][total])
 	got, twin := w.f.lines(t), w.d.Limiter().Lines()
 	for r := range sketch.Depth {
 		for c := range sketch.CellsPerLine {

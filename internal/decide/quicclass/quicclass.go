@@ -63,8 +63,9 @@ import "encoding/binary"
 // Class is what a datagram is to the server.
 type Class uint8
 
-// Classes. Opening, Established and Unverified are also the limiter's class
-// indexes (sketch classes 0, 1 and 2): the classes below LimiterClasses.
+// Classes. Opening, Established and Unverified are also the limiter's
+// classes (package sketch indexes its lattices by them): the classes below
+// LimiterClasses.
 const (
 	Opening     Class = iota // C: CLASS_OPENING
 	Established              // C: CLASS_ESTABLISHED

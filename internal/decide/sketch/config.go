@@ -6,6 +6,8 @@ import (
 	"math/big"
 	"slices"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 // Time constants. Time is quantised twice: into epochs of 2^EpochShift ns
@@ -65,15 +67,17 @@ const (
 	Unlimited = ^uint32(0)
 
 	// NumClasses is the number of traffic classes with a lattice of their
-	// own: class 0 counts connection-opening packets (or every datagram
-	// when the filter does not classify), class 1 established-connection
-	// packets (with connection ID verification, those verified by a server
-	// ID or a peer address), class 2 short-header packets that could not be
-	// verified.
+	// own, indexed by quicclass.Class: the opening class
+	// (quicclass.Opening) counts connection-opening packets (or every
+	// datagram when the filter does not classify), the established class
+	// (quicclass.Established) established-connection packets (with
+	// connection ID verification, those verified by a server ID or a peer
+	// address), the unverified class (quicclass.Unverified) short-header
+	// packets that could not be verified.
 	NumClasses = 3 // C: NUM_CLASSES
 )
 
-// The limits of class 2 (unverified short headers) when Config.Unverified
+// The limits of the unverified class (unverified short headers) when Config.Unverified
 // leaves them zero. A legitimate client is unverified only for moments: when
 // it moves to a connection ID the server issued in an encrypted frame and to
 // an address the server has not sent to yet (a NAT rebinding, a migration),
@@ -105,7 +109,7 @@ var (
 // Window are required; WithDefaults fills the prefixes.
 type Config struct {
 	// Limit is the rate, in packets per second, that every lattice node
-	// of class 0 may forward unless LevelLimits says otherwise.
+	// of the opening class may forward unless LevelLimits says otherwise.
 	Limit uint32
 	// Window is the smoothing period of the rate estimate. A stream that
 	// has been quiet for a few windows may send a burst of Limit*Window
@@ -115,12 +119,12 @@ type Config struct {
 	// Params.Levels for the numbering). Unlimited lifts a level's limit;
 	// lifting the top level removes the cap on the socket's total.
 	LevelLimits map[int]uint32
-	// Established are the limits of class 1. Left zero, class 1 has the
-	// limits of class 0.
+	// Established are the limits of the established class. Left zero, it
+	// has the limits of the opening class.
 	Established Limits
-	// Unverified are the limits of class 2. Left zero (Limit 0), class 2
-	// has DefaultUnverifiedLimit at every level but the top, the socket's
-	// total, which has DefaultUnverifiedTotal.
+	// Unverified are the limits of the unverified class. Left zero
+	// (Limit 0), it has DefaultUnverifiedLimit at every level but the top,
+	// the socket's total, which has DefaultUnverifiedTotal.
 	Unverified Limits
 	// ProportionalTotal turns the fair total off: the socket's total then
 	// drops the same share of everyone's packets, as every other node
@@ -145,23 +149,24 @@ type Limits struct {
 	LevelLimits map[int]uint32
 }
 
-// Class returns the limits of class c (0, 1 or 2).
+// Class returns the limits of a limiter class: quicclass.Opening,
+// Established or Unverified.
 func (c Config) Class(class int) Limits {
 	switch {
-	case class == 1 && c.Established.Limit != 0:
+	case class == int(quicclass.Established) && c.Established.Limit != 0:
 		return c.Established
-	case class == 2 && c.Unverified.Limit != 0:
+	case class == int(quicclass.Unverified) && c.Unverified.Limit != 0:
 		return c.Unverified
-	case class == 2:
+	case class == int(quicclass.Unverified):
 		top := c.WithDefaults().Levels() - 1
 		return Limits{Limit: DefaultUnverifiedLimit, LevelLimits: map[int]uint32{top: DefaultUnverifiedTotal}}
 	}
 	return Limits{Limit: c.Limit, LevelLimits: c.LevelLimits}
 }
 
-// className prefixes the names of class 1's and class 2's values in
-// errors.
-var className = [NumClasses]string{"", "established ", "unverified "}
+// className prefixes the names of the established and the unverified
+// classes' values in errors.
+var className = [NumClasses]string{quicclass.Established: "established ", quicclass.Unverified: "unverified "}
 
 // WithDefaults returns c with empty prefix lists replaced by the defaults.
 func (c Config) WithDefaults() Config {
@@ -282,8 +287,8 @@ type Params struct {
 	Over [NumClasses][MaxNodes]uint32
 	// Lines is the length of each node's rows, in lines, by class, and
 	// Base the index of its first line in the sketch memory: the rows of
-	// a node follow one another, nodes follow in order, class 0 first,
-	// then class 1, then class 2.
+	// a node follow one another, nodes follow in order, the opening class
+	// first, then the established class, then the unverified class.
 	// TotalLines is the size of the sketch memory in lines.
 	Lines, Base [NumClasses][MaxNodes]uint32
 	TotalLines  int
@@ -425,9 +430,9 @@ func Compile(c Config) (*Params, error) {
 			case i == len(p.Nodes)-1 && (!c.PerDstPort || p.Nodes[i].DstPortAny()):
 				lines = 1 // the socket's total: one stream
 				p.TotalNode = i
-			case class == 1:
+			case class == int(quicclass.Established):
 				lines = EstablishedLines
-			case class == 2:
+			case class == int(quicclass.Unverified):
 				lines = UnverifiedLines
 			}
 			p.Lines[class][i], p.Base[class][i] = lines, uint32(p.TotalLines)

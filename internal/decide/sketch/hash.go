@@ -15,13 +15,14 @@ const (
 	// CellsPerLine is the number of cells in a 64-byte line.
 	CellsPerLine = 3 // C: CELLS_PER_LINE
 	// Rows are made of lines; their length depends on the class. A row
-	// of class 0 (connection-opening packets, or every datagram) has
-	// OpeningLines lines (OpeningWidth = 4140 cells), where a flood of
-	// many sources must not crowd out a legitimate one. A row of class 1
-	// (established connections) has EstablishedLines (576 cells): its
-	// limits are hundreds of times a client's rate, so sharing a cell with
-	// a few other sources changes nothing. A row of class 2 (unverified
-	// short headers) has UnverifiedLines (192 cells): what it counts is
+	// of the opening class (connection-opening packets, or every
+	// datagram) has OpeningLines lines (OpeningWidth = 4140 cells), where
+	// a flood of many sources must not crowd out a legitimate one. A row
+	// of the established class (established connections) has
+	// EstablishedLines (576 cells): its limits are hundreds of times a
+	// client's rate, so sharing a cell with a few other sources changes
+	// nothing. A row of the unverified class (unverified short headers)
+	// has UnverifiedLines (192 cells): what it counts is
 	// junk, or a legitimate client for the moment before it is verified,
 	// and its small total, shared fairly, is what holds the junk. The
 	// socket's total node counts a single stream and has one line per

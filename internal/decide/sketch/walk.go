@@ -3,11 +3,12 @@ package sketch
 // The walk of a packet through the lattice, node by node, with the screen
 // before it: the limiter's decision. The twin of internal/kernel/c/walk.h.
 
-// Decide counts a packet of class class (0 or 1) with key k arriving at time
-// now (nanoseconds on a monotonic clock) and decides its fate; decide in the
-// C program. rnd is a uniformly random 32-bit number; its top FracBits bits
-// dither the forwarding threshold, and the FairCoinBits under them are the
-// coin of the fair total's proportional floor.
+// Decide counts a packet of the limiter class class (quicclass.Opening,
+// Established or Unverified) with key k arriving at time now (nanoseconds on a
+// monotonic clock) and decides its fate; decide in the C program. rnd is a
+// uniformly random 32-bit number; its top FracBits bits dither the forwarding
+// threshold, and the FairCoinBits under them are the coin of the fair total's
+// proportional floor.
 //
 // Walking the lattice from the most specific level to the most general, each
 // node counts the packet in its budget (clean or limited) and compares the
