@@ -6,18 +6,18 @@ import (
 	"time"
 )
 
-// The kernel filter's dimensions (internal/kernel/rakelimit.c), which the userspace
-// limiter keeps too, so that a configuration valid in one mode is valid in
-// the other. Package bpf checks that the program agrees: at compile time
-// where the generated types carry a dimension, and at load time for the
-// sizes of its maps.
+// The kernel filter's dimensions, which the userspace limiter keeps too, so
+// that a configuration valid in one mode is valid in the other. The BPF
+// program takes those marked "C: NAME" from internal/kernel/c/contract.h,
+// generated from them; package kernel checks that the program agrees: at
+// compile time where the generated types carry a dimension, and at load
+// time for the sizes of its maps.
 const (
-	// MaxAllow is the most allowlist prefixes of one family (MAX_ALLOW).
-	MaxAllow = 1024
-	// MaxTrackedStreams is how many limited streams are remembered at once
-	// (MAX_TRACKED_STREAMS); past it the least recently dropped one is
-	// forgotten.
-	MaxTrackedStreams = 1024
+	// MaxAllow is the most allowlist prefixes of one family.
+	MaxAllow = 1024 // C: MAX_ALLOW
+	// MaxTrackedStreams is how many limited streams are remembered at
+	// once; past it the least recently dropped one is forgotten.
+	MaxTrackedStreams = 1024 // C: MAX_TRACKED_STREAMS
 	// DefaultTrackShift samples one drop in 2^4 for stream tracking.
 	DefaultTrackShift = 4
 	// TrackedStreamsPerSecond paces the streams the filter starts to track
@@ -27,9 +27,9 @@ const (
 	// more than the flood. Sampled drops of streams refused by the pacer
 	// are counted (Untracked), not tracked.
 	TrackedStreamsPerSecond = 200
-	// InvalidNode is the node of a tracked stream of invalid datagrams
-	// (INVALID_NODE): keyed by source address, not by a lattice node.
-	InvalidNode = 0xff
+	// InvalidNode is the node of a tracked stream of invalid datagrams:
+	// keyed by source address, not by a lattice node.
+	InvalidNode = 0xff // C: INVALID_NODE
 )
 
 // TrackPacing is the pacing of new tracked streams (the kernel's tracking

@@ -21,22 +21,23 @@ import (
 
 // Config is the whole decision's configuration.
 type Config struct {
-	// Limiter configures the limiter: class 0 limits connection-opening
-	// packets (or every datagram when Classify is off), class 1 packets of
-	// established connections, class 2 unverified short headers (only with
-	// VerifyIDs).
+	// Limiter configures the limiter: the opening class limits
+	// connection-opening packets (or every datagram when Classify is off),
+	// the established class packets of established connections, the
+	// unverified class unverified short headers (only with VerifyIDs).
 	Limiter sketch.Config
 	// Classify sorts datagrams into QUIC classes. Off, every datagram is
-	// counted alike, in class 0: nothing is invalid.
+	// counted alike, in the opening class: nothing is invalid.
 	Classify bool
 	// VerifyIDs, when classifying, verifies datagrams against the
 	// connection IDs the server issued and the addresses it sends to
 	// (LearnServerID, LearnPeer; see package quicclass): short headers
-	// with neither go to class 2 (quicclass.Unverified), Initials and
-	// Handshakes that answer a server ID to class 1, Handshakes with
-	// another ID are invalid, and long headers' lengths are checked. Off,
-	// the classes are exactly those without verification, and nothing
-	// learned is looked up: keep it off until something learns.
+	// with neither go to the unverified class (quicclass.Unverified),
+	// Initials and Handshakes that answer a server ID to the established
+	// class (quicclass.Established), Handshakes with another ID are
+	// invalid, and long headers' lengths are checked. Off, the classes are
+	// exactly those without verification, and nothing learned is looked
+	// up: keep it off until something learns.
 	VerifyIDs bool
 	// BlockedPorts are source ports whose datagrams are invalid (nil:
 	// none). Used only when classifying.
@@ -153,7 +154,18 @@ type Outcome struct {
 
 // Families is the number of families the counters keep apart: 0 counts
 // datagrams without a readable network header, 1 IPv4, 2 IPv6.
-const Families = 3
+const Families = 3 // C: FAMILY_SLOTS
+
+// The columns of Stats.Negotiation.
+const (
+	// NegotiationPassed counts the datagrams the cap let through.
+	NegotiationPassed = 0 // C: NEG_PASSED
+	// NegotiationDropped counts those over the cap, dropped.
+	NegotiationDropped = 1 // C: NEG_DROPPED
+	// NegotiationWouldDrop counts those over the cap in a dry run, which
+	// delivers them.
+	NegotiationWouldDrop = 2 // C: NEG_WOULD_DROP
+)
 
 // FamilyIndex returns the counters' index of a family.
 func FamilyIndex(f sketch.Family) int {
@@ -178,7 +190,8 @@ type Stats struct {
 	Dropped   [sketch.NumClasses][Families][sketch.MaxLevels]uint64
 	WouldDrop [sketch.NumClasses][Families][sketch.MaxLevels]uint64
 	// Negotiation counts datagrams with an unknown version: passed
-	// (index 0), dropped over the cap (1), or over it in a dry run (2).
+	// (NegotiationPassed), dropped over the cap (NegotiationDropped), or
+	// over it in a dry run (NegotiationWouldDrop).
 	Negotiation [Families][3]uint64
 	// Invalid counts invalid datagrams by reason: dropped (index 0) or, in
 	// a dry run, delivered (1).
@@ -188,9 +201,9 @@ type Stats struct {
 	// Verified counts, with VerifyIDs, the datagrams verified by a server
 	// ID or a peer address, by how (quicclass.Verification; the
 	// NotVerified column stays zero), whatever the limiter then decides:
-	// short headers by ID and by peer (the rest of class 1 with
-	// verification: openings by ID), and openings from a peer, which are
-	// in class 0.
+	// short headers by ID and by peer (the rest of the established class
+	// with verification: openings by ID), and openings from a peer, which
+	// are in the opening class.
 	Verified [Families][quicclass.NumVerifications]uint64
 	// Errors counts datagrams passed because the filter could not reach
 	// its state (only the BPF program has such errors).
@@ -315,11 +328,11 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 		out.Paced, f.tat = f.pacing.Admit(f.tat, uint64(now))
 		switch {
 		case out.Paced:
-			f.stats.Negotiation[fam][0]++
+			f.stats.Negotiation[fam][NegotiationPassed]++
 		case f.cfg.DryRun:
-			f.stats.Negotiation[fam][2]++
+			f.stats.Negotiation[fam][NegotiationWouldDrop]++
 		default:
-			f.stats.Negotiation[fam][1]++
+			f.stats.Negotiation[fam][NegotiationDropped]++
 			out.Drop = true
 		}
 	default:

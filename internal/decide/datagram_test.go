@@ -140,9 +140,9 @@ func TestAllowlistFamilies(t *testing.T) {
 			if tt.want {
 				limited = 0
 			}
-			if out.Allowlisted != tt.want || out.Drop || st.Allowed[fam] != 1-limited || st.Passed[0][fam] != limited {
+			if out.Allowlisted != tt.want || out.Drop || st.Allowed[fam] != 1-limited || st.Passed[quicclass.Opening][fam] != limited {
 				t.Fatalf("Decide = %+v, allowed %d, passed by the limiter %d; want allowlisted %v", out,
-					st.Allowed[fam], st.Passed[0][fam], tt.want)
+					st.Allowed[fam], st.Passed[quicclass.Opening][fam], tt.want)
 			}
 		})
 	}

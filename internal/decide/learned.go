@@ -25,26 +25,29 @@ const (
 	// connection and rotates them). When the set is full, a new ID evicts
 	// one rather than being refused: in the kernel, the stalest of the
 	// IDWays of its set; in the Go twin, the one the clock hand picks.
-	MaxServerIDs = 1 << 17
+	MaxServerIDs = 1 << 17 // C: MAX_SERVER_IDS
 	// IDWays and IDSetShift shape the kernel's table of server IDs: sets
 	// of IDWays slots of 8 bytes, a cache line, 2^IDSetShift of them; an
 	// ID's set is the top IDSetShift bits of its hash. The table has twice
 	// MaxServerIDs slots: a set fills before the table does, and at half
 	// full the sets hold all but about 1% of random IDs (at full, 14%
 	// would find their set full).
-	IDWays     = 8
-	IDSetShift = 15
+	IDWays     = 8  // C: ID_WAYS
+	IDSetShift = 15 // C: ID_SET_SHIFT
 	// MaxPeers is how many peer addresses are remembered, evicted as the
 	// least recently used.
-	MaxPeers = 1 << 17
+	MaxPeers = 1 << 17 // C: MAX_PEERS
 	// IDStampShift gives the unit of a server ID's time, its stamp (see
 	// IDStamp): 2^30 ns, 1.07 s. A verified datagram writes the stamp of
 	// its ID again when it is behind: one write per ID a second at most,
 	// not one per datagram.
-	IDStampShift = 30
+	IDStampShift = 30 // C: ID_STAMP_SHIFT
 	// IDStampMask keeps a stamp in the 31 bits a slot of the kernel's
 	// table has for it (68 years).
-	IDStampMask = 1<<31 - 1
+	IDStampMask = 1<<31 - 1 // C: ID_STAMP_MASK
+	// ipv4MappedWord is the third word of an IPv4 address as a peer key
+	// holds it, IPv4-mapped (::ffff:a.b.c.d).
+	ipv4MappedWord = 0xffff // C: IPV4_MAPPED_WORD
 )
 
 // IDStamp is time now (nanoseconds, monotonic) as a server ID's time is
@@ -87,7 +90,7 @@ func PeerKeyOf(addr netip.Addr) (PeerKey, error) {
 func peerKey(k *sketch.Key) (PeerKey, bool) {
 	switch k.Family {
 	case sketch.IPv4:
-		return PeerKey{0, 0, 0xffff, k.Words[0]}, true
+		return PeerKey{0, 0, ipv4MappedWord, k.Words[0]}, true
 	case sketch.IPv6:
 		return PeerKey(k.Words), true
 	}

@@ -6,20 +6,22 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
-// Header sizes and fields, as parse_ipv4 and parse_ipv6 in internal/kernel/rakelimit.c
-// read them.
+// Header sizes and fields, as parse_ipv4 and parse_ipv6 in
+// internal/kernel/c/parse.h read them.
 const (
-	ipv4MinHeader      = 20
-	ipv4FragOffsetMask = 0x1fff
-	ipv6Header         = 40
-	ipv6FragOffsetMask = 0xfff8
-	ipv6ExtUnit        = 8
-	ipv6AHUnit         = 4
-	ipv6FragHeader     = 8
-	udpHeader          = 8
+	ipv4MinHeader      = 20     // C: IPV4_MIN_HDR_LEN
+	ipv4FragOffsetMask = 0x1fff // C: IPV4_FRAG_OFFSET_MASK
+	ipv6Header         = 40     // C: IPV6_HDR_LEN
+	ipv6FragOffsetMask = 0xfff8 // C: IPV6_FRAG_OFFSET_MASK
+	ipv6ExtUnit        = 8      // C: IPV6_EXT_UNIT
+	ipv6AHUnit         = 4      // C: IPV6_AH_UNIT
+	ipv6FragHeader     = 8      // C: IPV6_FRAG_HDR_LEN
+	udpHeader          = 8      // C: UDP_HDR_LEN
 	// IPv6MaxExt is how many IPv6 extension headers the parser walks
-	// looking for UDP (IPV6_MAX_EXT): a datagram behind more has no ports.
-	IPv6MaxExt = 6
+	// looking for UDP: a datagram behind more has no ports. No QUIC client
+	// sends any; such a datagram is invalid (unparsed) when the filter
+	// classifies, and counted at the port-wildcard nodes when not.
+	IPv6MaxExt = 6 // C: IPV6_MAX_EXT
 
 	protoHopOpts  = 0
 	protoUDP      = 17
@@ -32,7 +34,7 @@ const (
 
 // UDPPayloadLength is the length of the payload of a UDP header at offset
 // off of an IP datagram of ipLen bytes, whose length field is ulen
-// (udp_length in internal/kernel/rakelimit.c): what a UDP socket receives, since the
+// (udp_length in internal/kernel/c/parse.h): what a UDP socket receives, since the
 // kernel trims a packet to its UDP length before any socket filter runs.
 // It is the length field less the header, bounded by the IP datagram; a
 // field of 0 (an IPv6 jumbogram's) means the rest of the IP datagram, and so
@@ -46,7 +48,7 @@ func UDPPayloadLength(ulen, off, ipLen int, lite bool) int {
 }
 
 // Parse reads what the filter reads of a network-layer packet b (IPv4, or
-// IPv6 when ipv6), as parse() in internal/kernel/rakelimit.c does when the packet is
+// IPv6 when ipv6), as parse() in internal/kernel/c/parse.h does when the packet is
 // whole in memory (BPF_PROG_TEST_RUN): the source address, the ports and
 // the UDP payload, whose length is UDPPayloadLength bounded by the bytes b
 // holds. A field it cannot read is left zero: the family unknown when the

@@ -73,7 +73,7 @@ func TestClassifyFrames(t *testing.T) {
 	// is out of reach: invalid, as its own reason.
 	p := udp("2001:db8:1:2::7", 50000)
 	p.Data = quicclass.ShortHeader(100)
-	for range IPV6MaxExt + 1 {
+	for range decide.IPv6MaxExt + 1 {
 		p.IPv6Ext = append(p.IPv6Ext, testutil.IPv6Ext{Kind: unix.IPPROTO_DSTOPTS})
 	}
 	w.t = t
@@ -181,9 +181,6 @@ func TestClassifyFramesVerify(t *testing.T) {
 	w.t = t
 	w.compareState()
 }
-
-// IPV6MaxExt is IPV6_MAX_EXT in rakelimit.c, the extension headers walked.
-const IPV6MaxExt = 6
 
 // TestAllowlistFamilies: an IPv6 prefix never allowlists an IPv4 source,
 // however wide (::/0), on the program as in the Go twin.
@@ -532,7 +529,7 @@ func TestTotalPerCPU(t *testing.T) {
 	send(cpus[0], later)
 	send(cpus[1], later+1000)
 	params := w.d.Limiter().Params()
-	base := int(params.Base[0][total])
+	base := int(params.Base[quicclass.Opening][total])
 	got, twin := w.f.lines(t), w.d.Limiter().Lines()
 	for r := range sketch.Depth {
 		for c := range sketch.CellsPerLine {

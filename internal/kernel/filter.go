@@ -81,7 +81,7 @@ type Filter struct {
 // loadOptions are switches for tests; the zero value is production.
 type loadOptions struct {
 	// testMode takes time and randomness from skb->cb and records the
-	// verdict in the test_verdict map (see rakelimit.c).
+	// verdict in the test_verdict map (see c/maps.h).
 	testMode bool
 	// benchRandomSource gives every packet a random source address.
 	benchRandomSource bool

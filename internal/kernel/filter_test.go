@@ -173,7 +173,7 @@ func (w *twin) compareState() {
 		w.t.Fatalf("after packet %d: the total's pending counts BPF %+v, Go %+v", w.packet, p, w.d.Limiter().Pending())
 	}
 	var tat uint64
-	if err := w.f.objs.Pacer.Lookup(uint32(0), &tat); err != nil {
+	if err := w.f.objs.Pacer.Lookup(uint32(pacerNegotiation), &tat); err != nil {
 		w.t.Fatal(err)
 	}
 	if tat != w.d.PacerTAT() {
@@ -418,14 +418,14 @@ func TestDifferential(t *testing.T) {
 					invalid += st.Invalid[0][fam][r] + st.Invalid[1][fam][r]
 				}
 				negotiation += st.Negotiation[fam][0] + st.Negotiation[fam][1] + st.Negotiation[fam][2]
-				fair += st.Dropped[0][fam][top] + st.WouldDrop[0][fam][top]
+				fair += st.Dropped[quicclass.Opening][fam][top] + st.WouldDrop[quicclass.Opening][fam][top]
 			}
 			if allowed == 0 || allowInvalid == 0 {
 				t.Fatalf("the trace missed the allowlist: %d allowlisted, %d invalid from allowlisted prefixes", allowed, allowInvalid)
 			}
-			if invalid == 0 || negotiation == 0 || fair == 0 || st.Passed[1][1] == 0 {
+			if invalid == 0 || negotiation == 0 || fair == 0 || st.Passed[quicclass.Established][1] == 0 {
 				t.Fatalf("the trace missed a path: invalid %d, negotiation %d, drops at the total %d, established passed %d",
-					invalid, negotiation, fair, st.Passed[1][1])
+					invalid, negotiation, fair, st.Passed[quicclass.Established][1])
 			}
 		})
 	}
@@ -472,10 +472,10 @@ func TestDifferentialSpoofed(t *testing.T) {
 				a := netip.AddrFrom4([4]byte{10, byte(128 + rng.IntN(128)), byte(rng.IntN(256)), byte(rng.IntN(256))})
 				p := udp(a.String(), tt.port(rng))
 				d := p.Datagram(true)
-				before := lim.Estimate(&d.Key, 0, n0, sketch.Clean, now)
+				before := lim.Estimate(&d.Key, int(quicclass.Opening), n0, sketch.Clean, now)
 				if o := w.step(p, d, now, rng.Uint32()); o.Verdict.Drop {
 					drops++
-					if lim.Estimate(&d.Key, 0, n0, sketch.Clean, now) == before {
+					if lim.Estimate(&d.Key, int(quicclass.Opening), n0, sketch.Clean, now) == before {
 						screened++
 					}
 				}
@@ -736,7 +736,7 @@ func TestDimensions(t *testing.T) {
 	}
 	lines := w.f.lines(t)
 	if last := lines[len(lines)-1]; last.Cells[0].Epoch == 0 && last.Cells[1].Epoch == 0 && last.Cells[2].Epoch == 0 {
-		t.Fatal("the last line, class 2's total, was never touched")
+		t.Fatal("the last line, the unverified class's total, was never touched")
 	}
 	for class := range sketch.NumClasses {
 		if st.Passed[class][decide.FamilyIndex(sketch.IPv6)] == 0 {
@@ -783,8 +783,9 @@ func TestVerifierBudget(t *testing.T) {
 // expired every so often; short headers, Initials (with tokens, to a server
 // ID or a client's), 0-RTT and Handshake packets of both versions to known
 // and unknown IDs, from peers and strangers; long headers whose lengths do
-// not add up; a spoofed flood of unverified short headers over class 2's
-// total; verification switched off and on again; a dry run at the end.
+// not add up; a spoofed flood of unverified short headers over the
+// unverified class's total; verification switched off and on again; a dry
+// run at the end.
 // Every verdict, counter, cell, fair share and learned time must agree.
 func TestDifferentialVerify(t *testing.T) {
 	c := testutil.QUICLimits(50, 500)
@@ -945,7 +946,7 @@ func TestDifferentialVerify(t *testing.T) {
 		length += st.Invalid[0][fam][quicclass.Length] + st.Invalid[1][fam][quicclass.Length]
 		unverifiedPassed += st.Passed[quicclass.Unverified][fam]
 		unverifiedDropped += st.Dropped[quicclass.Unverified][fam][top] + st.WouldDrop[quicclass.Unverified][fam][top]
-		openingTop += st.Dropped[0][fam][top] + st.WouldDrop[0][fam][top]
+		openingTop += st.Dropped[quicclass.Opening][fam][top] + st.WouldDrop[quicclass.Opening][fam][top]
 	}
 	refreshed := 0
 	for id, at := range w.d.ServerIDs() {

@@ -25,16 +25,16 @@ func (f *Filter) LearnServerID(id decide.ServerID) error {
 	return f.learnServerID(id, monoNow())
 }
 
-// The server IDs' table (server_ids in rakelimit.c), mapped: a slot holds
+// The server IDs' table (server_ids in c/maps.h), mapped: a slot holds
 // an ID in its top 32 bits, idUsed, and the ID's stamp (decide.IDStamp).
 // Userspace and the program write slots with atomic operations only.
 const (
 	idSlotBytes = 8
 	idSetBytes  = decide.IDWays * idSlotBytes
-	idSets      = 1 << decide.IDSetShift
+	idSets      = 1 << decide.IDSetShift // C: ID_SETS
 	idStampMask = decide.IDStampMask
-	idUsed      = idStampMask + 1
-	idTagMask   = ^uint64(idStampMask)
+	idUsed      = idStampMask + 1      // C: ID_USED
+	idTagMask   = ^uint64(idStampMask) // C: ID_TAG_MASK
 	// idLearnTries bounds the compare-and-swap retries of a learn whose
 	// set other writers keep changing.
 	idLearnTries = 16
@@ -266,18 +266,18 @@ func monoNow() uint64 {
 }
 
 // The quick-reject filters of the learned sets (struct quick in
-// rakelimit.c): a bit per bucket of a member's hash, set for every member, so
+// c/maps.h): a bit per bucket of a member's hash, set for every member, so
 // that the program looks a source up in the hash map of peers (or a
 // connection ID in the server IDs) only when its bit is set. A new source,
 // every packet of a spoofed flood, then costs a read of a 32 KiB bitmap
 // rather than of a hash bucket in megabytes that no cache holds.
 const (
-	quickShift = 18
-	quickWords = 1 << quickShift / 64
+	quickShift = 18                   // C: QUICK_SHIFT
+	quickWords = 1 << quickShift / 64 // C: QUICK_WORDS
 	quickBytes = quickWords * 8
-	quickPeers = 0
-	quickIDs   = 1
-	numQuick   = 2
+	quickPeers = 0 // C: QUICK_PEERS
+	quickIDs   = 1 // C: QUICK_IDS
+	numQuick   = 2 // C: NUM_QUICK
 )
 
 // mapQuick maps the quick-reject filters, which userspace sets bits of with
@@ -312,7 +312,7 @@ func (f *Filter) quickSet(which int, h uint64) bool {
 	return atomic.LoadUint64(f.quickWord(which, i))&m != 0
 }
 
-// peerHash is a peer's hash for its filter (peer_hash in rakelimit.c).
+// peerHash is a peer's hash for its filter (peer_hash in c/learned.h).
 func (f *Filter) peerHash(k decide.PeerKey) uint64 {
 	var h uint64
 	for i, w := range k {
@@ -322,7 +322,7 @@ func (f *Filter) peerHash(k decide.PeerKey) uint64 {
 }
 
 // idHash is a server ID's hash for its filter and its set in the table
-// (id_hash in rakelimit.c).
+// (id_hash in c/learned.h).
 func (f *Filter) idHash(id decide.ServerID) uint64 {
 	return f.hk.A[1][1] * uint64(id.Word())
 }

@@ -64,7 +64,7 @@ func TestDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	v4 := decide.FamilyIndex(sketch.IPv4)
-	would, dropped := sum(st.WouldDrop[0][v4]), sum(st.Dropped[0][v4])
+	would, dropped := sum(st.WouldDrop[quicclass.Opening][v4]), sum(st.Dropped[quicclass.Opening][v4])
 	if got != 2*rate || dropped != 0 || would < uint64(2*rate-4*limit) {
 		t.Fatalf("dry run: %d of %d delivered, %d dropped, %d would have been", got, 2*rate, dropped, would)
 	}
@@ -86,10 +86,10 @@ func TestDryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := sum(st.Dropped[0][v4]); d < uint64(rate-2*limit) {
+	if d := sum(st.Dropped[quicclass.Opening][v4]); d < uint64(rate-2*limit) {
 		t.Fatalf("after the dry run was switched off, %d of %d dropped", d, rate)
 	}
-	t.Logf("dry run: %d delivered, %d would have been dropped; then enforcing: %d dropped", got, would, sum(st.Dropped[0][v4]))
+	t.Logf("dry run: %d delivered, %d would have been dropped; then enforcing: %d dropped", got, would, sum(st.Dropped[quicclass.Opening][v4]))
 }
 
 // TestAllowlist: an allowlisted source is never limited nor counted, while a
@@ -201,7 +201,7 @@ func TestStreamEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dropped := sum(st.Dropped[0][decide.FamilyIndex(sketch.IPv4)])
+	dropped := sum(st.Dropped[quicclass.Opening][decide.FamilyIndex(sketch.IPv4)])
 	// Sampling one drop in 16: the estimate is within a few percent.
 	if d := float64(streams[0].Drops); d < 0.9*float64(dropped) || d > 1.1*float64(dropped) {
 		t.Errorf("stream's drops estimated at %v, the counters say %d", d, dropped)
@@ -217,8 +217,8 @@ func TestStreamEvents(t *testing.T) {
 }
 
 // TestStreamEventsUnverified: with VerifyIDs, a flood of short headers
-// from a stranger to an ID the server never issued is limited in class 2,
-// and tracked and reported as a stream of that class.
+// from a stranger to an ID the server never issued is limited in the
+// unverified class, and tracked and reported as a stream of that class.
 func TestStreamEventsUnverified(t *testing.T) {
 	c := testutil.QUICLimits(100, 100_000)
 	c.VerifyIDs = true
@@ -248,7 +248,7 @@ func TestStreamEventsUnverified(t *testing.T) {
 	}
 	v4 := decide.FamilyIndex(sketch.IPv4)
 	if dropped := sum(st.Dropped[quicclass.Unverified][v4]); dropped < 90_000 || st.Passed[quicclass.Established][v4] != 0 {
-		t.Fatalf("class 2 dropped %d of 100,000; class 1 passed %d", dropped, st.Passed[quicclass.Established][v4])
+		t.Fatalf("the unverified class dropped %d of 100,000; the established class passed %d", dropped, st.Passed[quicclass.Established][v4])
 	}
 	streams, err := f.Streams()
 	if err != nil || len(streams) != 1 || streams[0].Class != quicclass.Unverified {

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -90,7 +91,7 @@ func TestSocketProbes(t *testing.T) {
 						}
 						sent++
 						k := sketch.KeyFrom(netip.AddrPortFrom(netip.MustParseAddr(src), port), dport)
-						twin.Decide(&k, 0, start, 0)
+						twin.Decide(&k, int(quicclass.Opening), start, 0)
 					}
 					s.Close()
 				}
@@ -103,7 +104,7 @@ func TestSocketProbes(t *testing.T) {
 			var dropped uint64
 			for fam := range decide.Families {
 				for l := range sketch.MaxLevels {
-					dropped += st.Dropped[0][fam][l]
+					dropped += st.Dropped[quicclass.Opening][fam][l]
 				}
 			}
 			if r.Total() != sent || dropped != 0 {
@@ -363,13 +364,13 @@ func ipv6PrefixFlood(t *testing.T, ns *testutil.NetNS, sources []string, level, 
 		t.Fatal(err)
 	}
 	v6 := decide.FamilyIndex(sketch.IPv6)
-	for l, d := range st.Dropped[0][v6] {
+	for l, d := range st.Dropped[quicclass.Opening][v6] {
 		if (l == level) != (d > 0) {
-			bad = append(bad, fmt.Sprintf("dropped by level %v, want drops at level %d only", st.Dropped[0][v6], level))
+			bad = append(bad, fmt.Sprintf("dropped by level %v, want drops at level %d only", st.Dropped[quicclass.Opening][v6], level))
 			break
 		}
 	}
-	t.Logf("flood per second %v, dropped by level %v, legit %d of %d", perSecond, st.Dropped[0][v6], legitGot, legitSent)
+	t.Logf("flood per second %v, dropped by level %v, legit %d of %d", perSecond, st.Dropped[quicclass.Opening][v6], legitGot, legitSent)
 	if bad != nil {
 		return errors.New(strings.Join(bad, "; "))
 	}

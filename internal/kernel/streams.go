@@ -79,12 +79,21 @@ func (f *Filter) allowDelete(e allowEntry) error {
 	return err
 }
 
-// The allowlist's quick-reject filter, as in rakelimit.c: a bit per bucket
-// of a multiplicative hash of an address's top 16 (IPv4) or 32 (IPv6) bits.
+// The allowlist's quick-reject filter, as in internal/kernel/c/allow.h: a
+// bit per bucket of a multiplicative hash of an address's top 16 (IPv4) or
+// 32 (IPv6) bits.
 const (
-	allowFilterShift = 10
-	allowFilterBits  = 1 << allowFilterShift
-	allowHashMul     = 0x9E3779B1
+	allowFilterShift = 10                    // C: ALLOW_FILTER_SHIFT
+	allowFilterBits  = 1 << allowFilterShift // C: ALLOW_FILTER_BITS
+	allowHashMul     = 0x9E3779B1            // C: ALLOW_HASH_MUL
+)
+
+// The pacers' slots in the pacer map: the version negotiation cap's
+// (decide.Pacing) and the tracking pacer's (decide.TrackPacing).
+const (
+	pacerNegotiation = 0 // C: PACER_NEGOTIATION
+	pacerTracking    = 1 // C: PACER_TRACKING
+	numPacers        = 2 // C: NUM_PACERS
 )
 
 // allowBucket is the bucket of an address's top bits.

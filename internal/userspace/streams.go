@@ -128,7 +128,7 @@ func streamKeyOf(p *sketch.Params, k *sketch.Key, n sketch.Node, class quicclass
 }
 
 // track records a drop of the stream that node out.Verdict.Node saw (track()
-// in internal/kernel/rakelimit.c).
+// in internal/kernel/c/stream.h).
 func (l *Limiter) track(k *sketch.Key, out *decide.Outcome, now int64) {
 	sk := streamKeyOf(l.f.Limiter().Params(), k, out.Verdict.Node, out.Class)
 	st := streamState{first: now, last: now, sampled: 1, estimate: out.Verdict.Estimate, level: out.Verdict.Level,
@@ -177,14 +177,14 @@ func (l *Limiter) FairStreams() []decide.Stream {
 }
 
 // trackInvalid records an invalid datagram from k's source address
-// (track_invalid() in internal/kernel/rakelimit.c).
+// (track_invalid() in internal/kernel/c/stream.h).
 func (l *Limiter) trackInvalid(k *sketch.Key, reason quicclass.Reason, now int64) {
 	sk := streamKey{family: k.Family, node: decide.InvalidNode, class: quicclass.Invalid, dport: k.DstPort, words: k.Words}
 	st := streamState{first: now, last: now, sampled: 1, reason: reason, dryRun: l.cfg.DryRun}
 	l.record(&sk, &st)
 }
 
-// record records a sampled drop (record() in internal/kernel/rakelimit.c) and reports a
+// record records a sampled drop (record() in internal/kernel/c/stream.h) and reports a
 // new stream to the event reader; when the queue is full the report is
 // lost, as when the kernel's ring buffer is. New streams are paced
 // (decide.TrackPacing); a sampled drop the pacer refuses is counted.

@@ -1,8 +1,10 @@
 // Package quicclass sorts the datagrams that reach an HTTP/3 server's UDP
 // socket by what they cost the server, from the first bytes of the QUIC
 // packet, the datagram's length and its source port. It is the Go twin of
-// classify() in internal/kernel/rakelimit.c: both must return the same class and reason
-// for every input, and tests run one table of datagrams through both.
+// internal/kernel/c/quicclass.h (classify, resolve): both must return the
+// same class and reason for every input, and tests run one table of
+// datagrams through both. The constants marked "C: NAME" are the C
+// program's: internal/kernel/c/contract.h is generated from them.
 //
 // The rules follow the QUIC invariants (RFC 8999) and the v1 and v2 headers
 // (RFC 9000 section 17, RFC 9369), for the versions quic-go v0.63 accepts
@@ -61,14 +63,15 @@ import "encoding/binary"
 // Class is what a datagram is to the server.
 type Class uint8
 
-// Classes. Opening, Established and Unverified are also the limiter's class
-// indexes (sketch classes 0, 1 and 2): the classes below LimiterClasses.
+// Classes. Opening, Established and Unverified are also the limiter's
+// classes (package sketch indexes its lattices by them): the classes below
+// LimiterClasses.
 const (
-	Opening Class = iota
-	Established
-	Unverified
-	Negotiation
-	Invalid
+	Opening     Class = iota // C: CLASS_OPENING
+	Established              // C: CLASS_ESTABLISHED
+	Unverified               // C: CLASS_UNVERIFIED
+	Negotiation              // C: CLASS_NEGOTIATION
+	Invalid                  // C: CLASS_INVALID
 	// NumClasses counts the classes.
 	NumClasses
 )
@@ -92,43 +95,43 @@ type Reason uint8
 // Reasons.
 const (
 	// NotInvalid is the reason of every valid datagram.
-	NotInvalid Reason = iota
+	NotInvalid Reason = iota // C: REASON_NONE
 	// Empty: a datagram without payload.
-	Empty
+	Empty // C: REASON_EMPTY
 	// SourcePort: from a blocked source port (see DefaultBlockedPorts).
-	SourcePort
+	SourcePort // C: REASON_SOURCE_PORT
 	// FixedBit: the fixed bit is 0 in a short header or a long header of a
 	// known version; the datagram is not QUIC.
-	FixedBit
+	FixedBit // C: REASON_FIXED_BIT
 	// Truncated: shorter than its header (a long header's fixed part,
 	// its connection IDs), or a short-header packet under 21 bytes, which
 	// cannot hold the header protection sample (RFC 9000 section 10.3).
-	Truncated
+	Truncated // C: REASON_TRUNCATED
 	// ConnectionIDLength: a connection ID longer than 20 bytes in a known
 	// version.
-	ConnectionIDLength
+	ConnectionIDLength // C: REASON_CID_LENGTH
 	// SmallInitial: an Initial in a datagram under 1200 bytes (RFC 9000
 	// section 14.1).
-	SmallInitial
+	SmallInitial // C: REASON_SMALL_INITIAL
 	// SmallUnknownVersion: an unknown version under 1200 bytes, which
 	// quic-go drops without answering.
-	SmallUnknownVersion
+	SmallUnknownVersion // C: REASON_SMALL_UNKNOWN_VERSION
 	// ServerOnly: a Version Negotiation or Retry packet, which only
 	// servers send.
-	ServerOnly
+	ServerOnly // C: REASON_SERVER_ONLY
 	// Unparsed: a datagram whose UDP header the filter could not find.
-	Unparsed
+	Unparsed // C: REASON_UNPARSED
 	// UnknownConnectionID: with verification, a Handshake packet whose
 	// destination connection ID is not one the server issued, from an
 	// address the server has not answered.
-	UnknownConnectionID
+	UnknownConnectionID // C: REASON_UNKNOWN_CONNECTION_ID
 	// Length: with verification, a long header of a known version whose
 	// lengths are inconsistent: its Length field is under
 	// MinLongPacketLength or more than the datagram holds after it, or an
 	// Initial's token is longer than the datagram.
-	Length
+	Length // C: REASON_LENGTH
 	// NumReasons counts the reasons.
-	NumReasons
+	NumReasons // C: NUM_REASONS
 )
 
 var reasonNames = [NumReasons]string{"", "empty", "source_port", "fixed_bit", "truncated", "connection_id_length",
@@ -150,52 +153,52 @@ const (
 	// verification: the first byte, the version, the destination
 	// connection ID with its length, and the source connection ID's length.
 	// Verification reads a long header's length fields further on.
-	ProbeBytes = 1 + 4 + 1 + MaxConnectionIDLen + 1
+	ProbeBytes = 1 + 4 + 1 + MaxConnectionIDLen + 1 // C: PROBE_BYTES
 	// MaxConnectionIDLen is the longest connection ID of QUIC v1 and v2.
-	MaxConnectionIDLen = 20
+	MaxConnectionIDLen = 20 // C: MAX_CID_LEN
 	// MinInitialDatagram is the smallest datagram an Initial may arrive
 	// in, and the smallest with an unknown version quic-go answers.
-	MinInitialDatagram = 1200
+	MinInitialDatagram = 1200 // C: MIN_INITIAL_DATAGRAM
 	// MinShortHeaderPacket is the smallest short-header packet that can be
 	// valid: one byte, the packet number and a 16-byte sample.
-	MinShortHeaderPacket = 21
+	MinShortHeaderPacket = 21 // C: MIN_SHORT_HEADER_PACKET
 	// MinLongPacketLength is the smallest Length field of a long-header
 	// packet: the header protection sample starts 4 bytes after the packet
 	// number's first byte and takes 16 (RFC 9001 section 5.4.2).
-	MinLongPacketLength = 4 + 16
+	MinLongPacketLength = 4 + 16 // C: MIN_LONG_PACKET_LENGTH
 	// ServerIDLen is the length of the connection IDs quic-go's servers
 	// issue (4 random bytes; Caddy sets no generator or length). A short
 	// header's destination ID starts at byte 1; the filter reads its first
 	// ServerIDLen bytes.
-	ServerIDLen = 4
+	ServerIDLen = 4 // C: SERVER_ID_LEN
 
-	headerForm   = 0x80
-	fixedBit     = 0x40
-	longTypeMask = 0x30
-	longTypeBit  = 4
+	headerForm   = 0x80 // C: HEADER_FORM
+	fixedBit     = 0x40 // C: FIXED_BIT
+	longTypeMask = 0x30 // C: LONG_TYPE_MASK
+	longTypeBit  = 4    // C: LONG_TYPE_SHIFT
 	// longFixedLen is a long header without connection IDs: first byte,
 	// version, and the two length bytes.
-	longFixedLen = 1 + 4 + 1 + 1
+	longFixedLen = 1 + 4 + 1 + 1 // C: LONG_FIXED_LEN
 
 	// Version1 and Version2 are the QUIC versions quic-go v0.63 accepts.
-	Version1 = 0x00000001
-	Version2 = 0x6b3343cf
+	Version1 = 0x00000001 // C: QUIC_V1
+	Version2 = 0x6b3343cf // C: QUIC_V2
 )
 
 // Long header packet types as numbered by QUIC v1; v2 (RFC 9369) rotates them.
 const (
-	typeInitial   = 0
+	typeInitial   = 0 // C: LONG_TYPE_INITIAL
 	typeZeroRTT   = 1
-	typeHandshake = 2
-	typeRetry     = 3
+	typeHandshake = 2 // C: LONG_TYPE_HANDSHAKE
+	typeRetry     = 3 // C: LONG_TYPE_RETRY
 )
 
 // Offsets of the connection IDs a server may have issued: a short header's
 // destination ID follows its first byte; a long header's follows the first
 // byte, the version and the ID's length.
 const (
-	shortIDOffset = 1
-	longIDOffset  = 1 + 4 + 1
+	shortIDOffset = 1         // C: SHORT_ID_OFFSET
+	longIDOffset  = 1 + 4 + 1 // C: LONG_ID_OFFSET
 )
 
 // longType returns the v1 number of a long-header packet type field of
@@ -250,17 +253,17 @@ type Check uint8
 // Checks.
 const (
 	// CheckNone: the class is final.
-	CheckNone Check = iota
+	CheckNone Check = iota // C: CHECK_NONE
 	// CheckShort: a short header; its ID, then its source address.
-	CheckShort
+	CheckShort // C: CHECK_SHORT
 	// CheckOpening: an Initial or 0-RTT packet; its ID, then its source
 	// address.
-	CheckOpening
+	CheckOpening // C: CHECK_OPENING
 	// CheckHandshake: a Handshake packet; its ID, then its source
 	// address (a quic-go client moves to an ID the server issued in an
 	// encrypted NEW_CONNECTION_ID frame before its Handshake Finished,
 	// so only the address the server answered can verify it).
-	CheckHandshake
+	CheckHandshake // C: CHECK_HANDSHAKE
 )
 
 // Header is what Inspect makes of a datagram: its class (final, or to be
@@ -289,23 +292,23 @@ type Verification uint8
 // Verifications.
 const (
 	// NotVerified: not checked, or checked and not verified.
-	NotVerified Verification = iota
+	NotVerified Verification = iota // C: VERIFIED_NONE
 	// ShortByID: a short header whose destination ID is a server ID.
-	ShortByID
+	ShortByID // C: VERIFIED_SHORT_BY_ID
 	// ShortByPeer: a short header from a peer, with another ID.
-	ShortByPeer
+	ShortByPeer // C: VERIFIED_SHORT_BY_PEER
 	// OpeningByID: an Initial, 0-RTT or Handshake packet whose destination
 	// ID is a server ID: a verified opening, in the Established class.
-	OpeningByID
+	OpeningByID // C: VERIFIED_OPENING_BY_ID
 	// OpeningFromPeer: an Initial or 0-RTT packet from a peer with another
 	// ID: a returning user, ranked first at the opening class's fair total.
-	OpeningFromPeer
+	OpeningFromPeer // C: VERIFIED_OPENING_FROM_PEER
 	// HandshakeFromPeer: a Handshake packet from a peer with another ID (a
 	// client that moved to an ID it was given encrypted): a verified
 	// opening, in the Established class.
-	HandshakeFromPeer
+	HandshakeFromPeer // C: VERIFIED_HANDSHAKE_FROM_PEER
 	// NumVerifications counts the verifications.
-	NumVerifications
+	NumVerifications // C: NUM_VERIFICATIONS
 )
 
 var verificationNames = [NumVerifications]string{"", "short_by_id", "short_by_peer", "opening_by_id", "opening_from_peer",
@@ -475,11 +478,11 @@ func lengthsFit(b []byte, at, length int, typ uint8) bool {
 
 // What varint found.
 const (
-	varintOK = iota
+	varintOK = iota // C: VARINT_OK
 	// varintPast: the integer runs past the datagram's end.
-	varintPast
+	varintPast // C: VARINT_PAST
 	// varintUnread: the integer lies (partly) beyond the bytes given.
-	varintUnread
+	varintUnread // C: VARINT_UNREAD
 )
 
 // varint decodes the variable-length integer (RFC 9000 section 16) at

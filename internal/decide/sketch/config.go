@@ -7,6 +7,8 @@ import (
 	"math/big"
 	"slices"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 // Time constants. Time is quantised twice: into epochs of 2^EpochShift ns
@@ -14,19 +16,19 @@ import (
 // touched, and into slots of 2^SlotShift ns (about 4.1 µs), the resolution
 // of a packet's weight inside an epoch.
 const (
-	EpochShift = 20
-	SlotShift  = 12
+	EpochShift = 20 // C: EPOCH_SHIFT
+	SlotShift  = 12 // C: SLOT_SHIFT
 	// Slots is the number of weight slots in one epoch.
-	Slots = 1 << (EpochShift - SlotShift)
+	Slots = 1 << (EpochShift - SlotShift) // C: SLOTS
 
 	// decayBits is the width of each of the three decay tables' index: a cell
 	// idle for k epochs is scaled by D0[k&511]*D1[(k>>9)&511]*D2[k>>18].
-	decayBits = 9
+	decayBits = 9 // C: DECAY_BITS
 	// DecayEntries is the length of each decay table.
-	DecayEntries = 1 << decayBits
+	DecayEntries = 1 << decayBits // C: DECAY_ENTRIES
 	// decayHorizon is the first idle time, in epochs, that the tables do not
 	// cover (2^27 epochs, about 39 h); such a cell is zeroed.
-	decayHorizon = 1 << (3 * decayBits)
+	decayHorizon = 1 << (3 * decayBits) // C: DECAY_HORIZON
 
 	// A cell keeps its epoch in 32 bits, which wrap after 2^32 epochs
 	// (about 52 days). A clock reading up to SkewEpochs epochs older than
@@ -35,22 +37,22 @@ const (
 	// epoch: no decay, no change of epoch. A reading further behind is
 	// taken as a cell idle so long that its epoch wrapped: it is forgotten.
 	// Sweep keeps cells from ever idling that long.
-	SkewEpochs = 1 << 10
+	SkewEpochs = 1 << 10 // C: SKEW_EPOCHS
 
 	// PeriodShift sets how long a source keeps its rank at the fair total:
 	// sources are ranked anew every 2^PeriodShift ns (about 4.3 s).
-	PeriodShift = 32
+	PeriodShift = 32 // C: PERIOD_SHIFT
 )
 
 // Bounds on the configuration, enforced by Validate.
 const (
 	// MaxPrefixes is the largest number of source prefixes per family.
-	MaxPrefixes = 4
+	MaxPrefixes = 4 // C: MAX_PREFIXES
 	// MaxNodes is the largest number of lattice nodes: every prefix, source
 	// port specified or wildcard, destination port specified or wildcard.
-	MaxNodes = MaxPrefixes * 4
+	MaxNodes = MaxPrefixes * 4 // C: MAX_NODES
 	// MaxLevels is the largest number of lattice levels.
-	MaxLevels = MaxPrefixes + 2
+	MaxLevels = MaxPrefixes + 2 // C: MAX_LEVELS
 	// MinWindow and MaxWindow bound the smoothing window.
 	MinWindow = 10 * time.Millisecond
 	MaxWindow = time.Hour
@@ -66,15 +68,17 @@ const (
 	Unlimited = ^uint32(0)
 
 	// NumClasses is the number of traffic classes with a lattice of their
-	// own: class 0 counts connection-opening packets (or every datagram
-	// when the filter does not classify), class 1 established-connection
-	// packets (with connection ID verification, those verified by a server
-	// ID or a peer address), class 2 short-header packets that could not be
-	// verified.
-	NumClasses = 3
+	// own, indexed by quicclass.Class: the opening class
+	// (quicclass.Opening) counts connection-opening packets (or every
+	// datagram when the filter does not classify), the established class
+	// (quicclass.Established) established-connection packets (with
+	// connection ID verification, those verified by a server ID or a peer
+	// address), the unverified class (quicclass.Unverified) short-header
+	// packets that could not be verified.
+	NumClasses = 3 // C: NUM_CLASSES
 )
 
-// The limits of class 2 (unverified short headers) when Config.Unverified
+// The limits of the unverified class (unverified short headers) when Config.Unverified
 // leaves them zero. A legitimate client is unverified only for moments: when
 // it moves to a connection ID the server issued in an encrypted frame and to
 // an address the server has not sent to yet (a NAT rebinding, a migration),
@@ -106,7 +110,7 @@ var (
 // Window are required; WithDefaults fills the prefixes.
 type Config struct {
 	// Limit is the rate, in packets per second, that every lattice node
-	// of class 0 may forward unless LevelLimits says otherwise.
+	// of the opening class may forward unless LevelLimits says otherwise.
 	Limit uint32
 	// Window is the smoothing period of the rate estimate. A stream that
 	// has been quiet for a few windows may send a burst of Limit*Window
@@ -116,12 +120,12 @@ type Config struct {
 	// Params.Levels for the numbering). Unlimited lifts a level's limit;
 	// lifting the top level removes the cap on the socket's total.
 	LevelLimits map[int]uint32
-	// Established are the limits of class 1. Left zero, class 1 has the
-	// limits of class 0.
+	// Established are the limits of the established class. Left zero, it
+	// has the limits of the opening class.
 	Established Limits
-	// Unverified are the limits of class 2. Left zero (Limit 0), class 2
-	// has DefaultUnverifiedLimit at every level but the top, the socket's
-	// total, which has DefaultUnverifiedTotal.
+	// Unverified are the limits of the unverified class. Left zero
+	// (Limit 0), it has DefaultUnverifiedLimit at every level but the top,
+	// the socket's total, which has DefaultUnverifiedTotal.
 	Unverified Limits
 	// ProportionalTotal turns the fair total off: the socket's total then
 	// drops the same share of everyone's packets, as every other node
@@ -146,23 +150,24 @@ type Limits struct {
 	LevelLimits map[int]uint32
 }
 
-// Class returns the limits of class c (0, 1 or 2).
+// Class returns the limits of a limiter class: quicclass.Opening,
+// Established or Unverified.
 func (c Config) Class(class int) Limits {
 	switch {
-	case class == 1 && c.Established.Limit != 0:
+	case class == int(quicclass.Established) && c.Established.Limit != 0:
 		return c.Established
-	case class == 2 && c.Unverified.Limit != 0:
+	case class == int(quicclass.Unverified) && c.Unverified.Limit != 0:
 		return c.Unverified
-	case class == 2:
+	case class == int(quicclass.Unverified):
 		top := c.WithDefaults().Levels() - 1
 		return Limits{Limit: DefaultUnverifiedLimit, LevelLimits: map[int]uint32{top: DefaultUnverifiedTotal}}
 	}
 	return Limits{Limit: c.Limit, LevelLimits: c.LevelLimits}
 }
 
-// className prefixes the names of the established and unverified classes'
-// values in errors.
-var className = [NumClasses]string{"", "established ", "unverified "}
+// className prefixes the names of the established and the unverified
+// classes' values in errors.
+var className = [NumClasses]string{quicclass.Established: "established ", quicclass.Unverified: "unverified "}
 
 // WithDefaults returns c with empty prefix lists replaced by the defaults.
 func (c Config) WithDefaults() Config {
@@ -309,8 +314,8 @@ type Params struct {
 	Over [NumClasses][MaxNodes]uint32
 	// Lines is the length of each node's rows, in lines, by class, and
 	// Base the index of its first line in the sketch memory: the rows of
-	// a node follow one another, nodes follow in order, class 0 first,
-	// then class 1, then class 2.
+	// a node follow one another, nodes follow in order, the opening class
+	// first, then the established class, then the unverified class.
 	// TotalLines is the size of the sketch memory in lines.
 	Lines, Base [NumClasses][MaxNodes]uint32
 	TotalLines  int
@@ -324,8 +329,8 @@ type Params struct {
 	// when no node does (a per-destination-port lattice's last node
 	// counts one stream per port). Each CPU counts it in a pending cell
 	// of its own (see Limiter.countTotal). Either is the last node: the
-	// filter's node loop (visit_nodes in internal/kernel/rakelimit.c) has the code of
-	// the total and of the fair total for the last node only.
+	// filter's node loop (visit_nodes in internal/kernel/c/walk.h) has
+	// the code of the total and of the fair total for the last node only.
 	TotalNode int
 	// Visited is how many of Nodes, from the first, each class's packets
 	// visit: up to the class's last limited node. The nodes after it are
@@ -376,7 +381,7 @@ type Params struct {
 }
 
 // ThreshUnlimited marks an unlimited node in Params.Thresh and Over.
-const ThreshUnlimited = ^uint32(0)
+const ThreshUnlimited = ^uint32(0) // C: THRESH_UNLIMITED
 
 // Compile validates c (after WithDefaults) and computes its Params.
 func Compile(c Config) (*Params, error) {
@@ -452,9 +457,9 @@ func Compile(c Config) (*Params, error) {
 			case i == len(p.Nodes)-1 && (!c.PerDstPort || p.Nodes[i].DstPortAny()):
 				lines = 1 // the socket's total: one stream
 				p.TotalNode = i
-			case class == 1:
+			case class == int(quicclass.Established):
 				lines = EstablishedLines
-			case class == 2:
+			case class == int(quicclass.Unverified):
 				lines = UnverifiedLines
 			}
 			p.Lines[class][i], p.Base[class][i] = lines, uint32(p.TotalLines)
@@ -483,9 +488,9 @@ func Compile(c Config) (*Params, error) {
 // Where the screen asks (Params.Screen), a bit each.
 const (
 	// ScreenFair screens at the fair total.
-	ScreenFair = 1 << iota
+	ScreenFair = 1 << iota // C: SCREEN_FAIR
 	// ScreenReflect screens at the reflection node.
-	ScreenReflect
+	ScreenReflect // C: SCREEN_REFLECT
 )
 
 // screens says where class's clean packets are screened (Params.Screen):
@@ -553,18 +558,6 @@ func (p *Params) PrefixLen(fam Family, s int) int {
 		return int(p.Prefix6[s])
 	}
 	return int(p.Prefix4[s])
-}
-
-// decay returns exp(-k epochs / window) as a Q32 fraction.
-func (p *Params) decay(k uint32) uint64 {
-	if k < DecayEntries {
-		return p.D0[k]
-	}
-	if k >= decayHorizon {
-		return 0
-	}
-	d := mulQ32(p.D0[k&(DecayEntries-1)], p.D1[(k>>decayBits)&(DecayEntries-1)])
-	return mulQ32(d, p.D2[k>>(2*decayBits)])
 }
 
 // SameShape reports whether q can replace p on a live limiter: the sketch

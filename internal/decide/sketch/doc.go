@@ -1,26 +1,37 @@
 // Package sketch is the hierarchical fair-share rate limiter of rakelimit in
-// plain, deterministic Go. The BPF socket filter in internal/kernel/rakelimit.c performs
+// plain, deterministic Go. The BPF socket filter in internal/kernel performs
 // the same integer operations in the same order; tests feed both one packet
-// trace and compare verdicts and state bit for bit.
+// trace and compare verdicts and state bit for bit. Its C is split as this
+// package is, a header in internal/kernel/c for each file, of the same
+// name: the cells and their decay (cells.go, cells.h), one node's part in
+// a decision (node.go), the socket's total counted per CPU (total.go), the
+// fair total (fair.go), the screen (screen.go), the walk through the
+// lattice (walk.go), and fixed.go, hash.go and lattice.go; limiter.go holds
+// the limiter's state, which the C keeps in maps (maps.h). The constants
+// marked "C: NAME" are the C program's: internal/kernel/c/contract.h is
+// generated from them.
 //
 // # Classes
 //
 // The limiter keeps three lattices of sketches with limits of their own, one
-// per traffic class (package quicclass sorts datagrams): class 0 counts
-// packets that open QUIC connections (Initial, 0-RTT, Handshake), or every
-// datagram when the filter does not classify; class 1 counts packets of
-// established connections (short headers); class 2, only when the filter
-// verifies connection IDs, counts the short headers it could not verify
-// (neither a connection ID the server issued nor an address the server sends
-// to), and class 1 then counts the verified ones, and the openings that
-// answer the server's own connection ID. What costs a server is a new
+// per traffic class (package quicclass sorts datagrams, and names the
+// classes): the opening class (quicclass.Opening) counts packets that open
+// QUIC connections (Initial, 0-RTT, Handshake), or every datagram when the
+// filter does not classify; the established class (quicclass.Established)
+// counts packets of established connections (short headers); the
+// unverified class (quicclass.Unverified), only when the filter verifies
+// connection IDs, counts the short headers it could not verify (neither a
+// connection ID the server issued nor an address the server sends to), and
+// the established class then counts the verified ones, and the openings
+// that answer the server's own connection ID. What costs a server is a new
 // connection, and what its users need is that established ones keep
-// flowing: class 0 has limits near a client's connection rate, class 1 limits
-// hundreds of times a client's packet rate, so that an upload or download at
-// a gigabit a second passes untouched while one source flooding short-header
-// junk is still held. Class 2 has a small total of its own
-// (DefaultUnverifiedTotal), shared fairly as class 0's, which holds junk from
-// any number of spoofed sources. A flood of one class never takes another's
+// flowing: the opening class has limits near a client's connection rate,
+// the established class limits hundreds of times a client's packet rate, so
+// that an upload or download at a gigabit a second passes untouched while
+// one source flooding short-header junk is still held. The unverified class
+// has a small total of its own (DefaultUnverifiedTotal), shared fairly as
+// the opening class's, which holds junk from any number of spoofed
+// sources. A flood of one class never takes another's
 // budget. An opening packet from an address the server sends to (a returning
 // user; Key.RankFirst) is ranked first at the fair total.
 //
@@ -347,25 +358,26 @@
 // in arithmetic progression (consecutive /24s, ports) from crowding into a
 // few columns.
 //
-// A row of class 0 has OpeningWidth = 4140 cells: an estimate exceeds the
-// true count by more than epsilon*N, epsilon = e/4140 = 0.066% of the node's
-// total count N, with probability at most delta = e^-2 = 13.5%
-// (TestSketchAccuracyZipf). The bound that matters for losses is sharper: a
-// legit stream is over-counted only if each of its cells collides with a
-// heavy stream, probability (1 - (1 - 1/4140)^K)^2 for K heavy streams. In
-// scenario distributed, K = 256 flooding /24s: 0.36% of legit /24s collide
-// twice, where the reference implementation's 2 x 512 sketch collides for
-// 15%; a flood from 1024 ports of one address (many-ports) shares both cells
-// of a legit stream's port with probability 4.8%. A row of class 1 has 576
-// cells (epsilon = e/576 = 0.47%): its limits are hundreds of times a
-// client's rate, so cells shared with a few other clients change nothing,
-// and a single flooding source shares both of a client's cells with
-// probability 1/576^2. A row of class 2 has 192 cells (epsilon = e/192 =
-// 1.4%): it counts junk and the rare client not verified yet, whose estimate
-// a flood of N packets a window inflates by more than 1.4% of N with
-// probability at most delta; the class's small total holds the junk
-// whatever the sketch makes of each source. The socket's total counts one stream and has one line per
-// row. With the default lattice the sketches of the three classes take
+// A row of the opening class has OpeningWidth = 4140 cells: an estimate
+// exceeds the true count by more than epsilon*N, epsilon = e/4140 = 0.066%
+// of the node's total count N, with probability at most delta = e^-2 =
+// 13.5% (TestSketchAccuracyZipf). The bound that matters for losses is
+// sharper: a legit stream is over-counted only if each of its cells collides
+// with a heavy stream, probability (1 - (1 - 1/4140)^K)^2 for K heavy
+// streams. In scenario distributed, K = 256 flooding /24s: 0.36% of legit
+// /24s collide twice, where the reference implementation's 2 x 512 sketch
+// collides for 15%; a flood from 1024 ports of one address (many-ports)
+// shares both cells of a legit stream's port with probability 4.8%. A row of
+// the established class has 576 cells (epsilon = e/576 = 0.47%): its limits
+// are hundreds of times a client's rate, so cells shared with a few other
+// clients change nothing, and a single flooding source shares both of a
+// client's cells with probability 1/576^2. A row of the unverified class has
+// 192 cells (epsilon = e/192 = 1.4%): it counts junk and the rare client not
+// verified yet, whose estimate a flood of N packets a window inflates by
+// more than 1.4% of N with probability at most delta; the class's small
+// total holds the junk whatever the sketch makes of each source. The
+// socket's total counts one stream and has one line per row. With the
+// default lattice the sketches of the three classes take
 // (5 x 1380 + 5 x 192 + 5 x 64 + 3) x 2 x 64 = 1,047,424 bytes, under 1 MiB
 // (Params.TotalLines); the 16-node lattice takes 3.0 MiB.
 //

@@ -1,6 +1,7 @@
 package sketch
 
-// Fixed-point arithmetic shared, operation for operation, with internal/kernel/rakelimit.c.
+// Fixed-point arithmetic shared, operation for operation, with the C
+// program (internal/kernel/c/fixed.h).
 //
 // Counters are unsigned 32-bit numbers with FracBits fractional bits (a
 // count of 1 packet is One). Slot weights G are Q24; decay factors and
@@ -12,17 +13,17 @@ package sketch
 const (
 	// FracBits is the number of fractional bits of a counter: a packet's
 	// weight is resolved to 1/256, and a count reaches 2^24 packets.
-	FracBits = 8
+	FracBits = 8 // C: FRAC_BITS
 	// One is one packet as a counter.
 	One = uint32(1) << FracBits
 
 	// weightBits is the number of fractional bits of the slot weights G.
-	weightBits = 24
+	weightBits = 24 // C: WEIGHT_BITS
 
-	q32One  = uint64(1) << 32
-	low32   = q32One - 1
+	q32One  = uint64(1) << 32 // C: Q32_ONE
+	low32   = q32One - 1      // C: LOW32
 	maxU64  = ^uint64(0)
-	maxU32  = ^uint32(0)
+	maxU32  = ^uint32(0) // C: U32_MAX
 	oneQ32f = float64(q32One)
 	oneQ24f = float64(uint64(1) << weightBits)
 	oneF    = float64(One)

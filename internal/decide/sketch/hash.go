@@ -8,20 +8,21 @@ import (
 	mathrand "math/rand/v2"
 )
 
-// Sketch dimensions, shared with internal/kernel/rakelimit.c.
+// Sketch dimensions, shared with the C program (internal/kernel/c).
 const (
 	// Depth is the number of rows (independent hash functions) per sketch.
-	Depth = 2
+	Depth = 2 // C: DEPTH
 	// CellsPerLine is the number of cells in a 64-byte line.
-	CellsPerLine = 3
+	CellsPerLine = 3 // C: CELLS_PER_LINE
 	// Rows are made of lines; their length depends on the class. A row
-	// of class 0 (connection-opening packets, or every datagram) has
-	// OpeningLines lines (OpeningWidth = 4140 cells), where a flood of
-	// many sources must not crowd out a legitimate one. A row of class 1
-	// (established connections) has EstablishedLines (576 cells): its
-	// limits are hundreds of times a client's rate, so sharing a cell with
-	// a few other sources changes nothing. A row of class 2 (unverified
-	// short headers) has UnverifiedLines (192 cells): what it counts is
+	// of the opening class (connection-opening packets, or every
+	// datagram) has OpeningLines lines (OpeningWidth = 4140 cells), where
+	// a flood of many sources must not crowd out a legitimate one. A row
+	// of the established class (established connections) has
+	// EstablishedLines (576 cells): its limits are hundreds of times a
+	// client's rate, so sharing a cell with a few other sources changes
+	// nothing. A row of the unverified class (unverified short headers)
+	// has UnverifiedLines (192 cells): what it counts is
 	// junk, or a legitimate client for the moment before it is verified,
 	// and its small total, shared fairly, is what holds the junk. The
 	// socket's total node counts a single stream and has one line per
@@ -34,7 +35,7 @@ const (
 	OpeningWidth     = OpeningLines * CellsPerLine
 	// HashWords is the number of 32-bit words a node's key is hashed from:
 	// the family, four address words and one port word.
-	HashWords = 6
+	HashWords = 6 // C: HASH_WORDS
 )
 
 // HashKey is the secret of one limiter instance: the multipliers and offsets
@@ -155,7 +156,7 @@ func (hk *HashKey) nodeHash(r int, ah, pw uint64) uint64 {
 }
 
 // mixMul is an odd 64-bit constant (2^64 divided by the golden ratio).
-const mixMul = 0x9E3779B97F4A7C15
+const mixMul = 0x9E3779B97F4A7C15 // C: MIX_MUL
 
 // mix breaks the linear structure of a multiply-add hash before its top bits
 // are used. Keys in arithmetic progression, such as 256 consecutive /24s or

@@ -84,6 +84,16 @@ func (n Node) Stream(p *Params, k *Key) string {
 	return fmt.Sprintf("%s sport=%s -> %s", src, sport, dport)
 }
 
+// applies reports whether node n counts packets with key k: a packet without
+// ports only reaches port-wildcard nodes, and one without an address only the
+// all-sources nodes.
+func applies(p *Params, n Node, k *Key) bool {
+	if !k.HasPorts && (!n.SrcPortAny() || (p.PerDstPort && !n.DstPortAny())) {
+		return false
+	}
+	return k.Family != Unknown || n.Prefix() == p.NumPrefixes-1
+}
+
 // latticeOrder lists the nodes of the lattice, by level and, within a level,
 // from the most specific address down. Without the destination port
 // dimension only nodes with a specified destination port are kept: for one
@@ -110,9 +120,9 @@ type Family uint8
 // Families. Unknown is a packet whose network header could not be parsed; it
 // is still counted, at the all-sources nodes.
 const (
-	Unknown Family = 0
-	IPv4    Family = 4
-	IPv6    Family = 6
+	Unknown Family = 0 // C: FAMILY_UNKNOWN
+	IPv4    Family = 4 // C: FAMILY_IPV4
+	IPv6    Family = 6 // C: FAMILY_IPV6
 )
 
 func (f Family) String() string {

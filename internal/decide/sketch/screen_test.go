@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 // spoofedKey is a new random address and port in 10.128.0.0/9, the source of
@@ -100,8 +102,8 @@ func TestScreenSpoofed(t *testing.T) {
 			for i := range 40_000 { // 20,000 pps for 2 s
 				now += int64(time.Second) / 20_000
 				k, rnd := tt.flood(rng), rng.Uint32()
-				before := screened.Estimate(&k, 0, n0, Clean, now)
-				a, b := screened.Decide(&k, 0, now, rnd), walked.Decide(&k, 0, now, rnd)
+				before := screened.Estimate(&k, int(quicclass.Opening), n0, Clean, now)
+				a, b := screened.Decide(&k, int(quicclass.Opening), now, rnd), walked.Decide(&k, int(quicclass.Opening), now, rnd)
 				if a != b {
 					t.Fatalf("packet %d: the screen decided %+v, the walk %+v", i, a, b)
 				}
@@ -110,7 +112,7 @@ func TestScreenSpoofed(t *testing.T) {
 						t.Fatalf("packet %d dropped at %v, want %v", i, a.Node, tt.node)
 					}
 					drops++
-					if screened.Estimate(&k, 0, n0, Clean, now) == before {
+					if screened.Estimate(&k, int(quicclass.Opening), n0, Clean, now) == before {
 						uncounted++
 					}
 				}
@@ -168,7 +170,7 @@ func TestScreenWalks(t *testing.T) {
 				rng := rand.New(rand.NewPCG(7, 8))
 				now := start
 				const floodPPS = 20_000
-				send := func(k Key) Verdict { return l.Decide(&k, 0, now, rng.Uint32()) }
+				send := func(k Key) Verdict { return l.Decide(&k, int(quicclass.Opening), now, rng.Uint32()) }
 				every := floodPPS / tt.neighbourPPS
 				for i := range 2 * floodPPS { // two seconds: the share settles
 					now += int64(time.Second) / floodPPS
@@ -183,9 +185,9 @@ func TestScreenWalks(t *testing.T) {
 				}
 				// A flood packet that its node lets through turns the
 				// reflection node's screen off until the next drop.
-				for i := 0; l.screening[0]&fl.on == 0; i++ {
+				for i := 0; l.screening[quicclass.Opening]&fl.on == 0; i++ {
 					if i == 100 {
-						t.Fatalf("the flood left the screen off (%b): the premise failed", l.screening[0])
+						t.Fatalf("the flood left the screen off (%b): the premise failed", l.screening[quicclass.Opening])
 					}
 					now += int64(time.Second) / floodPPS
 					send(fl.flood(rng))
@@ -197,7 +199,7 @@ func TestScreenWalks(t *testing.T) {
 					send(client)
 					send(fl.flood(rng))
 				}
-				got := l.Estimate(&client, 0, l.p.Nodes[0], Clean, now) >> FracBits
+				got := l.Estimate(&client, int(quicclass.Opening), l.p.Nodes[0], Clean, now) >> FracBits
 				if got < packets-1 {
 					t.Fatalf("the client's most specific node counts %d of its %d packets: the screen decided them", got, packets)
 				}
@@ -238,23 +240,23 @@ func TestScreenTurnsOff(t *testing.T) {
 				for range n {
 					now += int64(time.Second) / pps
 					k := flood(rng)
-					l.Decide(&k, 0, now, rng.Uint32())
+					l.Decide(&k, int(quicclass.Opening), now, rng.Uint32())
 				}
 			}
 			send(tt.on, 2*pps)
 			// A packet the reflection node lets through turns its
 			// screen off until the next drop.
-			for i := 0; l.screening[0]&tt.at == 0; i++ {
+			for i := 0; l.screening[quicclass.Opening]&tt.at == 0; i++ {
 				if i == 100 {
 					t.Fatal("the flood that the node drops left the screen off")
 				}
 				send(tt.on, 1)
 			}
 			send(tt.off, tt.offPacket)
-			if tt.at == ScreenFair && l.fair[0][Clean] == FairUnbounded {
+			if tt.at == ScreenFair && l.fair[quicclass.Opening][Clean] == FairUnbounded {
 				t.Fatal("the clean share is unbounded: the premise failed")
 			}
-			if l.screening[0]&tt.at != 0 {
+			if l.screening[quicclass.Opening]&tt.at != 0 {
 				t.Fatal("a flood the node does not drop left the screen on")
 			}
 		})

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 func newLimiter(t testing.TB, c Config) *Limiter {
@@ -267,12 +269,12 @@ func TestEstimateTracksExactRate(t *testing.T) {
 			prev := now >> SlotShift << SlotShift
 			now += gap
 			exact = exact*math.Exp(-float64(now>>SlotShift<<SlotShift-prev)/w) + 1
-			l.Decide(&k, 0, now, rng.Uint32())
+			l.Decide(&k, int(quicclass.Opening), now, rng.Uint32())
 		}
-		got := float64(l.Estimate(&k, 0, l.p.Nodes[0], Clean, now)) / oneF
+		got := float64(l.Estimate(&k, int(quicclass.Opening), l.p.Nodes[0], Clean, now)) / oneF
 		// The socket's total counted the one stream too, in its shared
 		// cells and its pending cell (countTotal): the same count.
-		if total := l.Estimate(&k, 0, l.p.Nodes[l.p.TotalNode], Clean, now); total != l.Estimate(&k, 0, l.p.Nodes[0], Clean, now) {
+		if total := l.Estimate(&k, int(quicclass.Opening), l.p.Nodes[l.p.TotalNode], Clean, now); total != l.Estimate(&k, int(quicclass.Opening), l.p.Nodes[0], Clean, now) {
 			t.Errorf("rate %v window %v: the total's estimate %v, the stream's %v", tt.rate, tt.window, float64(total)/oneF, got)
 		}
 		// Weights rounded to 1/256 of a packet (at most 0.2% each) and
@@ -293,7 +295,7 @@ func TestBurst(t *testing.T) {
 		margin := int(math.Sqrt(2 * float64(limit)))
 		firstDrop := -1
 		for i := range (int(limit)+margin)*1003/1000 + 10 {
-			v := l.Decide(&k, 0, start, uint32(i*2654435761))
+			v := l.Decide(&k, int(quicclass.Opening), start, uint32(i*2654435761))
 			if i < int(limit) && (v.Drop || v.Limited) {
 				t.Fatalf("limit %d: packet %d of a fresh burst: %+v", limit, i, v)
 			}
@@ -320,7 +322,7 @@ func TestDropProbability(t *testing.T) {
 		offered, passed := 0, 0
 		for now < start+int64(20*time.Second) {
 			now += int64(rng.ExpFloat64() / rate * 1e9)
-			v := l.Decide(&k, 0, now, rng.Uint32())
+			v := l.Decide(&k, int(quicclass.Opening), now, rng.Uint32())
 			if now > start+int64(2*time.Second) { // after the burst
 				offered++
 				if !v.Drop {
@@ -344,17 +346,17 @@ func TestUpdateKeepsState(t *testing.T) {
 	flood := func(seconds int) {
 		passed = 0
 		for end := now + int64(seconds)*int64(time.Second); now < end; now += 100_000 { // 10 kpps
-			if !l.Decide(&k, 0, now, uint32(now)).Drop {
+			if !l.Decide(&k, int(quicclass.Opening), now, uint32(now)).Drop {
 				passed++
 			}
 		}
 	}
 	flood(3)
-	before := l.Estimate(&k, 0, l.p.Nodes[0], Clean, now)
+	before := l.Estimate(&k, int(quicclass.Opening), l.p.Nodes[0], Clean, now)
 	if err := l.Update(Config{Limit: 1000, Window: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if after := l.Estimate(&k, 0, l.p.Nodes[0], Clean, now); after != before {
+	if after := l.Estimate(&k, int(quicclass.Opening), l.p.Nodes[0], Clean, now); after != before {
 		t.Fatalf("estimate changed by Update: %d -> %d", before, after)
 	}
 	flood(1) // ramp to the new limit
@@ -385,7 +387,7 @@ func TestUnparsed(t *testing.T) {
 			l := newLimiter(t, Config{Limit: 25, Window: time.Second})
 			dropped := 0
 			for i := range 1000 {
-				v := l.Decide(&tt.key, 0, start+int64(i)*1000_000, uint32(i))
+				v := l.Decide(&tt.key, int(quicclass.Opening), start+int64(i)*1000_000, uint32(i))
 				if v.Drop {
 					dropped++
 					if v.Node != tt.wantNode {
@@ -401,7 +403,7 @@ func TestUnparsed(t *testing.T) {
 			parsed := key("192.0.2.1:1")
 			all := l.p.Nodes[len(l.p.Nodes)-1]
 			now := start + int64(time.Second)
-			est := l.Estimate(&parsed, 0, all, Clean, now) + l.Estimate(&parsed, 0, all, Limited, now)
+			est := l.Estimate(&parsed, int(quicclass.Opening), all, Clean, now) + l.Estimate(&parsed, int(quicclass.Opening), all, Limited, now)
 			if est < 20*uint64(One) {
 				t.Fatalf("all-sources estimate %v, want the unparsed traffic in it", float64(est)/oneF)
 			}
@@ -424,7 +426,7 @@ func TestPerDstPort(t *testing.T) {
 			k = &b
 		}
 		now := start + int64(i)*100_000
-		if !l.Decide(k, 0, now, rng.Uint32()).Drop && now > start+int64(2*time.Second) {
+		if !l.Decide(k, int(quicclass.Opening), now, rng.Uint32()).Drop && now > start+int64(2*time.Second) {
 			passed[k.DstPort]++
 		}
 	}
@@ -443,7 +445,7 @@ func TestDecideAllocs(t *testing.T) {
 	l := newLimiter(t, Config{Limit: 25, Window: time.Second})
 	k := key("192.0.2.1:1")
 	now := start
-	if n := testing.AllocsPerRun(1000, func() { now += 1000; l.Decide(&k, 0, now, 1) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { now += 1000; l.Decide(&k, int(quicclass.Opening), now, 1) }); n != 0 {
 		t.Fatalf("Decide allocates %v times per call", n)
 	}
 }
@@ -464,8 +466,8 @@ func TestHashKeyRandom(t *testing.T) {
 	la, _ := New(Config{Limit: 1, Window: time.Second}, a)
 	lb, _ := New(Config{Limit: 1, Window: time.Second}, b)
 	k := key("192.0.2.1:1")
-	la.Decide(&k, 0, start, 0)
-	lb.Decide(&k, 0, start, 0)
+	la.Decide(&k, int(quicclass.Opening), start, 0)
+	lb.Decide(&k, int(quicclass.Opening), start, 0)
 	same := 0
 	for i := range la.lines {
 		for j := range la.lines[i].Cells {
@@ -506,14 +508,14 @@ func TestSketchAccuracyZipf(t *testing.T) {
 		last[i] = q
 		total = total*math.Exp(-float64(q-lastAll)/w) + 1
 		lastAll = q
-		l.Decide(&ks[i], 0, now, rng.Uint32())
+		l.Decide(&ks[i], int(quicclass.Opening), now, rng.Uint32())
 	}
 	eps := math.E / OpeningWidth
 	delta := math.Exp(-Depth)
 	over := 0
 	for i := range keys {
 		e := exact[i] * math.Exp(-float64(now>>SlotShift<<SlotShift-last[i])/w)
-		got := float64(l.Estimate(&ks[i], 0, l.p.Nodes[0], Clean, now)) / oneF
+		got := float64(l.Estimate(&ks[i], int(quicclass.Opening), l.p.Nodes[0], Clean, now)) / oneF
 		// Each rescale of a cell floors its counts, by less than 1/256 of
 		// a packet; a cell rescaled every epoch is low by at most
 		// window/epoch such units in all (3.7 packets at 1 s), and a key
@@ -585,9 +587,12 @@ func TestClassesApart(t *testing.T) {
 			passed[class]++
 		}
 	}
-	// Class 0 held at 100 pps, class 1 under its 5000 pps.
-	if passed[0] < 180 || passed[0] > 220 || passed[1] != 10000 {
-		t.Fatalf("in 2 s: class 0 (limit 100) passed %d, class 1 (limit 5000, offered 10000) passed %d", passed[0], passed[1])
+	// The opening class held at 100 pps, the established one under its
+	// 5000 pps.
+	opening, established := passed[quicclass.Opening], passed[quicclass.Established]
+	if opening < 180 || opening > 220 || established != 10000 {
+		t.Fatalf("in 2 s: the opening class (limit 100) passed %d, the established class (limit 5000, offered 10000) passed %d",
+			opening, established)
 	}
 }
 
@@ -602,7 +607,7 @@ func TestSkewedClock(t *testing.T) {
 	now, passed, sent := start, 0, 0
 	send := func(at int64) {
 		sent++
-		if !l.Decide(&k, 0, at, uint32(sent*2654435761)).Drop {
+		if !l.Decide(&k, int(quicclass.Opening), at, uint32(sent*2654435761)).Drop {
 			passed++
 		}
 	}
@@ -626,11 +631,11 @@ func TestSweep(t *testing.T) {
 	l := newLimiter(t, Config{Limit: 100, Window: time.Second})
 	old, fresh := key("198.51.100.1:1"), key("198.51.100.2:2")
 	for i := range 50 {
-		l.Decide(&old, 0, start+int64(i), 0)
+		l.Decide(&old, int(quicclass.Opening), start+int64(i), 0)
 	}
 	later := start + int64(40*time.Hour)
 	for i := range 50 {
-		l.Decide(&fresh, 0, later+int64(i), 0)
+		l.Decide(&fresh, int(quicclass.Opening), later+int64(i), 0)
 	}
 	swept := l.Sweep(later)
 	// The old key's cells (6 nodes, 2 rows) and the shared total's
@@ -638,7 +643,7 @@ func TestSweep(t *testing.T) {
 	if swept == 0 || swept >= len(l.lines)*CellsPerLine {
 		t.Fatalf("Sweep reset %d cells", swept)
 	}
-	if est := l.Estimate(&fresh, 0, l.p.Nodes[0], Clean, later); est < 49*uint64(One) {
+	if est := l.Estimate(&fresh, int(quicclass.Opening), l.p.Nodes[0], Clean, later); est < 49*uint64(One) {
 		t.Fatalf("Sweep lost a live count: %v", float64(est)/oneF)
 	}
 	epoch := uint32(uint64(later) >> EpochShift)
@@ -686,7 +691,7 @@ func TestFairTotalWholeSources(t *testing.T) {
 	for i := range 800_000 {
 		now := t0 + int64(i)*5000
 		j := rng.IntN(len(srcs))
-		v := l.Decide(&srcs[j], 0, now, rng.Uint32())
+		v := l.Decide(&srcs[j], int(quicclass.Opening), now, rng.Uint32())
 		if now >= t0+int64(2*time.Second) {
 			offered[j]++
 			if !v.Drop {
@@ -752,28 +757,28 @@ func TestFairTotalAfterFlood(t *testing.T) {
 	for range 225 {
 		now += int64(time.Second) / 75
 		q := quiet()
-		l.Decide(&q, 0, now, rng.Uint32())
+		l.Decide(&q, int(quicclass.Opening), now, rng.Uint32())
 	}
 	for i := range 200_000 {
 		now += 2500
 		n, a := rng.IntN(256), rng.IntN(4)
 		k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(n), byte(1 + a)}), uint16(30000+n)), 443)
-		l.Decide(&k, 0, now, rng.Uint32())
+		l.Decide(&k, int(quicclass.Opening), now, rng.Uint32())
 		if i%5333 == 0 {
 			q := quiet()
-			l.Decide(&q, 0, now, rng.Uint32())
+			l.Decide(&q, int(quicclass.Opening), now, rng.Uint32())
 		}
 	}
 	end := now
 	totalNode := l.p.Nodes[l.p.FairNode]
-	if pps := l.PPS(l.Estimate(&Key{Family: IPv4}, 0, totalNode, Clean, now)); pps < 2*20_000 {
+	if pps := l.PPS(l.Estimate(&Key{Family: IPv4}, int(quicclass.Opening), totalNode, Clean, now)); pps < 2*20_000 {
 		t.Fatalf("the total's offered rate is %.0f pps at the end of the flood, want over twice the cap", pps)
 	}
 	early, late := 0, 0
 	for range 112 { // 1.5 s at 75 pps
 		now += int64(time.Second) / 75
 		q := quiet()
-		if l.Decide(&q, 0, now, rng.Uint32()).Drop {
+		if l.Decide(&q, int(quicclass.Opening), now, rng.Uint32()).Drop {
 			if now-end < int64(time.Second/2) {
 				early++
 			} else {
@@ -781,7 +786,7 @@ func TestFairTotalAfterFlood(t *testing.T) {
 			}
 		}
 	}
-	if pps := l.PPS(l.Estimate(&Key{Family: IPv4}, 0, totalNode, Clean, now)); pps < 20_000 {
+	if pps := l.PPS(l.Estimate(&Key{Family: IPv4}, int(quicclass.Opening), totalNode, Clean, now)); pps < 20_000 {
 		t.Fatalf("the total's offered rate is %.0f pps 1.5 s after the flood, want still over the cap", pps)
 	}
 	if late != 0 {
@@ -790,7 +795,7 @@ func TestFairTotalAfterFlood(t *testing.T) {
 	t.Logf("lost %d packets in the first 0.5 s after the flood, while the total still forwarded over its cap", early)
 }
 
-// TestUnverifiedClass: class 2 has the default limits (every level but the
+// TestUnverifiedClass: the unverified class has the default limits (every level but the
 // top at DefaultUnverifiedLimit, the top at DefaultUnverifiedTotal) unless
 // configured, narrow rows, and with the other classes fits in 1 MiB.
 func TestUnverifiedClass(t *testing.T) {
@@ -804,15 +809,15 @@ func TestUnverifiedClass(t *testing.T) {
 		if i == top {
 			want = threshold(DefaultUnverifiedTotal, p.WindowNanos)
 		}
-		if p.Thresh[2][i] != want {
-			t.Errorf("node %d (level %d): class 2 threshold %d, want %d", i, n.Level(), p.Thresh[2][i], want)
+		if p.Thresh[quicclass.Unverified][i] != want {
+			t.Errorf("node %d (level %d): unverified class threshold %d, want %d", i, n.Level(), p.Thresh[quicclass.Unverified][i], want)
 		}
 		lines := uint32(UnverifiedLines)
 		if i == top {
 			lines = 1
 		}
-		if p.Lines[2][i] != lines || p.Base[2][i] < p.Base[1][top]+Depth*p.Lines[1][top] {
-			t.Errorf("node %d: class 2 has %d lines at %d, want %d after class 1", i, p.Lines[2][i], p.Base[2][i], lines)
+		if p.Lines[quicclass.Unverified][i] != lines || p.Base[quicclass.Unverified][i] < p.Base[quicclass.Established][top]+Depth*p.Lines[quicclass.Established][top] {
+			t.Errorf("node %d: the unverified class has %d lines at %d, want %d after the established class", i, p.Lines[quicclass.Unverified][i], p.Base[quicclass.Unverified][i], lines)
 		}
 	}
 	if got := p.TotalLines * LineBytes; got != 1_047_424 || got > 1<<20 {
@@ -827,15 +832,16 @@ func TestUnverifiedClass(t *testing.T) {
 		if n.Level() == 1 {
 			want = threshold(70, p.WindowNanos)
 		}
-		if p.Thresh[2][i] != want {
-			t.Errorf("configured: node %d class 2 threshold %d, want %d", i, p.Thresh[2][i], want)
+		if p.Thresh[quicclass.Unverified][i] != want {
+			t.Errorf("configured: node %d unverified class threshold %d, want %d", i, p.Thresh[quicclass.Unverified][i], want)
 		}
 	}
 }
 
-// TestUnverifiedTotal: junk in class 2 from a new random source on every
+// TestUnverifiedTotal: junk in the unverified class from a new random source on every
 // packet, 50 times the class's total, is held near the total (what passes
-// while the fair share settles aside), and class 1 beside it passes whole.
+// while the fair share settles aside), and the established class beside it
+// passes whole.
 func TestUnverifiedTotal(t *testing.T) {
 	l := newLimiter(t, Config{Limit: 100, Window: time.Second, Established: Limits{Limit: 5000}})
 	rng := rand.New(rand.NewPCG(6, 6))
@@ -846,10 +852,10 @@ func TestUnverifiedTotal(t *testing.T) {
 		k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(rng.Uint32()), byte(rng.Uint32()),
 			byte(rng.Uint32()), byte(rng.Uint32())}), uint16(1024+rng.IntN(60000))), 443)
 		sec := i / 100_000
-		if !l.Decide(&k, 2, now, rng.Uint32()).Drop {
+		if !l.Decide(&k, int(quicclass.Unverified), now, rng.Uint32()).Drop {
 			junk[sec]++
 		}
-		if i%50 == 0 && !l.Decide(&user, 1, now, rng.Uint32()).Drop {
+		if i%50 == 0 && !l.Decide(&user, int(quicclass.Established), now, rng.Uint32()).Drop {
 			users[sec]++
 		}
 	}
@@ -857,7 +863,7 @@ func TestUnverifiedTotal(t *testing.T) {
 		t.Fatalf("junk passed %d in the first second and %d in the second, at a total of %d", junk[0], junk[1], DefaultUnverifiedTotal)
 	}
 	if users != [2]int{2000, 2000} {
-		t.Fatalf("class 1 beside it passed %v of 2000 a second", users)
+		t.Fatalf("the established class beside it passed %v of 2000 a second", users)
 	}
 	t.Logf("junk passed %v a second", junk)
 }
@@ -881,10 +887,10 @@ func TestRankFirst(t *testing.T) {
 				now := start + int64(i)*5000
 				n, a := rng.IntN(256), rng.IntN(4)
 				k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(n), byte(1 + a)}), uint16(30000+n)), 443)
-				l.Decide(&k, 0, now, rng.Uint32())
+				l.Decide(&k, int(quicclass.Opening), now, rng.Uint32())
 				if i%250 == 0 { // 50 pps from each user
 					u := &users[i/250%16]
-					v := l.Decide(u, 0, now, rng.Uint32())
+					v := l.Decide(u, int(quicclass.Opening), now, rng.Uint32())
 					if now >= start+int64(time.Second) {
 						offered++
 						if !v.Drop {

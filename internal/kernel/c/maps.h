@@ -1,0 +1,412 @@
+// maps.h: the maps, the structures userspace reads and writes through them,
+// and the load-time switches.
+//
+// Go twins: in internal/decide/sketch, config.go (Params, which struct
+// config carries), cells.go (Cell, Line) and limiter.go (the limiter's
+// state: the cells, the fair shares, the pending totals); in
+// internal/decide, datagram.go (Config, Stats), learned.go (the learned
+// sets) and stream.go (Stream). internal/kernel reads and writes the maps
+// through the types bpf2go generates from these structures.
+#ifndef RAKELIMIT_MAPS_H
+#define RAKELIMIT_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "contract.h"
+
+// The size of the ring buffer of stream events (map events).
+#define EVENTS_BYTES (64 * 1024)
+
+// A budget's counts in a cell (sketch.Counter).
+struct counter {
+	__u32 offered;
+	__u32 forwarded;
+};
+
+// One count-min cell: see Cell in internal/decide/sketch/cells.go.
+struct cell {
+	__u32 epoch;
+	struct counter budget[2];
+};
+
+// Three cells in a 64-byte cache line: no cell straddles two lines.
+struct line {
+	struct cell cells[CELLS_PER_LINE];
+	__u32 pad;
+};
+
+// The compiled configuration (decide.Config, sketch.Params) and the hash
+// keys. Userspace writes the inactive one of two copies and then flips
+// active_config, so a packet never sees half an update.
+struct config {
+	__u32 thresh[NUM_CLASSES][MAX_NODES];
+	__u32 over[NUM_CLASSES][MAX_NODES];
+	// Each node's rows: their length in lines and the first line's index.
+	__u32 lines[NUM_CLASSES][MAX_NODES];
+	__u32 base[NUM_CLASSES][MAX_NODES];
+	__u64 g[SLOTS];
+	__u32 w[SLOTS];
+	__u64 ginv[SLOTS];
+	__u64 d0[DECAY_ENTRIES];
+	__u64 d1[DECAY_ENTRIES];
+	__u64 d2[DECAY_ENTRIES];
+	__u64 hash_a[DEPTH][HASH_WORDS];
+	__u64 hash_b[DEPTH];
+	// The rank of a source at the fair total.
+	__u64 rank_a[HASH_WORDS];
+	__u64 rank_b;
+	// By family (0 IPv4, 1 IPv6) and prefix slot: the family word hashed
+	// (0 for a /0 prefix) and the mask of each address word.
+	__u64 family_word[2][MAX_PREFIXES];
+	__u32 mask[2][MAX_PREFIXES][4];
+	// allow_filter, by family: a bit per bucket of allow_bucket() values
+	// that an allowlisted prefix covers. A packet whose bucket is clear is
+	// not in the allowlist, and the trie is not looked up.
+	__u64 allow_filter[2][ALLOW_FILTER_BITS / 64];
+	// Blocked source ports, a bit per port.
+	__u64 blocked_ports[65536 / 64];
+	// The version negotiation pacer: one datagram per vn_interval ns, a
+	// burst tolerance of vn_tau ns; vn_interval 0 drops them all.
+	__u64 vn_interval;
+	__u64 vn_tau;
+	// The tracking pacer: streams start being tracked (a map entry and an
+	// event) at most one per track_interval ns, with a burst tolerance of
+	// track_tau ns (decide.TrackPacing).
+	__u64 track_interval;
+	__u64 track_tau;
+	// The timer tick's length in ns (the coarse clock's resolution), or 0
+	// when it is unknown (see tick_clock).
+	__u64 tick_ns;
+	__u8 nodes[MAX_NODES];
+	// visited: how many of the nodes, from the first, each class visits
+	// (sketch.Params.Visited): up to its last limited node.
+	__u8 visited[NUM_CLASSES];
+	// screen: where each class's clean packets are screened before the
+	// node loop, SCREEN_FAIR and SCREEN_REFLECT bits (sketch.Params.Screen).
+	__u8 screen[NUM_CLASSES];
+	__u8 num_prefixes;
+	__u8 per_dport;
+	// dry_run: decide and count as usual, but deliver every packet.
+	__u8 dry_run;
+	// allow_any: the allowlist has entries (otherwise it is not looked up).
+	__u8 allow_any;
+	// allow_always, by family: an allowlisted prefix is too short for
+	// allow_filter, so every packet of the family is looked up.
+	__u8 allow_always[2];
+	// classify: sort datagrams into QUIC classes; otherwise every datagram
+	// is of the opening class.
+	__u8 classify;
+	// The fair total's node and its network node, or 0xff for none.
+	__u8 fair_node;
+	__u8 fair_source;
+	// The socket's total node, counted per CPU (count_total), or 0xff.
+	__u8 total_node;
+	// The reflection node (all sources from one source port) the screen
+	// asks, or 0xff (sketch.Params.Reflect).
+	__u8 reflect_node;
+	// coarse_clock: read the kernel's coarse clock, whose resolution is
+	// the timer tick, when the window is long enough for it (see clock).
+	__u8 coarse_clock;
+	// verify_ids: when classifying, verify datagrams against the learned
+	// server IDs and peers, and check long headers' lengths.
+	__u8 verify_ids;
+	// A drop is tracked when a random number has none of these bits set:
+	// 2^k - 1 tracks one drop in 2^k, 0 every drop.
+	__u32 track_mask;
+};
+
+// Per-CPU datagram counters (decide.Stats), by class of the limiter and
+// family (unknown, IPv4, IPv6). limited counts packets that passed although a
+// node at that level found their stream over its limit; dropped counts drops
+// by the level of the node that dropped.
+struct stats {
+	__u64 passed[NUM_CLASSES][FAMILY_SLOTS];
+	__u64 limited[NUM_CLASSES][FAMILY_SLOTS][MAX_LEVELS];
+	__u64 dropped[NUM_CLASSES][FAMILY_SLOTS][MAX_LEVELS];
+	// would_drop: drops a dry run delivered.
+	__u64 would_drop[NUM_CLASSES][FAMILY_SLOTS][MAX_LEVELS];
+	__u64 negotiation[FAMILY_SLOTS][3];
+	// invalid, by dry run (0 dropped, 1 delivered), family and reason.
+	__u64 invalid[2][FAMILY_SLOTS][NUM_REASONS];
+	// allowed: allowlisted packets of the limiter's classes, not counted
+	// by the limiter (an allowlisted invalid or negotiation datagram is
+	// counted as such).
+	__u64 allowed[FAMILY_SLOTS];
+	// verified: datagrams verified, by family and how.
+	__u64 verified[FAMILY_SLOTS][NUM_VERIFICATIONS];
+	__u64 errors;
+};
+
+// The fair share of the total, by class and budget (sketch.admitFair).
+struct fair {
+	__u64 share[NUM_CLASSES][2];
+};
+
+// A CPU's counts of the socket's total not yet added to the shared cells,
+// by class: cells of their own, scaled to the start of their epoch.
+struct pending {
+	struct cell cell[NUM_CLASSES];
+};
+
+// A stream as a lattice node sees it: the packet's key reduced to what the
+// node counts (address masked to the node's prefix, wildcard ports zero), or
+// for an invalid datagram its source address (node INVALID_NODE).
+struct stream_key {
+	__u32 words[4];
+	__u16 sport;
+	__u16 dport;
+	__u8 family;
+	__u8 node;
+	__u8 class;
+	__u8 pad;
+};
+
+// What the kernel remembers of a stream it has dropped packets of.
+struct stream_state {
+	__u64 first_ns;
+	__u64 last_ns;
+	// sampled_drops counts the drops that were sampled (track_mask).
+	__u64 sampled_drops;
+	// estimate is the node's rate estimate at the last sampled drop, a
+	// decayed count per window.
+	__u64 estimate;
+	__u8 level;
+	__u8 dry_run;
+	__u8 reason;
+	__u8 pad[5];
+};
+
+// The event sent to userspace when the kernel starts tracking a stream.
+struct stream_event {
+	struct stream_key key;
+	struct stream_state state;
+};
+
+// Allowlist keys: one trie per family, so that no IPv6 prefix (::/0 among
+// them) covers an IPv4 source.
+struct allow4_key {
+	__u32 prefixlen;
+	__u8 addr[4];
+};
+
+struct allow6_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+// The last verdict, written in test mode only. drop is the decision before a
+// dry run delivers the datagram anyway.
+struct verdict {
+	__u8 drop;
+	__u8 limited;
+	__u8 level;
+	__u8 node;
+	__u8 class;
+	__u8 reason;
+	__u8 paced;
+	__u8 allowlisted;
+	__u8 verified;
+	__u8 pad[7];
+	__u64 estimate;
+};
+
+// A peer address (decide.PeerKey): the address's 16 bytes as four
+// big-endian words (held in host order, as struct key holds them), an IPv4
+// address IPv4-mapped.
+struct peer_key {
+	__u32 words[4];
+};
+
+// A learned set's quick-reject filter: bit h of a member's hash (peer_hash,
+// id_hash) is set. Userspace sets a member's bit after adding it to the set,
+// and rebuilds the bits when members expire (kernel.Filter.expireLearned).
+struct quick {
+	__u64 words[QUICK_WORDS];
+};
+
+// Sized by the loader: the lines of every node's rows, for every class.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct line);
+	__uint(max_entries, 1);
+	// Mapped into userspace, which resets stale cells one at a time with
+	// atomic operations (Filter.Sweep): a write of a whole line through
+	// the map would undo what packets counted in its live cells meanwhile.
+	__uint(map_flags, BPF_F_MMAPABLE);
+} cells SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct config);
+	__uint(max_entries, 2);
+} configs SEC(".maps");
+
+// The quick-reject filters of the learned peers (QUICK_PEERS) and server
+// IDs (QUICK_IDS). Mapped into userspace, which sets bits with atomic
+// operations.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct quick);
+	__uint(max_entries, NUM_QUICK);
+	__uint(map_flags, BPF_F_MMAPABLE);
+} quick SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} active_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct stats);
+	__uint(max_entries, 1);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct fair);
+	__uint(max_entries, 1);
+} fair_shares SEC(".maps");
+
+// Each CPU's pending counts of the socket's total, by class: see
+// count_total.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct pending);
+	__uint(max_entries, 1);
+} totals SEC(".maps");
+
+// The pacers' theoretical arrival times (ns): PACER_NEGOTIATION, the
+// version negotiation cap; PACER_TRACKING, new tracked streams.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, NUM_PACERS);
+} pacer SEC(".maps");
+
+// Sampled drops of streams that were not tracked because the tracking
+// pacer had no room (per CPU).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} untracked SEC(".maps");
+
+// Streams with recent drops. The key dedups: only a stream's first sampled
+// drop creates an entry and an event, however fast it floods. Userspace
+// expires quiet entries; LRU eviction only matters past max_entries
+// simultaneous streams.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct stream_key);
+	__type(value, struct stream_state);
+	__uint(max_entries, MAX_TRACKED_STREAMS);
+} streams SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, EVENTS_BYTES);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct allow4_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_ALLOW);
+} allow4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct allow6_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_ALLOW);
+} allow6 SEC(".maps");
+
+// A set of the server IDs' table: ID_WAYS slots, one cache line. An ID's
+// set is the top ID_SET_SHIFT bits of its hash (id_hash). A slot holds the
+// ID in its top 32 bits, ID_USED, and the ID's stamp: the time it was
+// learned or last used by a verified datagram, in units of
+// 2^ID_STAMP_SHIFT ns (1.07 s; decide.IDStamp), which a verified datagram
+// moves on when it is behind.
+struct id_set {
+	__u64 slot[ID_WAYS];
+};
+_Static_assert(ID_SETS * ID_WAYS == 2 * MAX_SERVER_IDS, "the table is half full with MAX_SERVER_IDS");
+
+// The server's connection IDs, as userspace learns them. An array, not a
+// hash map: a lookup reads one line, with no call (the kernel inlines an
+// array's lookup), where an LRU hash's lookup cost a verified datagram 25 ns on
+// AMD EPYC. Mapped into userspace, which writes slots with atomic
+// operations: a new ID takes a free slot of its set, or the one of the
+// stalest ID; IDs unused for their lifetime are cleared.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct id_set);
+	__uint(max_entries, ID_SETS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+} server_ids SEC(".maps");
+
+// The addresses the server sends to, as userspace learns them, each with the
+// time it was last learned (monotonic ns). An LRU map: when full, a new
+// entry evicts the least recently used rather than being refused.
+// Userspace deletes the entries unused for their lifetime.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct peer_key);
+	__type(value, __u64);
+	__uint(max_entries, MAX_PEERS);
+} peers SEC(".maps");
+
+// A CPU's own state on the packet path: its xorshift state, seeded with a
+// random non-zero value by the loader, and the coarse clock's reading at its
+// last tick (tick_clock).
+struct cpu_state {
+	__u64 rng;
+	// The jiffies count of the last tick this CPU read the coarse clock
+	// in (0: none yet), and that reading.
+	__u64 tick;
+	__u64 tick_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct cpu_state);
+	__uint(max_entries, 1);
+} cpu_state SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct verdict);
+	__uint(max_entries, 1);
+} test_verdict SEC(".maps");
+
+// Load-time switches. The verifier knows their values and removes the
+// branches they disable, so production pays nothing for them.
+//
+// test_mode: time and the random number come from the test
+// (pkt_test_now, pkt_test_random: skb->cb under BPF_PROG_TEST_RUN), and the
+// verdict is written to test_verdict.
+const volatile __u8 test_mode = 0;
+// bench_random_source: XOR the source address and port with a random
+// number, so that a benchmark repeating one packet sees a new source every
+// time, as a spoofed flood sends (a fixed port would make the all-sources
+// node of that port a cell every packet writes).
+const volatile __u8 bench_random_source = 0;
+
+#endif
