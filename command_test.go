@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/console"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
 
 // TestConsoleReadsAdminView checks that the console's types read every
@@ -14,7 +15,7 @@ import (
 // internal/console fails here.
 func TestConsoleReadsAdminView(t *testing.T) {
 	v := view{Limiters: []viewLimiter{{
-		Name: "default", Mode: ModeBPF, Listeners: []string{"[::]:443"},
+		Name: "default", Mode: engine.ModeBPF, Listeners: []string{"[::]:443"},
 		Config: viewConfig{Limit: 1000, Window: "1s", Classify: true, LevelLimits: []uint32{1, 2}, EstablishedLevelLimits: []uint32{3, 0},
 			IPv4Prefixes: []int{32, 0}, IPv6Prefixes: []int{64, 0}, BlockSourcePorts: []string{"0-1023"}, Allow: []string{"192.0.2.0/24"}},
 		Counters: map[string]viewCounters{"ipv4": {Classes: map[string]viewClassCounters{"opening": {Passed: 7,

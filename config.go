@@ -44,13 +44,6 @@ const (
 	DefaultVersionNegotiation = 10
 )
 
-// Modes a limiter runs in (see RakeLimit.Mode).
-const (
-	ModeAuto      = engine.ModeAuto
-	ModeBPF       = engine.ModeBPF
-	ModeUserspace = engine.ModeUserspace
-)
-
 // config validates the module's options and converts them to the decision
 // configuration, reporting the first bad field by its JSON name.
 func (r *RakeLimit) config() (decide.Config, error) {
@@ -66,7 +59,7 @@ func (r *RakeLimit) config() (decide.Config, error) {
 // names.
 func (r *RakeLimit) convert() (decide.Config, error) {
 	if !engine.ValidMode(r.mode()) {
-		return decide.Config{}, fmt.Errorf("mode %q: want auto, bpf or userspace", r.Mode)
+		return decide.Config{}, fmt.Errorf("mode %q: want %s", r.Mode, engine.ModeChoices())
 	}
 	c, err := r.limiterConfig()
 	if err != nil {
@@ -139,7 +132,7 @@ func jsonField(name string) string {
 // mode returns the mode asked for, or the default.
 func (r *RakeLimit) mode() string {
 	if r.Mode == "" {
-		return ModeAuto
+		return engine.DefaultMode
 	}
 	return r.Mode
 }

@@ -953,7 +953,7 @@ func TestReloadTooManyAllowPrefixes(t *testing.T) {
 // once, so that no packet can read a slot that is being rewritten.
 func TestReloadSwitchesConfigurationOnce(t *testing.T) {
 	requireBPF(t)
-	l, err := engine.New("switch-once", decide.Config{Limiter: sketch.Config{Limit: 100, Window: time.Second}}, ModeBPF, zap.NewNop())
+	l, err := engine.New("switch-once", decide.Config{Limiter: sketch.Config{Limit: 100, Window: time.Second}}, engine.ModeBPF, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ var (
 		"Datagrams with a QUIC version quic-go lacks let through per second, for the whole socket.",
 		[]string{"limiter"}, nil)
 	modeDesc = prometheus.NewDesc("caddy_rakelimit_mode",
-		"1 for the mode each listener's limiter runs in: bpf (in the kernel) or userspace (in front of quic-go).",
+		"1 for the mode each listener's limiter runs in: "+engine.ModesRunning()+".",
 		[]string{"limiter", "listener", "mode"}, nil)
 	windowDesc = prometheus.NewDesc("caddy_rakelimit_window_seconds",
 		"The configured smoothing window.", []string{"limiter"}, nil)
