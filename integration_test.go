@@ -146,7 +146,7 @@ func (c *testCaddy) load(sites string) error {
 }
 
 // limiterNamed returns the live limiter called name, or nil.
-func limiterNamed(name string) *engine.Limiter { return limiters.named(name) }
+func limiterNamed(name string) *engine.Limiter { return limiters.registry.Named(name) }
 
 // limiterStats sums a limiter's passed and dropped datagrams.
 func limiterStats(t *testing.T, l *engine.Limiter) (passed, dropped uint64) {
@@ -741,12 +741,12 @@ const noUserspace = ^uint64(0)
 func passedUserspace(t *testing.T) uint64 {
 	t.Helper()
 	n, any := uint64(0), false
-	limiters.each(func(l *engine.Limiter) {
+	for _, l := range limiters.registry.Limiters() {
 		if l.Mode() == engine.ModeUserspace {
 			p, _ := limiterStats(t, l)
 			n, any = n+p, true
 		}
-	})
+	}
 	if !any {
 		return noUserspace
 	}
@@ -758,13 +758,13 @@ func passedUserspace(t *testing.T) uint64 {
 // a datagram when it is read, not when it arrives.
 func waitDecided(t *testing.T) {
 	t.Helper()
-	limiters.each(func(l *engine.Limiter) {
+	for _, l := range limiters.registry.Limiters() {
 		if l.Mode() == engine.ModeUserspace {
 			for _, conn := range l.Sockets() {
 				testutil.WaitEmpty(t, conn)
 			}
 		}
-	})
+	}
 }
 
 // filterDrops sums the packets that the filters of every loaded limiter
@@ -773,10 +773,10 @@ func waitDecided(t *testing.T) {
 func filterDrops(t *testing.T) uint64 {
 	t.Helper()
 	var n uint64
-	limiters.each(func(l *engine.Limiter) {
+	for _, l := range limiters.registry.Limiters() {
 		_, d := limiterStats(t, l)
 		n += d
-	})
+	}
 	return n
 }
 

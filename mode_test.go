@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // siteWithMode is siteWithLimit with a mode option.
@@ -61,7 +62,7 @@ func TestUserspaceMode(t *testing.T) {
 		t.Errorf("caddy_rakelimit_mode{mode=userspace} = %v", got)
 	}
 	_, body := c.adminGet("/rakelimit/")
-	var view view
+	var view report.View
 	if err := json.Unmarshal([]byte(body), &view); err != nil || len(view.Limiters) != 1 || view.Limiters[0].Mode != engine.ModeUserspace {
 		t.Errorf("admin view %s, %v: want mode userspace", body, err)
 	}

@@ -4,9 +4,12 @@
 // modes, modes.go), puts it in front of sockets, falls back from BPF to
 // userspace when the filter cannot attach, and runs the goroutines that
 // report on it: newly limited streams, streams no longer limited, and the
-// hourly sweep of stale sketch cells. It takes a logger and knows nothing
-// of Caddy; the Caddy module (the root package) pools limiters by name and
-// decides when settings change.
+// hourly sweep of stale sketch cells. Report reads a limiter into one
+// snapshot (package report) that the admin view, the metrics and the
+// console all render; a Registry holds the running limiters by name and the
+// sockets each owns. It takes a logger and knows nothing of Caddy; the Caddy
+// module (the root package) counts the uses of each limiter across reloads
+// and decides when settings change.
 package engine
 
 import (
