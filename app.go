@@ -89,7 +89,7 @@ func (a *App) govern(l *engine.Limiter, c decide.Config, mode string, logger *za
 		return fmt.Errorf("rakelimit %q: the number of prefixes and per_destination_port cannot change "+
 			"while its listeners run; restart Caddy, or use a new name on a new listener address", name)
 	}
-	if running := eng.Mode(); mode != ModeAuto && mode != running {
+	if running := eng.Mode(); !engine.Runs(mode, running) {
 		return fmt.Errorf("rakelimit %q runs in %s mode, and mode %s cannot take over its running listeners; "+
 			"restart Caddy to change the mode (mode auto keeps the one running)", name, running, mode)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
 
 func init() {
@@ -300,8 +301,8 @@ func parseAllowOption(r *RakeLimit, d *caddyfile.Dispenser, _ string, args []str
 }
 
 func parseModeOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
-	if len(args) != 1 || (args[0] != ModeAuto && args[0] != ModeBPF && args[0] != ModeUserspace) {
-		return d.Errf("%s: want auto, bpf or userspace, got %q", name, strings.Join(args, " "))
+	if len(args) != 1 || !engine.ValidMode(args[0]) {
+		return d.Errf("%s: want %s, got %q", name, engine.ModeChoices(), strings.Join(args, " "))
 	}
 	r.Mode = args[0]
 	return nil

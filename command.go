@@ -17,6 +17,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/console"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // init registers `caddy rakelimit status` and `caddy rakelimit top`: Caddy
@@ -80,7 +81,7 @@ func consoleCommand(name, short string, live bool) *cobra.Command {
 				}
 				return w, h
 			}}
-		fetch := func(ctx context.Context) (console.View, error) {
+		fetch := func(ctx context.Context) (report.View, error) {
 			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			return client.Fetch(ctx)

@@ -2,38 +2,53 @@ package rakelimit
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/rakelimit/caddy-rakelimit/internal/console"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
-// TestConsoleReadsAdminView checks that the console's types read every
-// field the admin view serves: a field added to admin.go and not to
-// internal/console fails here.
+// TestConsoleReadsAdminView checks that the console reads every field the
+// admin view serves: the admin API's JSON of a running limiter decodes,
+// strictly, into the report the console reads, and encodes back the same;
+// and the console's client fetches it.
 func TestConsoleReadsAdminView(t *testing.T) {
-	v := view{Limiters: []viewLimiter{{
-		Name: "default", Mode: ModeBPF, Listeners: []string{"[::]:443"},
-		Config: viewConfig{Limit: 1000, Window: "1s", Classify: true, LevelLimits: []uint32{1, 2}, EstablishedLevelLimits: []uint32{3, 0},
-			IPv4Prefixes: []int{32, 0}, IPv6Prefixes: []int{64, 0}, BlockSourcePorts: []string{"0-1023"}, Allow: []string{"192.0.2.0/24"}},
-		Counters: map[string]viewCounters{"ipv4": {Classes: map[string]viewClassCounters{"opening": {Passed: 7,
-			Limited: map[string]uint64{"0": 1}, Dropped: map[string]uint64{"0": 2}, DryRun: map[string]uint64{"0": 3}}},
-			Negotiation: map[string]uint64{"passed": 1}, Invalid: map[string]uint64{"empty": 1},
-			InvalidDryRun: map[string]uint64{"empty": 2}, Allowlisted: 4, Verified: map[string]uint64{"short_by_id": 5}}},
-		LimitedStreams: []viewStream{{Stream: "127.0.0.6/32 sport=1 -> :443", Class: "opening", Level: 0, RatePPS: 5,
-			LimitPPS: 1000, Since: time.Unix(1, 0).UTC(), LastDrop: time.Unix(2, 0).UTC(), Dropped: 9, DryRun: true}},
-		LimitedStreamsTotal: 1,
-		OpeningTotal:        viewOpeningTotal{Adaptive: true, CapPPS: 20000, QueueFill: 0.5, QueueDrops: 3, OpenedPPS: 9},
-		Verification:        viewVerification{On: true, ServerIDs: 1, Peers: 2, OddIDs: 3},
-	}}}
-	b, err := json.Marshal(v)
+	reg := engine.NewRegistry()
+	l, err := reg.Start("default", testutil.QUICLimits(100, 1000), engine.ModeUserspace, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { reg.Close(l) })
+	admin := Admin{registry: reg}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := admin.serve(w, r); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	resp, err := http.Get(srv.URL + console.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s %v", console.Path, resp.StatusCode, b, err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	var got console.View
+	var got report.View
 	if err := dec.Decode(&got); err != nil {
 		t.Fatalf("the console cannot read the admin view: %v\n%s", err, b)
 	}
@@ -41,7 +56,15 @@ func TestConsoleReadsAdminView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(again, b) {
+	if !bytes.Equal(again, bytes.TrimSpace(b)) {
 		t.Errorf("the console's view differs from the admin's:\n%s\n%s", again, b)
+	}
+	if len(got.Limiters) != 1 || got.Limiters[0].Mode != engine.ModeUserspace || got.Limiters[0].Prefilter == nil ||
+		got.Limiters[0].Config.Window != report.Duration(time.Second) {
+		t.Errorf("admin view %s: want the userspace limiter with its pre-filter and a window of 1s", b)
+	}
+	client := console.Client{Address: strings.TrimPrefix(srv.URL, "http://"), Origin: srv.URL, HTTP: srv.Client()}
+	if v, err := client.Fetch(context.Background()); err != nil || len(v.Limiters) != 1 || v.Limiters[0].Name != "default" {
+		t.Errorf("the console fetched %+v, %v", v, err)
 	}
 }

@@ -44,13 +44,6 @@ const (
 	DefaultVersionNegotiation = 10
 )
 
-// Modes a limiter runs in (see RakeLimit.Mode).
-const (
-	ModeAuto      = engine.ModeAuto
-	ModeBPF       = engine.ModeBPF
-	ModeUserspace = engine.ModeUserspace
-)
-
 // config validates the module's options and converts them to the decision
 // configuration, reporting the first bad field by its JSON name.
 func (r *RakeLimit) config() (decide.Config, error) { return r.convert() }
@@ -61,7 +54,7 @@ func (r *RakeLimit) config() (decide.Config, error) { return r.convert() }
 // runs as a last check.
 func (r *RakeLimit) convert() (decide.Config, error) {
 	if !engine.ValidMode(r.mode()) {
-		return decide.Config{}, fmt.Errorf("mode %q: want auto, bpf or userspace", r.Mode)
+		return decide.Config{}, fmt.Errorf("mode %q: want %s", r.Mode, engine.ModeChoices())
 	}
 	c, err := r.limiterConfig()
 	if err != nil {
@@ -111,7 +104,7 @@ func (r *RakeLimit) convert() (decide.Config, error) {
 // mode returns the mode asked for, or the default.
 func (r *RakeLimit) mode() string {
 	if r.Mode == "" {
-		return ModeAuto
+		return engine.DefaultMode
 	}
 	return r.Mode
 }

@@ -146,7 +146,7 @@ func (c *testCaddy) load(sites string) error {
 }
 
 // limiterNamed returns the live limiter called name, or nil.
-func limiterNamed(name string) *engine.Limiter { return limiters.named(name) }
+func limiterNamed(name string) *engine.Limiter { return limiters.registry.Named(name) }
 
 // limiterStats sums a limiter's passed and dropped datagrams.
 func limiterStats(t *testing.T, l *engine.Limiter) (passed, dropped uint64) {
@@ -724,12 +724,12 @@ const noUserspace = ^uint64(0)
 func passedUserspace(t *testing.T) uint64 {
 	t.Helper()
 	n, any := uint64(0), false
-	limiters.each(func(l *engine.Limiter) {
+	for _, l := range limiters.registry.Limiters() {
 		if l.Mode() == engine.ModeUserspace {
 			p, _ := limiterStats(t, l)
 			n, any = n+p, true
 		}
-	})
+	}
 	if !any {
 		return noUserspace
 	}
@@ -741,13 +741,13 @@ func passedUserspace(t *testing.T) uint64 {
 // a datagram when it is read, not when it arrives.
 func waitDecided(t *testing.T) {
 	t.Helper()
-	limiters.each(func(l *engine.Limiter) {
+	for _, l := range limiters.registry.Limiters() {
 		if l.Mode() == engine.ModeUserspace {
 			for _, conn := range l.Sockets() {
 				testutil.WaitEmpty(t, conn)
 			}
 		}
-	})
+	}
 }
 
 // filterDrops sums the packets that the filters of every loaded limiter
@@ -756,10 +756,10 @@ func waitDecided(t *testing.T) {
 func filterDrops(t *testing.T) uint64 {
 	t.Helper()
 	var n uint64
-	limiters.each(func(l *engine.Limiter) {
+	for _, l := range limiters.registry.Limiters() {
 		_, d := limiterStats(t, l)
 		n += d
-	})
+	}
 	return n
 }
 
@@ -936,7 +936,7 @@ func TestReloadTooManyAllowPrefixes(t *testing.T) {
 // once, so that no packet can read a slot that is being rewritten.
 func TestReloadSwitchesConfigurationOnce(t *testing.T) {
 	requireBPF(t)
-	l, err := engine.New("switch-once", decide.Config{Limiter: sketch.Config{Limit: 100, Window: time.Second}}, ModeBPF, zap.NewNop())
+	l, err := engine.New("switch-once", decide.Config{Limiter: sketch.Config{Limit: 100, Window: time.Second}}, engine.ModeBPF, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

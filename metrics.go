@@ -6,13 +6,12 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/decide"
-	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
-	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // Metrics are read from the filters' per-CPU counters when Prometheus
@@ -36,7 +35,7 @@ var (
 		"Datagrams with a QUIC version quic-go lacks let through per second, for the whole socket.",
 		[]string{"limiter"}, nil)
 	modeDesc = prometheus.NewDesc("caddy_rakelimit_mode",
-		"1 for the mode each listener's limiter runs in: bpf (in the kernel) or userspace (in front of quic-go).",
+		"1 for the mode each listener's limiter runs in: "+engine.ModesRunning()+".",
 		[]string{"limiter", "listener", "mode"}, nil)
 	windowDesc = prometheus.NewDesc("caddy_rakelimit_window_seconds",
 		"The configured smoothing window.", []string{"limiter"}, nil)
@@ -88,17 +87,25 @@ var (
 		"Failed reads of a filter's counters or streams while collecting metrics.", nil, nil)
 )
 
-// collector is the Prometheus collector of every running limiter, one per
-// configuration's registry.
-type collector struct{ pool *pool }
+// collector is the Prometheus collector of every running limiter: it builds
+// the metrics from each limiter's report. One collector serves every
+// configuration's registry, so that its count of failed reads goes on
+// across reloads.
+type collector struct {
+	registry *engine.Registry
+	// failed counts the reports that could not be read.
+	failed atomic.Uint64
+}
 
-// registerMetrics registers the pool's collector with a configuration's
-// metrics registry; each configuration load has a fresh one.
-func (p *pool) registerMetrics(reg *prometheus.Registry) error {
+func newCollector(reg *engine.Registry) *collector { return &collector{registry: reg} }
+
+// register registers the collector with a configuration's metrics registry;
+// each configuration load has a fresh one.
+func (c *collector) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	if err := reg.Register(&collector{pool: p}); err != nil {
+	if err := reg.Register(c); err != nil {
 		var already prometheus.AlreadyRegisteredError
 		if !errors.As(err, &already) {
 			return fmt.Errorf("registering rakelimit metrics: %w", err)
@@ -116,136 +123,124 @@ func (*collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect implements prometheus.Collector.
+// Collect implements prometheus.Collector. A limiter whose report cannot
+// be read sends no metric, and counts as a collection error.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	c.pool.each(func(l *engine.Limiter) {
-		if err := collect(l, ch); err != nil {
-			c.pool.collectionErrors.Add(1)
+	for _, l := range c.registry.Limiters() {
+		r, err := l.Report()
+		if err != nil {
+			c.failed.Add(1)
+			continue
 		}
-	})
-	ch <- prometheus.MustNewConstMetric(collectionErrorsDesc, prometheus.CounterValue, float64(c.pool.collectionErrors.Load()))
+		collect(r, ch)
+	}
+	ch <- prometheus.MustNewConstMetric(collectionErrorsDesc, prometheus.CounterValue, float64(c.failed.Load()))
 }
 
-var familyNames = [decide.Families]string{"unknown", "ipv4", "ipv6"}
-
-// collect sends the metrics of one limiter.
-func collect(l *engine.Limiter, ch chan<- prometheus.Metric) error {
-	put, listeners := l.Snapshot()
-	set, name := put.Config, l.Name()
-	listener := strings.Join(listeners, ",")
-	levels := set.Limiter.WithDefaults().Levels()
-	counter := func(v uint64, fam int, class, verdict, level string) {
-		ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(v),
-			name, listener, familyNames[fam], class, verdict, level)
+// collect sends the metrics of one limiter's report.
+func collect(r report.Limiter, ch chan<- prometheus.Metric) {
+	name, cfg := r.Name, r.Config
+	listener := strings.Join(r.Listeners, ",")
+	levels := len(cfg.LevelLimits)
+	for _, ln := range r.Listeners {
+		ch <- prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, 1, name, ln, r.Mode)
 	}
-	eng := l.Engine()
-	st, err := eng.Stats()
-	if err != nil {
-		return err
-	}
-	for _, ln := range listeners {
-		ch <- prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, 1, name, ln, eng.Mode())
-	}
-	for fam := range decide.Families {
-		for _, class := range engine.LimiterClasses {
-			name := engine.ClassName(set, class)
-			counter(st.Unlimited(int(class), fam), fam, name, "passed", "")
+	for _, family := range report.Families {
+		fc := r.Counters[family]
+		counter := func(v uint64, class, verdict, level string) {
+			ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(v),
+				name, listener, family, class, verdict, level)
+		}
+		for _, cl := range cfg.Limits() {
+			cc := fc.Classes[cl.Class]
+			counter(cc.Passed, cl.Class, "passed", "")
 			for lvl := range levels {
 				level := strconv.Itoa(lvl)
-				counter(st.Limited[class][fam][lvl], fam, name, "limited", level)
-				counter(st.Dropped[class][fam][lvl], fam, name, "dropped", level)
-				counter(st.WouldDrop[class][fam][lvl], fam, name, "dry_run", level)
+				counter(cc.Limited[level], cl.Class, "limited", level)
+				counter(cc.Dropped[level], cl.Class, "dropped", level)
+				counter(cc.DryRun[level], cl.Class, "dry_run", level)
 			}
 		}
-		negotiation := quicclass.Negotiation.String()
-		counter(st.Negotiation[fam][0], fam, negotiation, "passed", "")
-		counter(st.Negotiation[fam][1], fam, negotiation, "dropped", "")
-		counter(st.Negotiation[fam][2], fam, negotiation, "dry_run", "")
+		for _, verdict := range []string{"passed", "dropped", "dry_run"} {
+			counter(fc.Negotiation[verdict], report.ClassNegotiation, verdict, "")
+		}
 		var invalid, wouldDrop uint64
-		for r := quicclass.Reason(1); r < quicclass.NumReasons; r++ {
-			invalid += st.Invalid[0][fam][r]
-			wouldDrop += st.Invalid[1][fam][r]
-			ch <- prometheus.MustNewConstMetric(invalidDesc, prometheus.CounterValue, float64(st.Invalid[0][fam][r]),
-				name, listener, familyNames[fam], r.String(), "dropped")
-			ch <- prometheus.MustNewConstMetric(invalidDesc, prometheus.CounterValue, float64(st.Invalid[1][fam][r]),
-				name, listener, familyNames[fam], r.String(), "dry_run")
+		for reason, n := range fc.Invalid {
+			invalid += n
+			ch <- prometheus.MustNewConstMetric(invalidDesc, prometheus.CounterValue, float64(n),
+				name, listener, family, reason, "dropped")
 		}
-		counter(invalid, fam, quicclass.Invalid.String(), "invalid", "")
-		counter(wouldDrop, fam, quicclass.Invalid.String(), "dry_run", "")
-		counter(st.Allowed[fam], fam, "", "allowlisted", "")
-		for how := quicclass.Verification(1); how < quicclass.NumVerifications; how++ {
-			ch <- prometheus.MustNewConstMetric(verifiedDesc, prometheus.CounterValue, float64(st.Verified[fam][how]),
-				name, listener, familyNames[fam], how.String())
+		for reason, n := range fc.InvalidDryRun {
+			wouldDrop += n
+			ch <- prometheus.MustNewConstMetric(invalidDesc, prometheus.CounterValue, float64(n),
+				name, listener, family, reason, "dry_run")
 		}
-	}
-	for _, class := range engine.LimiterClasses {
-		for lvl := range levels {
-			lim := float64(engine.LevelLimit(set, int(class), lvl))
-			if lim == 0 {
-				lim = math.Inf(1)
-			}
-			ch <- prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, lim, name, engine.ClassName(set, class), strconv.Itoa(lvl))
+		counter(invalid, report.ClassInvalid, "invalid", "")
+		counter(wouldDrop, report.ClassInvalid, "dry_run", "")
+		counter(fc.Allowlisted, "", "allowlisted", "")
+		for how, n := range fc.Verified {
+			ch <- prometheus.MustNewConstMetric(verifiedDesc, prometheus.CounterValue, float64(n),
+				name, listener, family, how)
 		}
 	}
-	ch <- prometheus.MustNewConstMetric(negotiationDesc, prometheus.GaugeValue, float64(set.Negotiation), name)
-	ch <- prometheus.MustNewConstMetric(windowDesc, prometheus.GaugeValue, set.Limiter.Window.Seconds(), name)
-	dry := 0.0
-	if set.DryRun {
-		dry = 1
+	for _, cl := range cfg.Limits() {
+		for lvl, lim := range cl.Levels {
+			ch <- prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, orInf(lim), name, cl.Class, strconv.Itoa(lvl))
+		}
 	}
-	ch <- prometheus.MustNewConstMetric(dryRunDesc, prometheus.GaugeValue, dry, name)
-	total := l.OpeningTotal()
-	capPPS := float64(total.Cap)
-	if total.Cap == 0 {
-		capPPS = math.Inf(1)
-	}
-	ch <- prometheus.MustNewConstMetric(openingTotalDesc, prometheus.GaugeValue, capPPS, name, strconv.FormatBool(total.Adaptive))
+	ch <- prometheus.MustNewConstMetric(negotiationDesc, prometheus.GaugeValue, float64(cfg.VersionNegotiation), name)
+	ch <- prometheus.MustNewConstMetric(windowDesc, prometheus.GaugeValue, cfg.Window.Seconds(), name)
+	ch <- prometheus.MustNewConstMetric(dryRunDesc, prometheus.GaugeValue, one(cfg.DryRun), name)
+	total := r.OpeningTotal
+	ch <- prometheus.MustNewConstMetric(openingTotalDesc, prometheus.GaugeValue, orInf(total.CapPPS), name,
+		strconv.FormatBool(total.Adaptive))
 	if total.Adaptive {
-		ch <- prometheus.MustNewConstMetric(queueFillDesc, prometheus.GaugeValue, total.Last.Fill, name)
+		ch <- prometheus.MustNewConstMetric(queueFillDesc, prometheus.GaugeValue, total.QueueFill, name)
 	}
-	learned := l.Learned()
-	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(learned.IDs), name, "server_ids")
-	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(learned.Peers), name, "peers")
-	verifying := 0.0
-	if set.VerifyIDs && !l.VerificationOff() {
-		verifying = 1
+	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(r.Verification.ServerIDs), name, "server_ids")
+	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(r.Verification.Peers), name, "peers")
+	ch <- prometheus.MustNewConstMetric(verifyingDesc, prometheus.GaugeValue, one(r.Verification.On), name)
+	ch <- prometheus.MustNewConstMetric(attachErrorsDesc, prometheus.CounterValue, float64(r.AttachErrors), name)
+	if r.Prefilter != nil {
+		collectPrefilter(name, cfg, r.Prefilter, ch)
 	}
-	ch <- prometheus.MustNewConstMetric(verifyingDesc, prometheus.GaugeValue, verifying, name)
-	ch <- prometheus.MustNewConstMetric(attachErrorsDesc, prometheus.CounterValue, float64(l.AttachErrors()), name)
-	if pf, ok := eng.(engine.Prefiltered); ok {
-		collectPrefilter(name, set, pf.Prefilter(), ch)
-	}
-	streams, err := eng.Streams()
-	if err != nil {
-		return err
-	}
-	ch <- prometheus.MustNewConstMetric(streamsDesc, prometheus.GaugeValue, float64(len(streams)), name)
-	untracked, err := eng.Untracked()
-	if err != nil {
-		return err
-	}
-	ch <- prometheus.MustNewConstMetric(untrackedDesc, prometheus.CounterValue, float64(untracked), name)
-	return nil
+	ch <- prometheus.MustNewConstMetric(streamsDesc, prometheus.GaugeValue, float64(r.LimitedStreamsTotal), name)
+	ch <- prometheus.MustNewConstMetric(untrackedDesc, prometheus.CounterValue, float64(r.UntrackedDrops), name)
 }
 
 // collectPrefilter sends the metrics of a userspace limiter's kernel
 // pre-filter.
-func collectPrefilter(name string, set decide.Config, st prefilter.Stats, ch chan<- prometheus.Metric) {
-	for _, r := range prefilter.Stateless {
-		ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.InvalidDropped[r]),
-			name, quicclass.Invalid.String(), r.String())
+func collectPrefilter(name string, cfg report.Config, p *report.Prefilter, ch chan<- prometheus.Metric) {
+	dropped := func(v uint64, class, reason string) {
+		ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(v), name, class, reason)
 	}
-	for _, class := range engine.LimiterClasses {
-		ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.StreamDropped[class]),
-			name, engine.ClassName(set, class), "limited_stream")
+	for reason, n := range p.InvalidDroppedEstimated {
+		dropped(n, report.ClassInvalid, reason)
 	}
-	ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.NegotiationDropped),
-		name, quicclass.Negotiation.String(), "over_cap")
-	ch <- prometheus.MustNewConstMetric(prefilterDroppedDesc, prometheus.CounterValue, float64(st.ShedDropped),
-		name, engine.ClassName(set, quicclass.Opening), "shed")
-	for what, v := range map[string]float64{"sockets": float64(st.Sockets), "instructions": float64(st.Instructions),
-		"shed_probability": st.Shed,
-		"streams":          float64(st.Rules), "updates": float64(st.Updates), "attach_errors": float64(st.AttachErrors)} {
+	for class, n := range p.StreamDroppedEstimated {
+		dropped(n, class, "limited_stream")
+	}
+	dropped(p.NegotiationDroppedEstimated, report.ClassNegotiation, "over_cap")
+	dropped(p.ShedDroppedEstimated, cfg.OpeningClass(), "shed")
+	for what, v := range map[string]float64{"sockets": float64(p.Sockets), "instructions": float64(p.Instructions),
+		"shed_probability": p.Shed, "streams": float64(p.Streams), "updates": float64(p.Updates),
+		"attach_errors": float64(p.AttachErrors)} {
 		ch <- prometheus.MustNewConstMetric(prefilterDesc, prometheus.GaugeValue, v, name, what)
 	}
+}
+
+// orInf is a limit in packets per second, +Inf for 0 (unlimited).
+func orInf(pps uint32) float64 {
+	if pps == 0 {
+		return math.Inf(1)
+	}
+	return float64(pps)
+}
+
+// one is 1 for true, 0 for false.
+func one(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

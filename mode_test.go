@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // siteWithMode is siteWithLimit with a mode option.
@@ -30,9 +33,9 @@ const siteWithMode = `127.0.0.1:{port}, localhost:{port} {
 // directive lets the listener's datagrams through again.
 func TestUserspaceMode(t *testing.T) {
 	const limit = 100
-	c := startCaddyWith(t, &testCaddy{admin: freePort(t)}, fmt.Sprintf(siteWithMode, limit, ModeUserspace))
+	c := startCaddyWith(t, &testCaddy{admin: freePort(t)}, fmt.Sprintf(siteWithMode, limit, engine.ModeUserspace))
 	lim := limiterNamed(DefaultName)
-	if lim == nil || lim.Mode() != ModeUserspace {
+	if lim == nil || lim.Mode() != engine.ModeUserspace {
 		t.Fatalf("limiter %v not in userspace mode", lim)
 	}
 	url := fmt.Sprintf("https://127.0.0.1:%d/", c.port)
@@ -59,19 +62,19 @@ func TestUserspaceMode(t *testing.T) {
 		t.Errorf("caddy_rakelimit_mode{mode=userspace} = %v", got)
 	}
 	_, body := c.adminGet("/rakelimit/")
-	var view view
-	if err := json.Unmarshal([]byte(body), &view); err != nil || len(view.Limiters) != 1 || view.Limiters[0].Mode != ModeUserspace {
+	var view report.View
+	if err := json.Unmarshal([]byte(body), &view); err != nil || len(view.Limiters) != 1 || view.Limiters[0].Mode != engine.ModeUserspace {
 		t.Errorf("admin view %s, %v: want mode userspace", body, err)
 	}
 
 	// A new limit on the running listener, in the same mode or auto.
-	if err := c.load(fmt.Sprintf(siteWithMode, 3*limit, ModeAuto)); err != nil {
+	if err := c.load(fmt.Sprintf(siteWithMode, 3*limit, engine.ModeAuto)); err != nil {
 		t.Fatal(err)
 	}
-	if limiterNamed(DefaultName) != lim || lim.Setting().Config.Limiter.Limit != 3*limit || lim.Mode() != ModeUserspace {
+	if limiterNamed(DefaultName) != lim || lim.Setting().Config.Limiter.Limit != 3*limit || lim.Mode() != engine.ModeUserspace {
 		t.Fatalf("after the reload: limiter %v, limit %d, mode %s", lim, lim.Setting().Config.Limiter.Limit, lim.Mode())
 	}
-	err := c.load(fmt.Sprintf(siteWithMode, limit, ModeBPF))
+	err := c.load(fmt.Sprintf(siteWithMode, limit, engine.ModeBPF))
 	if err == nil || !strings.Contains(err.Error(), "runs in userspace mode, and mode bpf cannot take over its running listeners; restart Caddy") {
 		t.Fatalf("a reload to mode bpf: %v, want a refusal that says to restart", err)
 	}
@@ -95,13 +98,13 @@ func TestUserspaceMode(t *testing.T) {
 // socket; the reload is refused, saying to restart, and the filter stays.
 func TestModeChangeRefused(t *testing.T) {
 	const limit = 100
-	c := startCaddy(t, fmt.Sprintf(siteWithMode, limit, ModeBPF))
+	c := startCaddy(t, fmt.Sprintf(siteWithMode, limit, engine.ModeBPF))
 	lim := limiterNamed(DefaultName)
-	err := c.load(fmt.Sprintf(siteWithMode, limit, ModeUserspace))
+	err := c.load(fmt.Sprintf(siteWithMode, limit, engine.ModeUserspace))
 	if err == nil || !strings.Contains(err.Error(), "runs in bpf mode, and mode userspace cannot take over") {
 		t.Fatalf("a reload to mode userspace: %v", err)
 	}
-	if limiterNamed(DefaultName) != lim || lim.Mode() != ModeBPF {
+	if limiterNamed(DefaultName) != lim || lim.Mode() != engine.ModeBPF {
 		t.Fatal("the refused reload changed the limiter")
 	}
 	if sent, dropped := c.floodDropped(limit); !held(sent, dropped, limit) {
@@ -123,7 +126,7 @@ func TestModesAcceptTheSameConfigurations(t *testing.T) {
 		`"version_negotiation":2000000`,
 	} {
 		var errs []string
-		for _, mode := range []string{ModeAuto, ModeBPF, ModeUserspace} {
+		for _, mode := range []string{engine.ModeAuto, engine.ModeBPF, engine.ModeUserspace} {
 			var r RakeLimit
 			err := json.Unmarshal([]byte(`{`+options+`,"mode":"`+mode+`"}`), &r)
 			if err == nil {

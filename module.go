@@ -12,8 +12,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"reflect"
-	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -25,7 +23,7 @@ import (
 func init() {
 	caddy.RegisterModule(RakeLimit{})
 	caddy.RegisterModule(App{})
-	caddy.RegisterModule(Admin{})
+	caddy.RegisterModule(Admin{registry: limiters.registry})
 }
 
 // RakeLimit is a packet conn wrapper that rate-limits the UDP datagrams of
@@ -228,12 +226,12 @@ func (r *RakeLimit) Provision(ctx caddy.Context) error {
 				zap.String("limiter", r.name()), zap.String("why", srv.noH3))
 		}
 		if first {
-			if err := checkRunning(srv, r.name()); err != nil {
+			if err := checkRunning(srv, r.name(), limiters.registry); err != nil {
 				return err
 			}
 		}
 	}
-	if err := limiters.registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+	if err := limiters.metrics.register(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
 	lim, err := limiters.acquire(r.name(), set, r.mode(), r.logger)
@@ -283,7 +281,7 @@ func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
 			zap.String("limiter", r.name()), zap.String("type", fmt.Sprintf("%T", pc)))
 		return pc
 	}
-	out, attached, err := limiters.attach(r.lim, conn)
+	out, attached, err := limiters.registry.Attach(r.lim, conn)
 	if err != nil {
 		r.lim.AttachError()
 		r.logger.Error("listener NOT protected", zap.String("limiter", r.name()),
@@ -299,57 +297,6 @@ func (r *RakeLimit) WrapPacketConn(pc net.PacketConn) net.PacketConn {
 			engine.SettingsFields(r.set)...)...)
 	}
 	return out
-}
-
-// caddyPackage is the package of Caddy's own packet conns, which wrap the
-// socket only to share it and close it, and which Caddy itself takes away
-// when a listener has no packet conn wrapper.
-const caddyPackage = "github.com/caddyserver/caddy/v2"
-
-// udpConn finds the *net.UDPConn under Caddy's own packet conns; above names
-// the type of the first other wrapper on the way, if any.
-func udpConn(pc net.PacketConn) (conn *net.UDPConn, above string) {
-	for pc != nil {
-		if c, ok := pc.(*net.UDPConn); ok {
-			return c, above
-		}
-		if t := reflect.TypeOf(pc); above == "" && !strings.HasPrefix(pkgPath(t), caddyPackage) {
-			above = t.String()
-		}
-		u, ok := pc.(interface{ Unwrap() net.PacketConn })
-		if !ok {
-			return nil, above
-		}
-		pc = u.Unwrap()
-	}
-	return nil, above
-}
-
-// pkgPath is the package of a type or of what it points to.
-func pkgPath(t reflect.Type) string {
-	if t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	return t.PkgPath()
-}
-
-// wrappersBefore returns the packet conn wrappers the HTTP server lists
-// before the first rakelimit wrapper, by module name.
-func wrappersBefore(raw []json.RawMessage) ([]string, error) {
-	var names []string
-	for _, r := range raw {
-		var w struct {
-			Wrapper string `json:"wrapper"`
-		}
-		if err := json.Unmarshal(r, &w); err != nil {
-			return nil, fmt.Errorf("reading packet_conn_wrappers: %w", err)
-		}
-		if w.Wrapper == "rakelimit" {
-			return names, nil
-		}
-		names = append(names, w.Wrapper)
-	}
-	return names, nil
 }
 
 // Interface guards

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -81,7 +82,7 @@ func TestMetricsAndAdmin(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("/rakelimit/: %d %s", code, body)
 	}
-	var view view
+	var view report.View
 	if err := json.Unmarshal([]byte(body), &view); err != nil {
 		t.Fatalf("decoding %s: %v", body, err)
 	}
@@ -96,7 +97,7 @@ func TestMetricsAndAdmin(t *testing.T) {
 		s.LimitPPS != limit || s.RatePPS < 1000 || s.Dropped == 0 {
 		t.Errorf("limited stream %+v, want %s<port>%s at level 0 over %d pps", s, prefix, suffix, limit)
 	}
-	if l.Config.Limit != limit || l.Config.Window != "1s" || len(l.Listeners) != 1 ||
+	if l.Config.Limit != limit || l.Config.Window.String() != "1s" || len(l.Listeners) != 1 ||
 		l.Counters["ipv4"].Classes["opening"].Dropped["0"] == 0 {
 		t.Errorf("limiter %+v", l)
 	}
@@ -287,7 +288,7 @@ func TestClosedListenersForgotten(t *testing.T) {
 			t.Fatalf("reload %d: %v", i, err)
 		}
 		want := fmt.Sprintf("[::]:%d", c.port)
-		var view view
+		var view report.View
 		var labels []string
 		// Caddy closes the old socket as it stops the old configuration.
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {

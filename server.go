@@ -1,16 +1,24 @@
 package rakelimit
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
+
+// Which server and which socket a wrapper protects: the HTTP server being
+// provisioned, its HTTP/3 sockets, the packet conn wrappers before
+// rakelimit, and the UDP socket under the packet conn Caddy hands over.
 
 // httpServer is what a wrapper needs to know of the HTTP server whose
 // sockets it wraps.
@@ -88,15 +96,16 @@ func serverOf(ctx caddy.Context) (*httpServer, error) {
 // unprotected. Caddy keeps the socket of a listener whose address stays
 // across a reload and does not call packet conn wrappers on it: a limiter
 // can govern such a socket only if its filter is already attached there,
-// under the same name. Adding rakelimit to a running listener, or renaming
-// its limiter, needs a restart or a new listener address.
-func checkRunning(srv *httpServer, name string) error {
+// under the same name (reg says who owns each socket). Adding rakelimit to
+// a running listener, or renaming its limiter, needs a restart or a new
+// listener address.
+func checkRunning(srv *httpServer, name string, reg *engine.Registry) error {
 	for _, a := range srv.h3 {
 		hostport := a.JoinHostPort(0)
 		if caddy.ListenerUsage("quic"+a.Network, hostport) == 0 {
 			continue // a new socket: the http app's start wraps it
 		}
-		owner, ok := limiters.ownerOf(func(c *net.UDPConn) bool { return socketIs(a, c) })
+		owner, ok := reg.Owner(func(c *net.UDPConn) bool { return socketIs(a, c) })
 		switch {
 		case !ok:
 			return fmt.Errorf("cannot add rakelimit %q to the running HTTP/3 listener %s/%s of server %s: "+
@@ -142,4 +151,55 @@ func socketIs(a caddy.NetworkAddress, conn *net.UDPConn) bool {
 		}
 	}
 	return false
+}
+
+// caddyPackage is the package of Caddy's own packet conns, which wrap the
+// socket only to share it and close it, and which Caddy itself takes away
+// when a listener has no packet conn wrapper.
+const caddyPackage = "github.com/caddyserver/caddy/v2"
+
+// udpConn finds the *net.UDPConn under Caddy's own packet conns; above names
+// the type of the first other wrapper on the way, if any.
+func udpConn(pc net.PacketConn) (conn *net.UDPConn, above string) {
+	for pc != nil {
+		if c, ok := pc.(*net.UDPConn); ok {
+			return c, above
+		}
+		if t := reflect.TypeOf(pc); above == "" && !strings.HasPrefix(pkgPath(t), caddyPackage) {
+			above = t.String()
+		}
+		u, ok := pc.(interface{ Unwrap() net.PacketConn })
+		if !ok {
+			return nil, above
+		}
+		pc = u.Unwrap()
+	}
+	return nil, above
+}
+
+// pkgPath is the package of a type or of what it points to.
+func pkgPath(t reflect.Type) string {
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.PkgPath()
+}
+
+// wrappersBefore returns the packet conn wrappers the HTTP server lists
+// before the first rakelimit wrapper, by module name.
+func wrappersBefore(raw []json.RawMessage) ([]string, error) {
+	var names []string
+	for _, r := range raw {
+		var w struct {
+			Wrapper string `json:"wrapper"`
+		}
+		if err := json.Unmarshal(r, &w); err != nil {
+			return nil, fmt.Errorf("reading packet_conn_wrappers: %w", err)
+		}
+		if w.Wrapper == "rakelimit" {
+			return names, nil
+		}
+		names = append(names, w.Wrapper)
+	}
+	return names, nil
 }

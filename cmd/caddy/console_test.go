@@ -17,7 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	rakelimit "github.com/rakelimit/caddy-rakelimit"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -265,7 +265,7 @@ func checkDeployQueries(t *testing.T, scrape string) {
 			}
 			for _, alt := range strings.Split(value, "|") {
 				// A scrape in bpf mode lacks the mode label's other value.
-				if !vals[alt] && !(label == "mode" && alt == rakelimit.ModeUserspace) {
+				if !vals[alt] && !(label == "mode" && alt == engine.ModeUserspace) {
 					t.Errorf("%s: %s=%q: the scrape has no such value (it has %v)", where, label, alt, keys(vals))
 				}
 			}

@@ -21,7 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	rakelimit "github.com/rakelimit/caddy-rakelimit"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
 )
@@ -248,16 +248,16 @@ func TestLeastPrivilege(t *testing.T) {
 		refused []string
 		runs    string
 	}{
-		{"setcap " + documented, documented + "+ep", nil, false, "", nil, rakelimit.ModeBPF},
+		{"setcap " + documented, documented + "+ep", nil, false, "", nil, engine.ModeBPF},
 		{"ambient capabilities as systemd sets them", "",
-			[]string{"--inh-caps=" + ambient, "--ambient-caps=" + ambient, "--bounding-set=" + ambient}, false, "", nil, rakelimit.ModeBPF},
-		{"CAP_BPF without CAP_PERFMON, mode bpf", "cap_bpf,cap_net_bind_service+ep", nil, false, rakelimit.ModeBPF,
+			[]string{"--inh-caps=" + ambient, "--ambient-caps=" + ambient, "--bounding-set=" + ambient}, false, "", nil, engine.ModeBPF},
+		{"CAP_BPF without CAP_PERFMON, mode bpf", "cap_bpf,cap_net_bind_service+ep", nil, false, engine.ModeBPF,
 			[]string{"lacks CAP_PERFMON", "setcap " + documented + "+ep"}, ""},
-		{"no capability, mode bpf", "", nil, false, rakelimit.ModeBPF, []string{"lacks CAP_BPF and CAP_PERFMON"}, ""},
-		{"CAP_BPF without CAP_PERFMON, mode auto", "cap_bpf,cap_net_bind_service+ep", nil, false, "", nil, rakelimit.ModeUserspace},
-		{"no capability, mode auto", "", nil, false, "", nil, rakelimit.ModeUserspace},
-		{"no capability, mode userspace", "", nil, false, rakelimit.ModeUserspace, nil, rakelimit.ModeUserspace},
-		{"root without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN", "", dropRoot, true, "", nil, rakelimit.ModeUserspace},
+		{"no capability, mode bpf", "", nil, false, engine.ModeBPF, []string{"lacks CAP_BPF and CAP_PERFMON"}, ""},
+		{"CAP_BPF without CAP_PERFMON, mode auto", "cap_bpf,cap_net_bind_service+ep", nil, false, "", nil, engine.ModeUserspace},
+		{"no capability, mode auto", "", nil, false, "", nil, engine.ModeUserspace},
+		{"no capability, mode userspace", "", nil, false, engine.ModeUserspace, nil, engine.ModeUserspace},
+		{"root without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN", "", dropRoot, true, "", nil, engine.ModeUserspace},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -306,7 +306,7 @@ func TestLeastPrivilege(t *testing.T) {
 			// Userspace: one warning, when the configuration asked for
 			// auto, that says why and what to grant.
 			warned := strings.Count(caddyProc.Output(), "rakelimit filters in userspace")
-			if want := tt.runs == rakelimit.ModeUserspace && tt.mode != rakelimit.ModeUserspace; warned != map[bool]int{true: 1}[want] ||
+			if want := tt.runs == engine.ModeUserspace && tt.mode != engine.ModeUserspace; warned != map[bool]int{true: 1}[want] ||
 				want && !strings.Contains(caddyProc.Output(), "grant CAP_BPF and CAP_PERFMON") {
 				t.Errorf("%d warnings about userspace, want %v", warned, want)
 			}
@@ -333,7 +333,7 @@ func TestLeastPrivilege(t *testing.T) {
 			dropped0, passed0 := dropped(), passed()
 			sent := testutil.FloodInitials(t, floodSrc, testutil.LoopbackFor(floodSrc, uint16(port)), 30*limit, time.Second)
 			d := dropped() - dropped0
-			if tt.runs == rakelimit.ModeUserspace {
+			if tt.runs == engine.ModeUserspace {
 				testutil.WaitRead(t, port)
 				d = uint64(sent) - min(uint64(sent), passed()-passed0)
 			}
@@ -341,7 +341,7 @@ func TestLeastPrivilege(t *testing.T) {
 				t.Fatalf("a flood of %d at 30x the limit: the filter dropped %d", sent, d)
 			}
 			t.Logf("%s mode, as uid %d (root %v): flood of %d at 30x the limit, %d dropped", tt.runs, testutil.Nobody, tt.root, sent, d)
-			if tt.runs == rakelimit.ModeUserspace {
+			if tt.runs == engine.ModeUserspace {
 				checkPrefilter(t, admin, port)
 			}
 		})

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // Path is where the admin endpoint serves rakelimit's view.
@@ -30,49 +32,49 @@ type Client struct {
 // Fetch reads the admin view. Its errors are one line each, saying whether
 // the endpoint is unreachable, is not a Caddy with rakelimit, or runs no
 // limiter.
-func (c Client) Fetch(ctx context.Context) (View, error) {
+func (c Client) Fetch(ctx context.Context) (report.View, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Origin+Path, nil)
 	if err != nil {
-		return View{}, fmt.Errorf("admin address %q: %w", c.Address, err)
+		return report.View{}, fmt.Errorf("admin address %q: %w", c.Address, err)
 	}
 	req.Header.Set("Origin", c.Origin)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" {
-			return View{}, fmt.Errorf("cannot reach Caddy's admin endpoint at %s (is Caddy running with its admin "+
+			return report.View{}, fmt.Errorf("cannot reach Caddy's admin endpoint at %s (is Caddy running with its admin "+
 				"endpoint there? give it with --address): %v", c.Address, op.Err)
 		}
 		if ctx.Err() != nil {
-			return View{}, fmt.Errorf("the admin endpoint at %s did not answer: %w", c.Address, ctx.Err())
+			return report.View{}, fmt.Errorf("the admin endpoint at %s did not answer: %w", c.Address, ctx.Err())
 		}
-		return View{}, fmt.Errorf("%s is not Caddy's admin endpoint: %w", c.Address, err)
+		return report.View{}, fmt.Errorf("%s is not Caddy's admin endpoint: %w", c.Address, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return View{}, fmt.Errorf("reading %s from %s: %w", Path, c.Address, err)
+		return report.View{}, fmt.Errorf("reading %s from %s: %w", Path, c.Address, err)
 	}
 	switch {
 	case resp.StatusCode == http.StatusNotFound && c.isCaddy(ctx):
-		return View{}, fmt.Errorf("the Caddy at %s has no rakelimit: GET %s is not found; build Caddy with "+
+		return report.View{}, fmt.Errorf("the Caddy at %s has no rakelimit: GET %s is not found; build Caddy with "+
 			"xcaddy build --with github.com/rakelimit/caddy-rakelimit", c.Address, Path)
 	case resp.StatusCode != http.StatusOK:
-		return View{}, fmt.Errorf("%s is not a Caddy with rakelimit: GET %s answered %s: %s", c.Address, Path,
+		return report.View{}, fmt.Errorf("%s is not a Caddy with rakelimit: GET %s answered %s: %s", c.Address, Path,
 			resp.Status, firstLine(body))
 	}
 	var v struct {
-		Limiters *[]Limiter `json:"limiters"`
+		Limiters *[]report.Limiter `json:"limiters"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil || v.Limiters == nil {
-		return View{}, fmt.Errorf("%s is not a Caddy with rakelimit: GET %s did not answer rakelimit's JSON: %s",
+		return report.View{}, fmt.Errorf("%s is not a Caddy with rakelimit: GET %s did not answer rakelimit's JSON: %s",
 			c.Address, Path, firstLine(body))
 	}
 	if len(*v.Limiters) == 0 {
-		return View{}, fmt.Errorf("the Caddy at %s runs no rakelimit: no HTTP/3 listener has the rakelimit "+
+		return report.View{}, fmt.Errorf("the Caddy at %s runs no rakelimit: no HTTP/3 listener has the rakelimit "+
 			"directive in its configuration", c.Address)
 	}
-	return View{Limiters: *v.Limiters}, nil
+	return report.View{Limiters: *v.Limiters}, nil
 }
 
 // isCaddy reports whether the endpoint answers as Caddy's admin API does:

@@ -10,21 +10,23 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // limiter is a limiter of the admin view with the counters given, one
 // family, four levels.
-func limiter(opening ClassCounters, established ClassCounters, invalid map[string]uint64, streams ...Stream) Limiter {
-	return Limiter{
+func limiter(opening report.ClassCounters, established report.ClassCounters, invalid map[string]uint64, streams ...report.Stream) report.Limiter {
+	return report.Limiter{
 		Name: "default", Mode: "bpf", Listeners: []string{"[::]:443"},
-		Config: Config{Limit: 1000, Window: "1s", Classify: true, LevelLimits: []uint32{1000, 1000, 1000, 20000},
+		Config: report.Config{Limit: 1000, Window: report.Duration(time.Second), Classify: true, LevelLimits: []uint32{1000, 1000, 1000, 20000},
 			EstablishedLevelLimits: []uint32{200000, 200000, 200000, 0}, IPv4Prefixes: []int{32, 24, 0}, IPv6Prefixes: []int{64, 48, 0}},
-		Counters: map[string]Counters{"ipv4": {
-			Classes: map[string]ClassCounters{"opening": opening, "established": established},
+		Counters: map[string]report.Counters{"ipv4": {
+			Classes: map[string]report.ClassCounters{"opening": opening, "established": established},
 			Invalid: invalid, Negotiation: map[string]uint64{"passed": 0},
 		}},
 		LimitedStreams: streams, LimitedStreamsTotal: len(streams),
-		OpeningTotal: OpeningTotal{Adaptive: true, CapPPS: 20000},
+		OpeningTotal: report.OpeningTotal{Adaptive: true, CapPPS: 20000},
 	}
 }
 
@@ -41,14 +43,14 @@ var t0 = time.Date(2026, 11, 23, 3, 0, 0, 0, time.UTC)
 
 // snapshots are two readings 2 s apart: prev all zero, cur with the
 // given limiter.
-func snapshots(cur Limiter) (Snapshot, Snapshot) {
-	zero := limiter(ClassCounters{}, ClassCounters{}, nil)
-	return Snapshot{At: t0, View: View{Limiters: []Limiter{zero}}}, Snapshot{At: t0.Add(2 * time.Second), View: View{Limiters: []Limiter{cur}}}
+func snapshots(cur report.Limiter) (Snapshot, Snapshot) {
+	zero := limiter(report.ClassCounters{}, report.ClassCounters{}, nil)
+	return Snapshot{At: t0, View: report.View{Limiters: []report.Limiter{zero}}}, Snapshot{At: t0.Add(2 * time.Second), View: report.View{Limiters: []report.Limiter{cur}}}
 }
 
 func TestRates(t *testing.T) {
-	cur := limiter(ClassCounters{Passed: 2000, Limited: levels(10, 0, 0, 0), Dropped: levels(8000, 0, 4000, 200)},
-		ClassCounters{Passed: 600}, map[string]uint64{"small_initial": 300})
+	cur := limiter(report.ClassCounters{Passed: 2000, Limited: levels(10, 0, 0, 0), Dropped: levels(8000, 0, 4000, 200)},
+		report.ClassCounters{Passed: 600}, map[string]uint64{"small_initial": 300})
 	prev, now := snapshots(cur)
 	r := RatesOf(prev, now, "default")
 	if r == nil {
@@ -74,36 +76,36 @@ func TestRates(t *testing.T) {
 }
 
 func TestVerdict(t *testing.T) {
-	flood := Stream{Stream: "203.0.113.0/24 sport=* -> :443", Class: "opening", Level: 2, RatePPS: 9000, LimitPPS: 1000}
-	junk := Stream{Stream: "198.51.100.7 -> :443", Class: "invalid", Reason: "small_initial", Level: -1}
-	reflect := Stream{Stream: "* sport=4433 -> :443", Class: "opening", Level: 2}
+	flood := report.Stream{Stream: "203.0.113.0/24 sport=* -> :443", Class: "opening", Level: 2, RatePPS: 9000, LimitPPS: 1000}
+	junk := report.Stream{Stream: "198.51.100.7 -> :443", Class: "invalid", Reason: "small_initial", Level: -1}
+	reflect := report.Stream{Stream: "* sport=4433 -> :443", Class: "opening", Level: 2}
 	tests := []struct {
 		name    string
-		l       Limiter
+		l       report.Limiter
 		noRates bool
 		want    []string
 		not     []string
 	}{
-		{"quiet", limiter(ClassCounters{Passed: 100}, ClassCounters{}, nil), false,
+		{"quiet", limiter(report.ClassCounters{Passed: 100}, report.ClassCounters{}, nil), false,
 			[]string{"quiet: nothing dropped in the last 2 s"}, []string{"dropping"}},
 		{"a flood held at level 2, total with room",
-			limiter(ClassCounters{Passed: 2000, Dropped: levels(0, 0, 16000, 0)}, ClassCounters{}, nil, flood), false,
+			limiter(report.ClassCounters{Passed: 2000, Dropped: levels(0, 0, 16000, 0)}, report.ClassCounters{}, nil, flood), false,
 			[]string{"dropping a flood from 203.0.113.0/24 at level 2; the opening total has room"}, []string{"full"}},
-		{"the total full", limiter(ClassCounters{Dropped: levels(0, 0, 0, 5000)}, ClassCounters{}, nil, flood), false,
+		{"the total full", limiter(report.ClassCounters{Dropped: levels(0, 0, 0, 5000)}, report.ClassCounters{}, nil, flood), false,
 			[]string{"the opening total is full (20000/s): networks over their fair share lose whole sources",
 				"dropping a flood from 203.0.113.0/24 at level 2"}, []string{"has room"}},
-		{"invalid datagrams", limiter(ClassCounters{}, ClassCounters{}, map[string]uint64{"small_initial": 50}, junk), false,
+		{"invalid datagrams", limiter(report.ClassCounters{}, report.ClassCounters{}, map[string]uint64{"small_initial": 50}, junk), false,
 			[]string{"dropping invalid datagrams (small_initial) from 198.51.100.7"}, nil},
-		{"established dropped", limiter(ClassCounters{}, ClassCounters{Dropped: levels(10, 0, 0, 0)}, nil), false,
+		{"established dropped", limiter(report.ClassCounters{}, report.ClassCounters{Dropped: levels(10, 0, 0, 0)}, nil), false,
 			[]string{"established datagrams dropped"}, nil},
-		{"reflection", limiter(ClassCounters{Dropped: levels(0, 0, 10, 0)}, ClassCounters{}, nil, reflect), false,
+		{"reflection", limiter(report.ClassCounters{Dropped: levels(0, 0, 10, 0)}, report.ClassCounters{}, nil, reflect), false,
 			[]string{"from every source from port 4433 at level 2"}, nil},
-		{"spoofed", func() Limiter {
-			l := limiter(ClassCounters{Dropped: levels(0, 0, 0, 90000)}, ClassCounters{}, nil)
+		{"spoofed", func() report.Limiter {
+			l := limiter(report.ClassCounters{Dropped: levels(0, 0, 0, 90000)}, report.ClassCounters{}, nil)
 			l.UntrackedDrops = 80000
 			return l
 		}(), false, []string{"dropping 40.0k/s from sources too many to list (a new source on every packet: spoofed)"}, nil},
-		{"no rates yet", limiter(ClassCounters{}, ClassCounters{}, nil, flood), true,
+		{"no rates yet", limiter(report.ClassCounters{}, report.ClassCounters{}, nil, flood), true,
 			[]string{"dropping a flood from 203.0.113.0/24 at level 2"}, []string{"room", "full"}},
 	}
 	for _, tt := range tests {
@@ -126,7 +128,7 @@ func TestVerdict(t *testing.T) {
 			}
 		})
 	}
-	dry := limiter(ClassCounters{DryRun: levels(100, 0, 0, 0)}, ClassCounters{}, nil, flood)
+	dry := limiter(report.ClassCounters{DryRun: levels(100, 0, 0, 0)}, report.ClassCounters{}, nil, flood)
 	dry.Config.DryRun = true
 	if got := Verdict(dry, nil); !strings.HasPrefix(got, "would drop (dry run) a flood") {
 		t.Errorf("dry run verdict %q", got)
@@ -134,11 +136,11 @@ func TestVerdict(t *testing.T) {
 }
 
 func TestLinesFit(t *testing.T) {
-	var streams []Stream
+	var streams []report.Stream
 	for i := range 20 {
-		streams = append(streams, Stream{Stream: fmt.Sprintf("127.0.0.%d/32 sport=1 -> :443", i), Class: "opening", RatePPS: float64(100 - i)})
+		streams = append(streams, report.Stream{Stream: fmt.Sprintf("127.0.0.%d/32 sport=1 -> :443", i), Class: "opening", RatePPS: float64(100 - i)})
 	}
-	l := limiter(ClassCounters{Dropped: levels(500, 0, 0, 0)}, ClassCounters{}, nil, streams...)
+	l := limiter(report.ClassCounters{Dropped: levels(500, 0, 0, 0)}, report.ClassCounters{}, nil, streams...)
 	prev, cur := snapshots(l)
 	tests := []struct {
 		name          string
@@ -237,16 +239,16 @@ func TestFetchErrors(t *testing.T) {
 }
 
 func TestTop(t *testing.T) {
-	flood := Stream{Stream: "127.0.0.6/32 sport=4000 -> :443", Class: "opening", Level: 0, RatePPS: 5000, LimitPPS: 1000}
+	flood := report.Stream{Stream: "127.0.0.6/32 sport=4000 -> :443", Class: "opening", Level: 0, RatePPS: 5000, LimitPPS: 1000}
 	var n uint64
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	fetch := func(context.Context) (View, error) {
+	fetch := func(context.Context) (report.View, error) {
 		n++
 		if n == 3 {
 			cancel() // the operator presses Ctrl-C during the third screen
 		}
-		return View{Limiters: []Limiter{limiter(ClassCounters{Dropped: levels(n*1000, 0, 0, 0)}, ClassCounters{}, nil, flood)}}, nil
+		return report.View{Limiters: []report.Limiter{limiter(report.ClassCounters{Dropped: levels(n*1000, 0, 0, 0)}, report.ClassCounters{}, nil, flood)}}, nil
 	}
 	tests := []struct {
 		name     string
@@ -276,7 +278,7 @@ func TestTop(t *testing.T) {
 		})
 	}
 	// The first read's error is Top's.
-	if err := Top(context.Background(), func(context.Context) (View, error) { return View{}, fmt.Errorf("down") },
+	if err := Top(context.Background(), func(context.Context) (report.View, error) { return report.View{}, fmt.Errorf("down") },
 		&bytes.Buffer{}, Options{Interval: time.Millisecond}); err == nil || err.Error() != "down" {
 		t.Errorf("Top with the endpoint down: %v", err)
 	}

@@ -4,12 +4,14 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // Snapshot is the admin view read at one time.
 type Snapshot struct {
 	At   time.Time
-	View View
+	View report.View
 }
 
 // ClassRates are one limiter class's packets per second, all families
@@ -128,7 +130,7 @@ func RatesOf(prev, cur Snapshot, name string) *Rates {
 }
 
 // find returns the limiter named name in v, or nil.
-func find(v View, name string) *Limiter {
+func find(v report.View, name string) *report.Limiter {
 	for i := range v.Limiters {
 		if v.Limiters[i].Name == name {
 			return &v.Limiters[i]

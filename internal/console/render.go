@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // Screen is what one screen shows: the latest snapshot and, for rates, the
@@ -90,7 +92,7 @@ func Lines(s Screen) []string {
 
 // header describes a limiter: name, mode, listeners and the settings in
 // force.
-func header(l Limiter) []string {
+func header(l report.Limiter) []string {
 	c := l.Config
 	mode := l.Mode
 	if mode == "userspace" {
@@ -153,7 +155,7 @@ func ints(v []int) string {
 }
 
 // rateLines are the packets per second by class and verdict.
-func rateLines(l Limiter, r *Rates) []string {
+func rateLines(l report.Limiter, r *Rates) []string {
 	if r == nil {
 		return []string{"  packets/s: measuring"}
 	}
@@ -203,7 +205,7 @@ func rate(v float64) string {
 
 // streamLines lists the limited streams, fastest first as the view has
 // them.
-func streamLines(l Limiter, now time.Time) []string {
+func streamLines(l report.Limiter, now time.Time) []string {
 	if len(l.LimitedStreams) == 0 {
 		return []string{"  limited streams: none"}
 	}

@@ -1,3 +1,9 @@
+// Package console is the operator's terminal view of a running rakelimit:
+// it fetches the admin view (GET /rakelimit/ on Caddy's admin endpoint) and
+// decodes it into the type the admin API encodes, the limiters' report
+// (package report), turns two snapshots into rates, and renders one screen
+// with a one-line verdict per limiter. The caddy rakelimit status and top
+// commands are thin wrappers around it; nothing here needs a running Caddy.
 package console
 
 import (
@@ -5,10 +11,12 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // Fetcher reads the admin view; Client.Fetch is one.
-type Fetcher func(context.Context) (View, error)
+type Fetcher func(context.Context) (report.View, error)
 
 // Options are what Status and Top need besides the fetcher.
 type Options struct {
@@ -114,7 +122,7 @@ func Top(ctx context.Context, fetch Fetcher, out io.Writer, o Options) error {
 			return nil
 		case <-tick.C:
 		}
-		var v View
+		var v report.View
 		if v, err = fetch(ctx); err == nil {
 			p := cur
 			prev = &p

@@ -3,6 +3,8 @@ package console
 import (
 	"fmt"
 	"strings"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // Verdict says in one line what a limiter is doing: whom it drops and at
@@ -10,13 +12,13 @@ import (
 // networks over their fair share lose whole sources), and whether
 // established datagrams are dropped. r may be nil (no rates yet): the
 // verdict then rests on the limited streams alone.
-func Verdict(l Limiter, r *Rates) string {
+func Verdict(l report.Limiter, r *Rates) string {
 	drop := "dropping"
 	if l.Config.DryRun {
 		drop = "would drop (dry run)"
 	}
 	var parts []string
-	var top, invalid *Stream
+	var top, invalid *report.Stream
 	for i := range l.LimitedStreams {
 		s := &l.LimitedStreams[i]
 		switch {

@@ -1,45 +1,33 @@
 // Package engine runs a limiter: it opens the engine that decides datagrams
 // (the kernel's BPF socket filter, package kernel, or the userspace limiter in
-// front of quic-go, package userspace) in the mode asked for, puts it in front
-// of sockets, falls back from BPF to userspace when the filter cannot attach,
-// and runs the goroutines that report on it: newly limited streams, streams
-// no longer limited, and the hourly sweep of stale sketch cells. It takes a
-// logger and knows nothing of Caddy; the Caddy module (the root package)
-// pools limiters by name and decides when settings change.
+// front of quic-go, package userspace) in the mode asked for (the table of
+// modes, modes.go), puts it in front of sockets, falls back from BPF to
+// userspace when the filter cannot attach, and runs the goroutines that
+// report on it: newly limited streams, streams no longer limited, and the
+// hourly sweep of stale sketch cells. Report reads a limiter into one
+// snapshot (package report) that the admin view, the metrics and the
+// console all render; a Registry holds the running limiters by name and the
+// sockets each owns. It takes a logger and knows nothing of Caddy; the Caddy
+// module (the root package) counts the uses of each limiter across reloads
+// and decides when settings change.
 package engine
 
 import (
+	"fmt"
 	"net"
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
-
-// Modes a limiter runs in.
-const (
-	// ModeAuto runs the BPF filter when it loads and attaches, and the
-	// userspace limiter otherwise.
-	ModeAuto = "auto"
-	// ModeBPF runs the BPF filter, or refuses to start.
-	ModeBPF = "bpf"
-	// ModeUserspace runs the userspace limiter and never tries BPF.
-	ModeUserspace = "userspace"
-)
-
-// ValidMode reports whether mode is one of the modes a limiter can be asked
-// for.
-func ValidMode(mode string) bool {
-	return mode == ModeAuto || mode == ModeBPF || mode == ModeUserspace
-}
 
 // Engine is what a limiter runs on: the kernel's BPF socket filter or the
 // userspace limiter in front of quic-go. Both decide with the same algorithm,
 // configuration and counters.
 type Engine interface {
-	// Mode is ModeBPF or ModeUserspace.
+	// Mode is the name of the concrete mode the engine runs in (a row
+	// of the table of modes): ModeBPF or ModeUserspace.
 	Mode() string
 	// Configure puts a configuration in force, all or nothing.
 	Configure(decide.Config) error
@@ -64,7 +52,7 @@ type Engine interface {
 	// through read (the conn the limiter gave quic-go, which passes every
 	// datagram until an engine decides them): the kernel filter attaches
 	// to the socket, the userspace limiter decides read's datagrams.
-	Protect(conn *net.UDPConn, read *userspace.Conn) error
+	Protect(conn *net.UDPConn, read ReadConn) error
 	// Sink learns the server's connection IDs and peers (from the
 	// learner Protect's conns teach); ExpireLearned forgets those unused
 	// for lifetime.
@@ -85,23 +73,46 @@ type EventReader interface {
 	Close() error
 }
 
-// Open opens the engine of mode for c: for ModeAuto the BPF filter when it
-// loads, else the userspace limiter, and then fallback is the error that
-// kept BPF from being used.
-func Open(mode string, c decide.Config) (e Engine, fallback error, err error) {
-	if mode != ModeUserspace {
-		k, err := OpenKernel(c)
-		switch {
-		case err == nil:
-			return k, nil, nil
-		case mode == ModeBPF:
-			return nil, nil, err
-		}
-		fallback = err
+// ReadConn is what an engine is given of the conn quic-go reads a socket
+// through: a packet conn over the socket (Unwrap returns it) that passes
+// every datagram until an engine that decides in userspace takes its reads.
+// The limiter gives quic-go one per socket, package userspace's Conn, which
+// embeds the *net.UDPConn so that quic-go keeps its fast path (batched
+// reads, GSO, ECN), and hands it to the engine in force with the socket; an
+// engine that decides in the kernel leaves it alone, and one that decides
+// in userspace finds its own conn type behind it.
+type ReadConn interface {
+	net.PacketConn
+	// Unwrap returns the socket, a *net.UDPConn.
+	Unwrap() net.PacketConn
+}
+
+// Skipped is a concrete mode a chain tried and could not open, with the
+// error that kept it from opening.
+type Skipped struct {
+	Mode Mode
+	Err  error
+}
+
+// Open opens the engine of the mode called mode for c: a concrete mode's
+// own, or the first of a chain's modes (Tries) that opens; skipped are the
+// modes tried before it, each with its error. When none opens, err is the
+// error of the last one tried.
+func Open(mode string, c decide.Config) (e Engine, skipped []Skipped, err error) {
+	tries := Tries(mode)
+	if len(tries) == 0 {
+		return nil, nil, fmt.Errorf("mode %q: want %s", mode, ModeChoices())
 	}
-	u, err := OpenUserspace(c)
-	if err != nil {
+	last := len(tries) - 1
+	for _, m := range tries[:last] {
+		e, err := m.Open(c)
+		if err == nil {
+			return e, skipped, nil
+		}
+		skipped = append(skipped, Skipped{Mode: m, Err: err})
+	}
+	if e, err = tries[last].Open(c); err != nil {
 		return nil, nil, err
 	}
-	return u, fallback, nil
+	return e, skipped, nil
 }

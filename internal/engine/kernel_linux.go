@@ -9,7 +9,6 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/kernel"
-	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
 
 // kernelEngine is the BPF socket filter.
@@ -36,7 +35,7 @@ func (k kernelEngine) Events() (EventReader, error) { return k.Filter.Events() }
 
 // Protect attaches the filter to the socket; read, the conn quic-go reads
 // through, passes every datagram, since the kernel has decided them.
-func (k kernelEngine) Protect(conn *net.UDPConn, _ *userspace.Conn) error {
+func (k kernelEngine) Protect(conn *net.UDPConn, _ ReadConn) error {
 	return k.Attach(conn)
 }
 

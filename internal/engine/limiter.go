@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,12 +27,14 @@ import (
 // concurrent use.
 type Limiter struct {
 	name string
-	// userspace opens the engine a failed attach falls back to.
-	userspace func(decide.Config) (Engine, error)
+	// open opens the engine of a concrete mode, for a fallback when the
+	// engine in force cannot attach (Mode.Open but in tests).
+	open func(Mode, decide.Config) (Engine, error)
 
 	mu sync.Mutex
-	// eng is the engine in force: in ModeAuto it may change from the BPF
-	// filter to the userspace limiter when attaching fails.
+	// eng is the engine in force: in a chain (ModeAuto) it may change
+	// from one mode's engine to the next's, the BPF filter to the
+	// userspace limiter, when attaching fails.
 	eng Engine
 	// put is the setting in force, with the mode asked for.
 	put Setting
@@ -77,12 +80,13 @@ type Limiter struct {
 }
 
 // Setting is what a configuration puts in force on a limiter: the decision
-// configuration, the mode asked for (ModeAuto, ModeBPF or ModeUserspace;
-// empty keeps the one in force), the logger to report through, and By, who
-// put it there (opaque to the limiter: Restore compares it). The mode asked
-// for decides whether a socket the BPF filter cannot attach to moves the
-// limiter to userspace (ModeAuto) or is served unprotected (ModeBPF); it
-// does not change the engine in force.
+// configuration, the mode asked for (a name in the table of modes; empty
+// keeps the one in force), the logger to report through, and By, who put it
+// there (opaque to the limiter: Restore compares it). The mode asked for
+// decides whether a socket the engine cannot attach to moves the limiter to
+// the next mode of a chain (ModeAuto: the BPF filter to userspace) or is
+// served unprotected (a concrete mode, ModeBPF); it does not change the
+// engine in force.
 type Setting struct {
 	Config decide.Config
 	Mode   string
@@ -91,36 +95,58 @@ type Setting struct {
 }
 
 // New opens the engine of mode for c and starts the limiter called name,
-// reporting through logger. In ModeAuto, a BPF filter that does not load is
-// replaced by the userspace limiter, with one warning that says why.
+// reporting through logger. In a chain (ModeAuto), a mode whose engine does
+// not load (the BPF filter) is replaced by the next (the userspace limiter),
+// with one warning that says why.
 func New(name string, c decide.Config, mode string, logger *zap.Logger) (*Limiter, error) {
-	eng, fallback, err := Open(mode, c)
+	eng, skipped, err := Open(mode, c)
+	// The errors are one line; the verifier's log, thousands of lines,
+	// is for those who ask for it.
 	if log := VerifierLog(err); len(log) > 0 {
-		// The error is one line; the verifier's log, thousands of
-		// lines, is for those who ask for it.
 		logger.Debug("the kernel verifier's log", zap.String("limiter", name), zap.Strings("log", log))
-	} else if log := VerifierLog(fallback); len(log) > 0 {
-		logger.Debug("the kernel verifier's log", zap.String("limiter", name), zap.Strings("log", log))
+	}
+	for _, s := range skipped {
+		if log := VerifierLog(s.Err); len(log) > 0 {
+			logger.Debug("the kernel verifier's log", zap.String("limiter", name), zap.Strings("log", log))
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
 	}
-	if fallback != nil {
-		logger.Warn("rakelimit filters in userspace, in front of quic-go, because the BPF filter cannot be used here; "+
-			KernelGrant, zap.String("limiter", name), zap.String("reason", fallback.Error()))
+	if len(skipped) > 0 {
+		first, reasons := skipped[0].Mode, make([]string, len(skipped))
+		for i, s := range skipped {
+			reasons[i] = s.Err.Error()
+		}
+		logger.Warn(fallbackMessage(modeOf(eng), first, "cannot be used here"), zap.String("limiter", name),
+			zap.String("reason", strings.Join(reasons, "; ")))
 	}
-	return start(name, eng, Setting{Config: c, Mode: mode, Logger: logger}, OpenUserspace)
+	return start(name, eng, Setting{Config: c, Mode: mode, Logger: logger}, nil)
 }
 
-// start runs the limiter on eng, asked for by put; fallback opens the engine
-// of a fallback to userspace.
-func start(name string, eng Engine, put Setting, fallback func(decide.Config) (Engine, error)) (*Limiter, error) {
+// fallbackMessage is the warning of a limiter that runs in mode to, since
+// the engine of from, preferred, "cannot be used here" or "cannot attach to
+// the socket"; it says what would give the process from's engine.
+func fallbackMessage(to, from Mode, why string) string {
+	msg := "rakelimit filters " + to.Filters + ", because " + from.Engine + " " + why
+	if from.Grant != "" {
+		msg += "; " + from.Grant
+	}
+	return msg
+}
+
+// start runs the limiter on eng, asked for by put; open opens the engine of
+// a fallback (nil: the mode's own Open).
+func start(name string, eng Engine, put Setting, open func(Mode, decide.Config) (Engine, error)) (*Limiter, error) {
+	if open == nil {
+		open = func(m Mode, c decide.Config) (Engine, error) { return m.Open(c) }
+	}
 	events, err := eng.Events()
 	if err != nil {
 		eng.Close()
 		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
 	}
-	l := &Limiter{name: name, userspace: fallback, eng: eng, put: put, events: events,
+	l := &Limiter{name: name, open: open, eng: eng, put: put, events: events,
 		reads: map[*net.UDPConn]*userspace.Conn{}, stop: make(chan struct{})}
 	l.learner, err = egress.NewLearner(eng, egress.Options{Lifetime: IDLifetime, OnOddID: l.oddID})
 	if err != nil {
@@ -149,7 +175,8 @@ func (l *Limiter) Engine() Engine {
 	return l.eng
 }
 
-// Mode is the mode the limiter runs in now: ModeBPF or ModeUserspace.
+// Mode is the concrete mode the limiter runs in now: ModeBPF or
+// ModeUserspace.
 func (l *Limiter) Mode() string { return l.Engine().Mode() }
 
 // AttachError counts a socket the limiter should protect and could not;
@@ -214,8 +241,8 @@ func (l *Limiter) addrs() []string {
 // Put puts s in force, all or nothing, with one switch of the engine's
 // configuration, logs new settings, and returns the setting it replaced.
 // Then it attaches the engine again to the sockets it could not protect
-// before, and in ModeAuto falls back to userspace if the BPF filter still
-// cannot attach.
+// before, and in a chain (ModeAuto) falls back to its next mode if the
+// engine still cannot attach.
 func (l *Limiter) Put(s Setting) (Setting, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -284,11 +311,12 @@ func Equal(a, b decide.Config) bool {
 // BPF filter decides them in the kernel, and goes through the userspace
 // limiter once it is in force, so that the whole limiter can move there.
 //
-// In ModeAuto, a BPF filter that cannot attach to a socket, the first or a
-// later one, gives way to the userspace limiter on every socket of the
-// limiter, with a warning. Otherwise a socket the engine cannot protect is
-// returned with the error: quic-go may serve it unprotected through the
-// conn, and the next Put attaches again.
+// In a chain (ModeAuto), an engine that cannot attach to a socket, the
+// first or a later one, gives way to the next mode's (the BPF filter to the
+// userspace limiter) on every socket of the limiter, with a warning.
+// Otherwise a socket the engine cannot protect is returned with the error:
+// quic-go may serve it unprotected through the conn, and the next Put
+// attaches again.
 func (l *Limiter) Attach(conn *net.UDPConn) (out net.PacketConn, attached bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -311,14 +339,19 @@ func (l *Limiter) Attach(conn *net.UDPConn) (out net.PacketConn, attached bool, 
 }
 
 // protect puts the engine in front of conn, one of l.failed, falling back
-// to userspace in ModeAuto, and moves it to l.conns; l.mu must be held.
+// to the next modes of a chain (ModeAuto) in turn, and moves it to l.conns;
+// l.mu must be held.
 func (l *Limiter) protect(conn *net.UDPConn) error {
 	err := l.eng.Protect(conn, l.reads[conn])
-	if err != nil && l.put.Mode == ModeAuto && l.eng.Mode() == ModeBPF {
-		if serr := l.fallBack(err); serr != nil {
-			return fmt.Errorf("%w; and the userspace limiter: %w", err, serr)
+	if next := fallbacks(l.put.Mode, l.eng.Mode()); err != nil && len(next) > 0 {
+		for _, m := range next {
+			serr := l.fallBack(m, err)
+			if serr == nil {
+				return nil // fallBack protected every socket
+			}
+			err = fmt.Errorf("%w; and %s: %w", err, m.Engine, serr)
 		}
-		return nil // fallBack protected every socket
+		return err
 	}
 	if err != nil {
 		return err
@@ -350,17 +383,18 @@ func (l *Limiter) warnPrefilter(eng Engine, logger *zap.Logger) {
 		"every datagram it receives", zap.String("limiter", l.name), zap.Error(err))
 }
 
-// fallBack replaces a BPF filter that could not attach with the userspace
-// limiter, on the configuration in force, on every socket handed to the
-// limiter (those the filter protects, which it then leaves, and those it
-// could not protect), and says so; l.mu must be held. The settings and the
-// connection IDs and peers learned carry over; the counts start afresh.
-func (l *Limiter) fallBack(why error) error {
+// fallBack replaces an engine that could not attach with the engine of
+// mode to (the BPF filter with the userspace limiter), on the configuration
+// in force, on every socket handed to the limiter (those the old engine
+// protects, which it then leaves, and those it could not protect), and says
+// so; l.mu must be held. The settings and the connection IDs and peers
+// learned carry over; the counts start afresh.
+func (l *Limiter) fallBack(to Mode, why error) error {
 	c := l.put.Config
 	if l.ctl != nil {
 		c = withTotal(c, l.ctl.Cap())
 	}
-	u, err := l.userspace(c)
+	u, err := l.open(to, c)
 	if err != nil {
 		return err
 	}
@@ -378,8 +412,8 @@ func (l *Limiter) fallBack(why error) error {
 	old, oldEvents := l.eng, l.events
 	moved := l.addrs()
 	for _, conn := range l.conns {
-		// The userspace limiter decides the socket's reads already:
-		// the filter leaves it.
+		// The new engine protects the socket already: the old one
+		// leaves it.
 		if _, err := old.Unprotect(conn); err != nil {
 			l.put.Logger.Debug("taking the filter away", zap.String("limiter", l.name), zap.Error(err))
 		}
@@ -390,9 +424,8 @@ func (l *Limiter) fallBack(why error) error {
 	old.Close()
 	l.conns = append(l.conns, l.failed...)
 	l.failed = nil
-	l.put.Logger.Warn("rakelimit filters in userspace, in front of quic-go, because the BPF filter cannot attach to the socket; "+
-		KernelGrant, zap.String("limiter", l.name), zap.String("reason", why.Error()),
-		zap.Strings("moved_listeners", moved))
+	l.put.Logger.Warn(fallbackMessage(to, modeOf(old), "cannot attach to the socket"), zap.String("limiter", l.name),
+		zap.String("reason", why.Error()), zap.Strings("moved_listeners", moved))
 	return nil
 }
 

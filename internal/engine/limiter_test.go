@@ -60,13 +60,13 @@ func (e *fakeEngine) Untracked() (uint64, error)                           { ret
 func (e *fakeEngine) ExpireStreams(time.Duration) ([]decide.Stream, error) { return nil, nil }
 func (e *fakeEngine) Sweep() (int, error)                                  { return 0, nil }
 func (e *fakeEngine) Events() (EventReader, error)                         { return e.events, nil }
-func (e *fakeEngine) Protect(conn *net.UDPConn, read *userspace.Conn) error {
+func (e *fakeEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.protectErr != nil {
 		return e.protectErr
 	}
-	if read == nil || read.UDPConn != conn {
+	if read == nil || read.Unwrap() != conn {
 		return errors.New("the read conn is not the socket's")
 	}
 	e.protected = append(e.protected, conn)
@@ -149,7 +149,7 @@ func startFake(t *testing.T, mode string, attachErr error) (*Limiter, *fakeEngin
 	core, logs := observer.New(zapcore.InfoLevel)
 	k, u := newFake(t, ModeBPF, attachErr), newFake(t, ModeUserspace, nil)
 	l, err := start("test", k, Setting{Config: testConfig(100), Mode: mode, Logger: zap.New(core)},
-		func(c decide.Config) (Engine, error) { return u, u.Configure(c) })
+		func(_ Mode, c decide.Config) (Engine, error) { return u, u.Configure(c) })
 	if err != nil {
 		t.Fatal(err)
 	}

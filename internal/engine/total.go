@@ -217,10 +217,11 @@ func (l *Limiter) sample(at int64) (backlog.Sample, decide.Stats, error) {
 	}
 	s.Received += refused
 	// The kernel counts a socket filter's refusals among the socket's
-	// drops; the userspace limiter refuses what was already received, but
-	// its classic BPF pre-filter refuses in the kernel (estimated).
+	// drops (the table of modes says which engines are one); the userspace
+	// limiter refuses what was already received, but its classic BPF
+	// pre-filter refuses in the kernel (estimated).
 	switch pf, ok := eng.(Prefiltered); {
-	case eng.Mode() == ModeBPF:
+	case modeOf(eng).RefusalsInSocketDrops:
 		s.Overflows = max(drops, refused) - refused
 	case ok:
 		// The pre-filter's drops are estimated: the namespace's

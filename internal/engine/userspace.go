@@ -19,7 +19,7 @@ type userEngine struct {
 	*userspace.Limiter
 
 	mu    sync.Mutex
-	conns map[*net.UDPConn]*userspace.Conn
+	conns map[*net.UDPConn]userspaceReads
 	// pre keeps the classic BPF pre-filter of the sockets; preErr is an
 	// error to report: a socket it could not attach to, or an update
 	// that failed.
@@ -40,7 +40,7 @@ func OpenUserspace(c decide.Config) (Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &userEngine{Limiter: l, conns: map[*net.UDPConn]*userspace.Conn{}, pre: prefilter.NewEnforcer(),
+	e := &userEngine{Limiter: l, conns: map[*net.UDPConn]userspaceReads{}, pre: prefilter.NewEnforcer(),
 		shedder: backlog.NewShedder(backlog.DefaultShedLaw), stop: make(chan struct{}), done: make(chan struct{})}
 	go e.enforce()
 	return e, nil
@@ -59,18 +59,33 @@ func (e *userEngine) Configure(c decide.Config) error {
 	return nil
 }
 
+// userspaceReads is the conn quic-go reads a socket through as the
+// userspace limiter takes it: package userspace's Conn, whose reads the
+// limiter decides once SetLimiter puts it there (a pointer the conn loads
+// per read, with no interface call per datagram).
+type userspaceReads interface {
+	ReadConn
+	SetLimiter(*userspace.Limiter)
+}
+
+var _ userspaceReads = (*userspace.Conn)(nil)
+
 // Protect makes the userspace limiter decide every datagram quic-go reads
 // through read, the socket's conn, which keeps quic-go's batched reads, GSO
 // and ECN (see package userspace). It puts the pre-filter on the socket; if
 // that fails the conn still protects it, and PrefilterError reports why.
-func (e *userEngine) Protect(conn *net.UDPConn, read *userspace.Conn) error {
+func (e *userEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	if read == nil {
 		return errors.New("no conn to filter the socket's reads")
 	}
+	ur, ok := read.(userspaceReads)
+	if !ok {
+		return fmt.Errorf("the conn quic-go reads socket %v through (%T) cannot be filtered in userspace", conn.LocalAddr(), read)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.conns[conn] = read
-	read.SetLimiter(e.Limiter)
+	e.conns[conn] = ur
+	ur.SetLimiter(e.Limiter)
 	if err := e.pre.Attach(conn, e.Limiter.Config()); err != nil {
 		e.preErr = fmt.Errorf("socket %v: %w", conn.LocalAddr(), err)
 	}

@@ -1,0 +1,165 @@
+package engine
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
+	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
+)
+
+// The report names the families of the counters in their order.
+var _ [decide.Families]string = report.Families
+
+// ReportStreams is how many limited streams a report lists, the fastest
+// first.
+const ReportStreams = 20
+
+// Report reads the limiter into one snapshot: its mode, listeners and
+// configuration in force (defaults filled in), its counters, the streams it
+// limits now, the opening total, verification, attach errors and, in
+// userspace mode, the kernel pre-filter. On an error reading the engine it
+// returns what it read before, with the error.
+func (l *Limiter) Report() (report.Limiter, error) {
+	put, listeners := l.Snapshot()
+	set := put.Config
+	c := set.Limiter.WithDefaults()
+	eng := l.Engine()
+	r := report.Limiter{
+		Name:      l.Name(),
+		Mode:      eng.Mode(),
+		Listeners: listeners,
+		Config: report.Config{
+			Limit: c.Limit, Window: report.Duration(c.Window), Classify: set.Classify,
+			IPv4Prefixes: ints(c.IPv4Prefixes), IPv6Prefixes: ints(c.IPv6Prefixes), PerDestinationPort: c.PerDstPort,
+			BlockSourcePorts: portRanges(set.BlockedPorts), VersionNegotiation: set.Negotiation,
+			DryRun: set.DryRun, Allow: []string{},
+		},
+		Counters:       map[string]report.Counters{},
+		LimitedStreams: []report.Stream{},
+		AttachErrors:   l.AttachErrors(),
+	}
+	for lvl := range c.Levels() {
+		r.Config.LevelLimits = append(r.Config.LevelLimits, LevelLimit(set, int(quicclass.Opening), lvl))
+		r.Config.EstablishedLevelLimits = append(r.Config.EstablishedLevelLimits, LevelLimit(set, int(quicclass.Established), lvl))
+		r.Config.UnverifiedLevelLimits = append(r.Config.UnverifiedLevelLimits, LevelLimit(set, int(quicclass.Unverified), lvl))
+	}
+	for _, p := range set.Allow {
+		r.Config.Allow = append(r.Config.Allow, p.String())
+	}
+	learned := l.Learned()
+	r.Verification = report.Verification{On: set.VerifyIDs && !l.VerificationOff(), ServerIDs: learned.IDs,
+		Peers: learned.Peers, OddIDs: learned.OddIDs}
+	total := l.OpeningTotal()
+	r.OpeningTotal = report.OpeningTotal{Adaptive: total.Adaptive, CapPPS: total.Cap, QueueFill: total.Last.Fill,
+		QueueDrops: total.Last.Overflows, OpenedPPS: total.Last.OpenedPPS}
+	if pf, ok := eng.(Prefiltered); ok {
+		r.Prefilter = prefilterReport(set, pf.Prefilter())
+	}
+	st, err := eng.Stats()
+	if err != nil {
+		return r, fmt.Errorf("reading the counters: %w", err)
+	}
+	for fam := range decide.Families {
+		r.Counters[report.Families[fam]] = countersReport(set, st, fam, c.Levels())
+	}
+	streams, err := eng.Streams()
+	if err != nil {
+		return r, fmt.Errorf("reading the limited streams: %w", err)
+	}
+	r.LimitedStreamsTotal = len(streams)
+	if r.UntrackedDrops, err = eng.Untracked(); err != nil {
+		return r, fmt.Errorf("reading the untracked drops: %w", err)
+	}
+	sort.Slice(streams, func(i, j int) bool { return streams[i].Estimate > streams[j].Estimate })
+	for _, s := range streams[:min(len(streams), ReportStreams)] {
+		name, rate := l.Describe(s)
+		rs := report.Stream{Stream: name, Class: ClassName(set, s.Class), Level: s.Level, RatePPS: rate,
+			Since: s.First, LastDrop: s.Last, Dropped: s.Drops, DryRun: s.DryRun}
+		if s.Class == quicclass.Invalid {
+			rs.Reason, rs.Level = s.Reason.String(), -1
+		} else {
+			rs.LimitPPS = LevelLimit(set, int(s.Class), s.Level)
+		}
+		r.LimitedStreams = append(r.LimitedStreams, rs)
+	}
+	return r, nil
+}
+
+// countersReport is the report of one family's counters, of a
+// configuration with levels levels.
+func countersReport(set decide.Config, st decide.Stats, fam, levels int) report.Counters {
+	rc := report.Counters{Classes: map[string]report.ClassCounters{}, Allowlisted: st.Allowed[fam],
+		Negotiation: map[string]uint64{"passed": st.Negotiation[fam][0], "dropped": st.Negotiation[fam][1],
+			"dry_run": st.Negotiation[fam][2]},
+		Invalid: map[string]uint64{}, InvalidDryRun: map[string]uint64{}, Verified: map[string]uint64{}}
+	for _, class := range LimiterClasses {
+		cc := report.ClassCounters{Passed: st.Unlimited(int(class), fam),
+			Limited: map[string]uint64{}, Dropped: map[string]uint64{}, DryRun: map[string]uint64{}}
+		for lvl := range levels {
+			k := strconv.Itoa(lvl)
+			cc.Limited[k], cc.Dropped[k], cc.DryRun[k] = st.Limited[class][fam][lvl], st.Dropped[class][fam][lvl],
+				st.WouldDrop[class][fam][lvl]
+		}
+		rc.Classes[ClassName(set, class)] = cc
+	}
+	for r := quicclass.Reason(1); r < quicclass.NumReasons; r++ {
+		rc.Invalid[r.String()], rc.InvalidDryRun[r.String()] = st.Invalid[0][fam][r], st.Invalid[1][fam][r]
+	}
+	for how := quicclass.Verification(1); how < quicclass.NumVerifications; how++ {
+		rc.Verified[how.String()] = st.Verified[fam][how]
+	}
+	return rc
+}
+
+// prefilterReport is the report of a userspace limiter's kernel pre-filter.
+func prefilterReport(set decide.Config, ps prefilter.Stats) *report.Prefilter {
+	rp := &report.Prefilter{Sockets: ps.Sockets, Instructions: ps.Instructions, Streams: ps.Rules, Invalid: ps.Stateless,
+		InvalidDroppedEstimated: map[string]uint64{}, StreamDroppedEstimated: map[string]uint64{},
+		NegotiationDroppedEstimated: ps.NegotiationDropped, Negotiation: ps.Negotiation,
+		ShedDroppedEstimated: ps.ShedDropped, Shed: ps.Shed,
+		Updates: ps.Updates, AttachErrors: ps.AttachErrors}
+	for _, r := range prefilter.Stateless {
+		rp.InvalidDroppedEstimated[r.String()] = ps.InvalidDropped[r]
+	}
+	for _, class := range LimiterClasses {
+		rp.StreamDroppedEstimated[ClassName(set, class)] = ps.StreamDropped[class]
+	}
+	return rp
+}
+
+// portRanges lists a port set as ranges, "0-1023", "1900".
+func portRanges(ports *quicclass.Ports) []string {
+	out := []string{}
+	if ports == nil {
+		return out
+	}
+	for p := 0; p < 65536; p++ {
+		if !ports.Has(uint16(p)) {
+			continue
+		}
+		q := p
+		for q+1 < 65536 && ports.Has(uint16(q+1)) {
+			q++
+		}
+		if q == p {
+			out = append(out, strconv.Itoa(p))
+		} else {
+			out = append(out, strconv.Itoa(p)+"-"+strconv.Itoa(q))
+		}
+		p = q
+	}
+	return out
+}
+
+// ints widens prefix lengths for JSON, which would encode []uint8 as base64.
+func ints(b []uint8) []int {
+	out := make([]int, len(b))
+	for i, v := range b {
+		out[i] = int(v)
+	}
+	return out
+}
