@@ -63,6 +63,7 @@ const (
 	figSent          = "flood.sent"
 	figWarmup        = "flood.warmup_sent"
 	figFloodDelivery = "flood.delivered_pct"
+	figModuleRefused = "flood.module_refused_pct"
 	figKernelDropped = "flood.kernel_dropped_pct"
 	figAttackerOK    = "attacker.success_pct"
 	figAttackerP50   = "attacker.p50_ms"
@@ -105,6 +106,9 @@ func figures(r RunResult) map[string]float64 {
 		if pct, ok := deliveredPct(r); ok {
 			f[figFloodDelivery] = pct
 			f[figKernelDropped] = 100 * float64(r.Server.SocketDrops) / float64(r.Flood.Sent)
+			if s := r.Server; s.ModuleRefused+s.ModuleDelivered > 0 {
+				f[figModuleRefused] = 100 * s.ModuleRefused / float64(r.Flood.Sent)
+			}
 		}
 	}
 	legit := func(s *LegitStats, ok, p50, p99 string) {
@@ -441,21 +445,22 @@ func writeMarkdown(w io.Writer, rep *Report) {
 func writeAttacks(w io.Writer, rep *Report, floods []Scenario) {
 	fmt.Fprintf(w, "\n## Attacks on verification\n\n")
 	fmt.Fprintf(w, "Sent: the flood's datagrams (a warm-up's first flights included). ")
+	fmt.Fprintf(w, "Refused by the module: its refused verdicts (in the kernel or in userspace) in %% of those sent; the server-side table breaks its verdicts down. ")
 	fmt.Fprintf(w, "Delivered to quic-go: those sent less those Caddy's socket dropped and, in userspace mode, less those the module refused after receiving them. ")
 	fmt.Fprintf(w, "Dropped in the kernel: the socket's drops (the filter's refusals, the userspace pre-filter's, full receive buffers) in %% of those sent. ")
 	fmt.Fprintf(w, "CPU × idle: Caddy's CPU over its CPU in the idle scenario with the same variant and repetition (– when idle did not run). ")
 	fmt.Fprintf(w, "Attacker's connection: the attacker's own connection, opened before the flood, a request every 200 ms during it. ")
 	fmt.Fprintf(w, "Returning: a client that connected before the flood and opens a new connection from the same address %d times a second during it.\n\n", returningRate)
-	fmt.Fprintf(w, "| scenario | variant | sent | delivered to quic-go | dropped in the kernel | Caddy CPU | CPU × idle | new conn. success | established success | attacker's connection | returning |\n")
-	fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	fmt.Fprintf(w, "| scenario | variant | sent | refused by the module | delivered to quic-go | dropped in the kernel | Caddy CPU | CPU × idle | new conn. success | established success | attacker's connection | returning |\n")
+	fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, sc := range floods {
 		if !sc.attack() {
 			continue
 		}
 		for _, v := range rep.Variants {
 			s := summaryOf(rep, sc.Name, v.Name)
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sc.Name, v.Name,
-				cell(s, figSent, num), cell(s, figFloodDelivery, pct), cell(s, figKernelDropped, pct), cell(s, figCPU, pct),
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sc.Name, v.Name,
+				cell(s, figSent, num), medianCell(s, figModuleRefused, pct), cell(s, figFloodDelivery, pct), cell(s, figKernelDropped, pct), cell(s, figCPU, pct),
 				medianCell(s, figCPUIdle, func(v float64) string { return ratioText(v) + "×" }), cell(s, figNewOK, pct), cell(s, figEstOK, pct),
 				medianCell(s, figAttackerOK, pct), medianCell(s, figReturningOK, pct))
 		}

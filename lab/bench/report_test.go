@@ -357,19 +357,24 @@ func TestGroupLabel(t *testing.T) {
 func TestDeliveredPct(t *testing.T) {
 	flood := &FloodResult{Kind: PacketIDShort, Sent: 1000}
 	for _, tc := range []struct {
-		name string
-		run  RunResult
-		want float64 // NaN: not measured
-		drop float64
+		name    string
+		run     RunResult
+		want    float64 // NaN: not measured
+		drop    float64
+		refused float64
 	}{
-		{"plain, nothing lost", RunResult{Flood: flood}, 100, 0},
-		{"kernel filter", RunResult{Flood: flood, Server: ServerStats{SocketDrops: 100, ModuleRefused: 90}}, 90, 10},
-		{"userspace", RunResult{Flood: flood, Server: ServerStats{SocketDrops: 100, ModuleRefused: 500, Userspace: true}}, 40, 10},
-		{"more lost than sent", RunResult{Flood: flood, Server: ServerStats{SocketDrops: 1200}}, 0, 120},
-		{"no flood", RunResult{Server: ServerStats{SocketDrops: 10}}, math.NaN(), math.NaN()},
-		{"nothing sent", RunResult{Flood: &FloodResult{}}, math.NaN(), math.NaN()},
+		{"plain, nothing lost", RunResult{Flood: flood}, 100, 0, math.NaN()},
+		{"kernel filter", RunResult{Flood: flood, Server: ServerStats{SocketDrops: 100, ModuleRefused: 90}}, 90, 10, 9},
+		{"userspace", RunResult{Flood: flood, Server: ServerStats{SocketDrops: 100, ModuleRefused: 500, Userspace: true}}, 40, 10, 50},
+		{"more lost than sent", RunResult{Flood: flood, Server: ServerStats{SocketDrops: 1200}}, 0, 120, math.NaN()},
+		{"no flood", RunResult{Server: ServerStats{SocketDrops: 10}}, math.NaN(), math.NaN(), math.NaN()},
+		{"nothing sent", RunResult{Flood: &FloodResult{}}, math.NaN(), math.NaN(), math.NaN()},
 	} {
 		f := figures(tc.run)
+		refused, ok := f[figModuleRefused]
+		if math.IsNaN(tc.refused) && ok || !math.IsNaN(tc.refused) && (!ok || math.Abs(refused-tc.refused) > 1e-9) {
+			t.Errorf("%s: refused by the module %v (measured %v), want %v", tc.name, refused, ok, tc.refused)
+		}
 		got, ok := f[figFloodDelivery]
 		if math.IsNaN(tc.want) && ok || !math.IsNaN(tc.want) && (!ok || math.Abs(got-tc.want) > 1e-9) {
 			t.Errorf("%s: delivered %v (measured %v), want %v", tc.name, got, ok, tc.want)
@@ -423,9 +428,9 @@ func TestAttackReport(t *testing.T) {
 	writeMarkdown(&md, rep)
 	for _, want := range []string{
 		"## Attacks on verification",
-		"| id-spray-spoofed | plain | 2M | 75.0% | 25.0% | 80.0% | 8.00× | 100.0% | 100.0% | 20.0% | – |",
-		"| id-spray-spoofed | rakelimit | 2M (1.00×) | 75.0% (1.00×) | 25.0% (1.00×) | 40.0% (0.50×) | 4.00× | 100.0% (1.00×) | 100.0% (1.00×) | 20.0% | – |",
-		"| answered-reuse | rakelimit | 1M (1.00×) | 100.0% (1.00×) | 0.0% (–) | 20.0% (0.50×) | 2.00× | 100.0% (1.00×) | 100.0% (1.00×) | – | 50.0% |",
+		"| id-spray-spoofed | plain | 2M | – | 75.0% | 25.0% | 80.0% | 8.00× | 100.0% | 100.0% | 20.0% | – |",
+		"| id-spray-spoofed | rakelimit | 2M (1.00×) | 20.0% | 75.0% (1.00×) | 25.0% (1.00×) | 40.0% (0.50×) | 4.00× | 100.0% (1.00×) | 100.0% (1.00×) | 20.0% | – |",
+		"| answered-reuse | rakelimit | 1M (1.00×) | – | 100.0% (1.00×) | 0.0% (–) | 20.0% (0.50×) | 2.00× | 100.0% (1.00×) | 100.0% (1.00×) | – | 50.0% |",
 	} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("results.md lacks\n%s", want)
