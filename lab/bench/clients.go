@@ -47,7 +47,13 @@ func dialH3(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*h3Conn, e
 	if err != nil {
 		return nil, fmt.Errorf("binding %v: %w", src, err)
 	}
-	tr := &quic.Transport{Conn: udp}
+	return dialH3On(ctx, udp, udp, dst)
+}
+
+// dialH3On opens a QUIC connection to dst through pc, which reads and
+// writes udp; it closes udp when it fails.
+func dialH3On(ctx context.Context, udp *net.UDPConn, pc net.PacketConn, dst netip.AddrPort) (*h3Conn, error) {
+	tr := &quic.Transport{Conn: pc}
 	conn, err := tr.Dial(ctx, net.UDPAddrFromAddrPort(dst), clientTLS(), &quic.Config{})
 	if err != nil {
 		tr.Close()

@@ -31,7 +31,8 @@ type testServer struct {
 	sizes   transferSizes
 }
 
-func startTestServer(t *testing.T, sz transferSizes) *testServer {
+// testCert returns a self-signed certificate for localhost.
+func testCert(t *testing.T) tls.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -43,6 +44,12 @@ func startTestServer(t *testing.T, sz transferSizes) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func startTestServer(t *testing.T, sz transferSizes) *testServer {
+	t.Helper()
+	cert := testCert(t)
 	backend, err := startBackend()
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +77,7 @@ func startTestServer(t *testing.T, sz transferSizes) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http3.Server{Handler: mux, TLSConfig: &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}}
+	srv := &http3.Server{Handler: mux, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
 	go srv.Serve(udp)
 	t.Cleanup(func() { srv.Close(); udp.Close() })
 	return &testServer{dst: udp.LocalAddr().(*net.UDPAddr).AddrPort(), backend: backend, sizes: sz}

@@ -18,6 +18,9 @@
 //   - metrics.go: the module's Prometheus counters, parsed generically
 //   - packets.go, flood.go: flood datagrams and their bounded senders
 //   - spoof.go: spoofed floods, whole IPv4 datagrams from a raw socket
+//   - attack.go: the attacks on verification: the attacker's own
+//     connection and the server ID it reads, real first flights that
+//     quic-go answers, the warm-up that sends them from spoofed addresses
 //   - clients.go: the legitimate HTTP/3 clients and gtlsclient
 //   - transfers.go: the downloads, the upload and its backend
 //   - stats.go: medians and ratios (percentiles: internal/testutil)

@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,8 @@ import (
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 // FloodResult is what one flood sent and what came back to its sockets.
@@ -39,6 +42,13 @@ type FloodResult struct {
 	CountBound bool   `json:"count_bound"`
 	SendErrors uint64 `json:"send_errors"`
 	FirstError string `json:"first_error,omitempty"`
+	// WarmupSent counts the datagrams of a warm-up (FloodSpec.Warmup), in
+	// Sent too: one client's first flight from each address warmed, the
+	// only addresses the rest of the flood comes from.
+	WarmupSent uint64 `json:"warmup_sent,omitempty"`
+	// ServerID is the server ID (hex) of the attacker's connection that
+	// the flood's datagrams carry, for kinds that carry one.
+	ServerID string `json:"server_id,omitempty"`
 	// Reflected counts datagrams received on the flood's sockets: what
 	// the server sent back to the sources it was flooded from. A spoofed
 	// flood has no socket at its sources: it counts nothing.
@@ -80,14 +90,23 @@ func newBoundDatagrams(kind PacketKind, seed uint64) *boundDatagrams {
 func (d *boundDatagrams) next(i int) []byte { return d.gen.next(d.bufs[i]) }
 
 // flood is a set of sockets, each bound to the source address it claims and
-// connected to the target, with a reader per socket counting replies; or,
-// for a spoofed flood, one raw socket connected to the target.
+// connected to the target, with a reader per socket counting replies; and,
+// for a spoofed flood, one raw socket connected to the target, the first
+// writer.
 type flood struct {
 	spec    *FloodSpec
 	dst     netip.AddrPort
 	conns   []io.Closer
 	writers []batchWriter
 	readers sync.WaitGroup
+	// hosts are the spoofed sources of a flood with a SpoofedSet.
+	hosts []netip.Addr
+	// serverID is what the kinds that need a server ID carry: the
+	// attacker's connection's, set before run.
+	serverID [quicclass.ServerIDLen]byte
+	// warmup holds the whole IPv4 datagrams of a warm-up, one per host
+	// (prepareWarmup).
+	warmup [][]byte
 
 	reflected, reflectedBytes atomic.Uint64
 }
@@ -95,20 +114,28 @@ type flood struct {
 // openFlood binds one socket per source and connects it to dst: the IPv4
 // loopback address 127.0.0.1 for IPv4 sources, ::1 for IPv6 ones. Only
 // loopback sources are accepted. A spoofed flood opens one raw socket to
-// 127.0.0.1; its source range must be in 127.0.0.0/8.
+// 127.0.0.1 as well (first); its source range must be in 127.0.0.0/8.
 func openFlood(spec *FloodSpec, port uint16) (*flood, error) {
 	f := &flood{spec: spec}
+	if spec.Warmup && spec.SpoofedSet == 0 {
+		return nil, errors.New("a warm-up needs a spoofed set of addresses")
+	}
 	if spec.Spoofed.IsValid() {
 		f.dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), port)
 		if err := checkSpoofed(spec.Spoofed, f.dst); err != nil {
 			return nil, err
+		}
+		if spec.SpoofedSet > 0 {
+			var err error
+			if f.hosts, err = setHosts(spec.Spoofed, spec.SpoofedSet); err != nil {
+				return nil, err
+			}
 		}
 		c, w, err := openRawSender(f.dst)
 		if err != nil {
 			return nil, err
 		}
 		f.conns, f.writers = []io.Closer{c}, []batchWriter{w}
-		return f, nil
 	}
 	for _, src := range spec.Sources {
 		if !src.IsLoopback() {
@@ -155,9 +182,24 @@ func (f *flood) read(c *net.UDPConn) {
 // run sends at full rate, round-robin over the sockets in batches, until d
 // has passed, count datagrams are sent or ctx is done; a pulsing flood sends
 // only during the On part of each period.
+//
+// A flood with a warm-up first sends it (warmUp), then the rest from the
+// addresses warmed only.
 func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uint64) FloodResult {
 	res := FloodResult{Kind: f.spec.Kind, Sockets: len(f.conns), Addresses: countAddrs(f.spec.Sources)}
-	var gen datagrams = newBoundDatagrams(f.spec.Kind, seed)
+	if f.spec.Kind.needsServerID() {
+		res.ServerID = hex.EncodeToString(f.serverID[:])
+	}
+	// Each writer's datagrams and the bytes of headers they carry before
+	// the UDP payload: the bound sockets share one generator, the raw
+	// socket (the first writer) has its own.
+	bound := newBoundDatagrams(f.spec.Kind, seed)
+	bound.gen.serverID = f.serverID
+	gens := make([]datagrams, len(f.writers))
+	headers := make([]int, len(f.writers))
+	for i := range gens {
+		gens[i] = bound
+	}
 	var spoofed *spoofGen
 	if f.spec.Spoofed.IsValid() {
 		var err error
@@ -165,13 +207,9 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 			res.SendErrors, res.FirstError = 1, err.Error()
 			return res
 		}
-		gen = spoofed
+		spoofed.payload.serverID = f.serverID
+		gens[0], headers[0] = spoofed, spoofHeaders
 		res.Spoofed = f.spec.Spoofed.String()
-	}
-	// Bytes counts UDP payloads, also of the spoofed flood's IP datagrams.
-	headers := 0
-	if spoofed != nil {
-		headers = spoofHeaders
 	}
 	msgs := make([]ipv4.Message, floodBatch)
 	for i := range msgs {
@@ -179,8 +217,21 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 	}
 	start := time.Now()
 	end := start.Add(d)
+	writers := len(f.writers)
+	if spoofed != nil && len(f.hosts) > 0 {
+		hosts := f.hosts
+		if len(f.warmup) > 0 {
+			hosts = hosts[:f.warmUp(ctx, msgs, start.Add(d/2), count, &res)]
+		}
+		if len(hosts) == 0 {
+			writers = 0 // nothing warmed: nothing more to send
+		} else if err := spoofed.narrow(hosts); err != nil {
+			res.SendErrors, res.FirstError = res.SendErrors+1, err.Error()
+			return res
+		}
+	}
 	period := f.spec.On + f.spec.Off
-	for i := 0; len(f.writers) > 0; i = (i + 1) % len(f.writers) {
+	for i := 0; writers > 0; i = (i + 1) % writers {
 		now := time.Now()
 		if res.Sent >= count {
 			res.CountBound = true
@@ -202,11 +253,11 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 		}
 		n := int(min(uint64(floodBatch), count-res.Sent))
 		for j := range n {
-			msgs[j].Buffers[0] = gen.next(j)
+			msgs[j].Buffers[0] = gens[i].next(j)
 		}
 		k, err := f.writers[i].WriteBatch(msgs[:n], 0)
 		for j := range k {
-			res.Bytes += uint64(len(msgs[j].Buffers[0]) - headers)
+			res.Bytes += uint64(len(msgs[j].Buffers[0]) - headers[i])
 		}
 		res.Sent += uint64(max(k, 0))
 		if err != nil {
@@ -218,7 +269,7 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 	}
 	elapsed := time.Since(start)
 	if spoofed != nil {
-		res.Addresses = spoofed.distinct
+		res.Addresses += spoofed.distinct
 	}
 	sending := elapsed
 	if f.spec.On > 0 {

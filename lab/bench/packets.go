@@ -5,6 +5,8 @@ package bench
 import (
 	"encoding/binary"
 	"math/rand/v2"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 // PacketKind is what a flood sends.
@@ -32,7 +34,28 @@ const (
 	// PacketShortSmall is short-header junk of 60 to 100 bytes: a first
 	// byte from 0x40 to 0x7f, then random bytes.
 	PacketShortSmall PacketKind = "short-small"
+	// PacketIDShort is a short header whose destination connection ID
+	// starts with the server ID of the attacker's own connection (the
+	// flood's serverID), 50 to 1200 bytes: what the filter verifies by
+	// that ID alone today.
+	PacketIDShort PacketKind = "id-short"
+	// PacketIDLong is, in turn, a version 1 Initial of 1200 bytes and a
+	// Handshake of 60 to 1200 bytes, both with the server ID of the
+	// attacker's connection as their whole destination connection ID, a
+	// random 8-byte source connection ID and a Length field that covers
+	// the rest of the datagram.
+	PacketIDLong PacketKind = "id-long"
+	// PacketReuse is, in turn, a short header with a random destination
+	// connection ID (50 to 1200 bytes) and a Handshake with a random
+	// 4-byte destination connection ID (60 to 1200 bytes, Length field
+	// as PacketIDLong's): what a source the server answers sends to ride
+	// on being one.
+	PacketReuse PacketKind = "reuse"
 )
+
+// needsServerID reports whether datagrams of kind carry the server ID of the
+// attacker's connection.
+func (k PacketKind) needsServerID() bool { return k == PacketIDShort || k == PacketIDLong }
 
 // MaxDatagram is the largest datagram a flood sends.
 const MaxDatagram = 1200
@@ -45,6 +68,24 @@ const (
 	shortSmallMin     = 60
 	shortSmallMax     = 100
 	shortSmallRewrite = 17 // first byte and 16 bytes: any connection ID length up to 16
+
+	// Sizes of the attack kinds: short headers from realistic
+	// acknowledgments to full packets, Handshake packets from a client's
+	// Finished to a server's certificate flight.
+	attackShortMin     = 50
+	attackHandshakeMin = 60
+	// attackRewrite is what a short header of the attack kinds rewrites:
+	// the first byte, then 20 bytes (a connection ID of any length).
+	attackRewrite = 21
+	// attackSCIDLen is the source connection ID length of the attack
+	// kinds' long headers.
+	attackSCIDLen = 8
+)
+
+// Long-header packet types as QUIC v1 numbers them.
+const (
+	longTypeInitial   = 0
+	longTypeHandshake = 2
 )
 
 // rewrittenPrefix bounds what next writes: every kind rewrites only the first
@@ -86,6 +127,9 @@ type packetGen struct {
 	kind PacketKind
 	rng  *rand.PCG
 	n    uint64
+	// serverID is the server ID the kinds that need one carry
+	// (PacketKind.needsServerID).
+	serverID [quicclass.ServerIDLen]byte
 }
 
 func newPacketGen(kind PacketKind, seed uint64) *packetGen {
@@ -125,6 +169,20 @@ func (g *packetGen) next(buf []byte) []byte {
 		return buf[:shortSmallMin+int(r>>32)%(shortSmallMax-shortSmallMin+1)]
 	case PacketInvalid:
 		return g.invalid(buf, r)
+	case PacketIDShort:
+		return g.short(buf, r, g.serverID[:])
+	case PacketIDLong:
+		if g.n%2 == 1 {
+			return g.long(buf, longTypeInitial, g.serverID[:], MaxDatagram)
+		}
+		return g.long(buf, longTypeHandshake, g.serverID[:], sizeIn(r>>32, attackHandshakeMin, MaxDatagram))
+	case PacketReuse:
+		if g.n%2 == 1 {
+			return g.short(buf, r, nil)
+		}
+		var dcid [quicclass.ServerIDLen]byte
+		binary.LittleEndian.PutUint32(dcid[:], uint32(g.rng.Uint64()))
+		return g.long(buf, longTypeHandshake, dcid[:], sizeIn(r>>32, attackHandshakeMin, MaxDatagram))
 	}
 	return g.initial(buf, r, MaxDatagram)
 }
@@ -159,4 +217,31 @@ func (g *packetGen) invalid(buf []byte, r uint64) []byte {
 		p[offDCIDLen] = byte(21 + (r>>32)%235)
 		return p
 	}
+}
+
+// sizeIn maps r to a size from lo to hi.
+func sizeIn(r uint64, lo, hi int) int { return lo + int(r%uint64(hi-lo+1)) }
+
+// short writes a short header of attackShortMin to MaxDatagram bytes
+// whose destination connection ID starts with id (random bytes follow it;
+// all random for a nil id).
+func (g *packetGen) short(buf []byte, r uint64, id []byte) []byte {
+	buf[0] = 0x40 | byte(r)&0x3f // short header, fixed bit set
+	for i := 1; i < attackRewrite; i += 8 {
+		binary.LittleEndian.PutUint64(buf[i:], g.rng.Uint64())
+	}
+	copy(buf[1:], id)
+	return buf[:sizeIn(r>>32, attackShortMin, MaxDatagram)]
+}
+
+// long writes a version 1 long header of type typ (Initial or Handshake)
+// from a random source connection ID to dcid, for a datagram of n bytes:
+// quicclass's builder writes the header, whose Length field then covers
+// the rest of the datagram; the payload keeps newBuffer's random bytes.
+func (g *packetGen) long(buf []byte, typ uint8, dcid []byte, n int) []byte {
+	var scid [attackSCIDLen]byte
+	binary.LittleEndian.PutUint64(scid[:], g.rng.Uint64())
+	h := quicclass.AppendLongPacket(buf[:0], quicclass.Version1, typ, dcid, scid[:], nil, 0)
+	binary.BigEndian.PutUint16(h[len(h)-2:], 0x4000|uint16(n-len(h)))
+	return buf[:n]
 }

@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"testing"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 // longHeaderOf reads what a QUIC server looks at first in a long header.
@@ -115,7 +117,8 @@ func TestSmallPackets(t *testing.T) {
 // TestRewrittenPrefix: no kind writes past rewrittenPrefix, which the
 // spoofed flood's checksum relies on.
 func TestRewrittenPrefix(t *testing.T) {
-	for _, kind := range []PacketKind{PacketInitial, PacketInvalid, PacketShort, PacketLongMin, PacketShortSmall} {
+	for _, kind := range []PacketKind{PacketInitial, PacketInvalid, PacketShort, PacketLongMin, PacketShortSmall,
+		PacketIDShort, PacketIDLong, PacketReuse} {
 		g := newPacketGen(kind, 6)
 		buf := g.newBuffer()
 		tail := bytes.Clone(buf[rewrittenPrefix:])
@@ -125,5 +128,76 @@ func TestRewrittenPrefix(t *testing.T) {
 		if !bytes.Equal(buf[rewrittenPrefix:], tail) {
 			t.Errorf("%s rewrites bytes past %d", kind, rewrittenPrefix)
 		}
+	}
+}
+
+// TestAttackPackets: the attack kinds are what the filter's classifier
+// (quicclass.Inspect, with verification) takes for valid short headers,
+// Initials and Handshakes, carrying the server ID or a random one, in the
+// sizes and proportions documented.
+func TestAttackPackets(t *testing.T) {
+	id := [quicclass.ServerIDLen]byte{0xa1, 0xb2, 0xc3, 0xd4}
+	type sub struct {
+		check    quicclass.Check
+		min, max int
+		ownID    bool // the ID is id, not a random one
+	}
+	short, shortID := sub{quicclass.CheckShort, 50, 1200, false}, sub{quicclass.CheckShort, 50, 1200, true}
+	initialID := sub{quicclass.CheckOpening, 1200, 1200, true}
+	handshake, handshakeID := sub{quicclass.CheckHandshake, 60, 1200, false}, sub{quicclass.CheckHandshake, 60, 1200, true}
+	for _, tt := range []struct {
+		kind PacketKind
+		want map[sub]int // of 2000
+	}{
+		{PacketIDShort, map[sub]int{shortID: 2000}},
+		{PacketIDLong, map[sub]int{initialID: 1000, handshakeID: 1000}},
+		{PacketReuse, map[sub]int{short: 1000, handshake: 1000}},
+	} {
+		t.Run(string(tt.kind), func(t *testing.T) {
+			g := newPacketGen(tt.kind, 8)
+			g.serverID = id
+			buf := g.newBuffer()
+			got := map[sub]int{}
+			sizes := map[sub][2]int{}
+			ids := map[[quicclass.ServerIDLen]byte]bool{}
+			for i := range 2000 {
+				p := g.next(buf)
+				h := quicclass.Inspect(nil, 4433, p, len(p), true)
+				if h.Reason != quicclass.NotInvalid || !h.HasID {
+					t.Fatalf("datagram %d (%d bytes, % x...): %+v", i, len(p), p[:8], h)
+				}
+				var s sub
+				for w := range tt.want {
+					if w.check == h.Check && w.ownID == (h.ID == id) {
+						s = w
+					}
+				}
+				if s.check == quicclass.CheckNone || len(p) < s.min || len(p) > s.max {
+					t.Fatalf("datagram %d: %d bytes, %+v: none of %v", i, len(p), h, tt.want)
+				}
+				if h.Check != quicclass.CheckShort && int(p[5]) != quicclass.ServerIDLen {
+					t.Fatalf("datagram %d: destination ID of %d bytes", i, p[5])
+				}
+				got[s]++
+				r, ok := sizes[s]
+				if !ok {
+					r = [2]int{len(p), len(p)}
+				}
+				sizes[s] = [2]int{min(r[0], len(p)), max(r[1], len(p))}
+				ids[h.ID] = true
+			}
+			for s, n := range tt.want {
+				if got[s] != n {
+					t.Errorf("%+v: %d of 2000, want %d", s, got[s], n)
+				}
+				// 1000 draws from sizes of 50 to 1200: near both ends.
+				if r := sizes[s]; s.min < s.max && (r[0] > s.min+20 || r[1] < s.max-20) {
+					t.Errorf("%+v: sizes %d to %d", s, r[0], r[1])
+				}
+			}
+			if random := got[short] + got[handshake]; random > 0 && len(ids) < random-5 {
+				t.Errorf("%d random IDs in %d datagrams", len(ids), random)
+			}
+		})
 	}
 }

@@ -58,7 +58,24 @@ const (
 	figRefused     = "module.refused"
 	figDelivered   = "module.delivered"
 	figStop        = "stop_seconds"
+
+	// The attack scenarios' figures (the flood's apply to every flood).
+	figSent          = "flood.sent"
+	figWarmup        = "flood.warmup_sent"
+	figFloodDelivery = "flood.delivered_pct"
+	figModuleRefused = "flood.module_refused_pct"
+	figKernelDropped = "flood.kernel_dropped_pct"
+	figAttackerOK    = "attacker.success_pct"
+	figAttackerP50   = "attacker.p50_ms"
+	figReturningOK   = "returning.success_pct"
+	figReturningP50  = "returning.p50_ms"
+	// figCPUIdle is Caddy's CPU over its CPU in the idle scenario with
+	// the same variant and repetition, when idle ran.
+	figCPUIdle = "server.cpu_idle_ratio"
 )
+
+// idleScenario is the scenario CPU is compared with (figCPUIdle).
+const idleScenario = "idle"
 
 func transferFigure(name, what string) string { return "transfer." + name + "." + what }
 
@@ -82,6 +99,17 @@ func figures(r RunResult) map[string]float64 {
 		if pct, ok := kernelRefusedPct(r); ok {
 			f[figKernelDrop] = pct
 		}
+		f[figSent] = float64(r.Flood.Sent)
+		if r.Flood.WarmupSent > 0 {
+			f[figWarmup] = float64(r.Flood.WarmupSent)
+		}
+		if pct, ok := deliveredPct(r); ok {
+			f[figFloodDelivery] = pct
+			f[figKernelDropped] = 100 * float64(r.Server.SocketDrops) / float64(r.Flood.Sent)
+			if s := r.Server; s.ModuleRefused+s.ModuleDelivered > 0 {
+				f[figModuleRefused] = 100 * s.ModuleRefused / float64(r.Flood.Sent)
+			}
+		}
 	}
 	legit := func(s *LegitStats, ok, p50, p99 string) {
 		if s == nil {
@@ -96,6 +124,8 @@ func figures(r RunResult) map[string]float64 {
 	legit(r.NewConn, figNewOK, figNewP50, figNewP99)
 	legit(r.Established, figEstOK, figEstP50, figEstP99)
 	legit(r.Gtls, figGtlsOK, figGtlsP50, "")
+	legit(r.Attacker, figAttackerOK, figAttackerP50, "")
+	legit(r.Returning, figReturningOK, figReturningP50, "")
 	f[figCPU] = r.Server.CPUPct
 	f[figCPUSeconds] = r.Server.CPUSeconds
 	f[figRSS] = float64(r.Server.PeakRSSBytes) / 1e6
@@ -136,6 +166,24 @@ func kernelRefusedPct(r RunResult) (float64, bool) {
 	return 100 * s.ModuleRefused / float64(r.Flood.Sent), true
 }
 
+// deliveredPct is the share of a flood's datagrams that reached quic-go, in
+// %: those sent less those Caddy's socket dropped (in the kernel: what the
+// filter or the userspace mode's pre-filter refused, and what a full receive
+// buffer lost) and, in userspace mode, less those the module refused after
+// the socket received them. The clients' few datagrams are counted as the
+// flood's. Not measured (false) without a flood.
+func deliveredPct(r RunResult) (float64, bool) {
+	if r.Flood == nil || r.Flood.Sent == 0 {
+		return 0, false
+	}
+	lost := float64(r.Server.SocketDrops)
+	if r.Server.Userspace {
+		lost += r.Server.ModuleRefused
+	}
+	sent := float64(r.Flood.Sent)
+	return 100 * max(0, sent-lost) / sent, true
+}
+
 // summarizeRuns computes the medians and ratios of every scenario and
 // variant, in the order of scenarios and variants.
 func summarizeRuns(runs []RunResult, variants []Variant, scenarios []Scenario) []Summary {
@@ -146,6 +194,11 @@ func summarizeRuns(runs []RunResult, variants []Variant, scenarios []Scenario) [
 	byKey := map[key]map[string]float64{}
 	for _, r := range runs {
 		byKey[key{r.Scenario, r.Variant, r.Rep}] = figures(r)
+	}
+	for k, f := range byKey {
+		if idle, ok := byKey[key{idleScenario, k.variant, k.rep}]; ok && k.scenario != idleScenario {
+			f[figCPUIdle] = ratio(f[figCPU], idle[figCPU])
+		}
 	}
 	var out []Summary
 	for _, sc := range scenarios {
@@ -369,6 +422,9 @@ func writeMarkdown(w io.Writer, rep *Report) {
 			}
 		}
 	}
+	if slices.ContainsFunc(floods, Scenario.attack) {
+		writeAttacks(w, rep, floods)
+	}
 	if transfer {
 		writeTransfers(w, rep)
 	}
@@ -382,6 +438,44 @@ func writeMarkdown(w io.Writer, rep *Report) {
 			fmt.Fprintf(w, "- %s\n", e)
 		}
 	}
+}
+
+// writeAttacks writes the table of the attacks on verification: what of
+// each flood reached quic-go, and who was still served.
+func writeAttacks(w io.Writer, rep *Report, floods []Scenario) {
+	fmt.Fprintf(w, "\n## Attacks on verification\n\n")
+	fmt.Fprintf(w, "Sent: the flood's datagrams (a warm-up's first flights included). ")
+	fmt.Fprintf(w, "Refused by the module: its refused verdicts (in the kernel or in userspace) in %% of those sent; the server-side table breaks its verdicts down. ")
+	fmt.Fprintf(w, "Delivered to quic-go: those sent less those Caddy's socket dropped and, in userspace mode, less those the module refused after receiving them. ")
+	fmt.Fprintf(w, "Dropped in the kernel: the socket's drops (the filter's refusals, the userspace pre-filter's, full receive buffers) in %% of those sent. ")
+	fmt.Fprintf(w, "CPU × idle: Caddy's CPU over its CPU in the idle scenario with the same variant and repetition (– when idle did not run). ")
+	fmt.Fprintf(w, "Attacker's connection: the attacker's own connection, opened before the flood, a request every 200 ms during it. ")
+	fmt.Fprintf(w, "Returning: a client that connected before the flood and opens a new connection from the same address %d times a second during it.\n\n", returningRate)
+	fmt.Fprintf(w, "| scenario | variant | sent | refused by the module | delivered to quic-go | dropped in the kernel | Caddy CPU | CPU × idle | new conn. success | established success | attacker's connection | returning |\n")
+	fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, sc := range floods {
+		if !sc.attack() {
+			continue
+		}
+		for _, v := range rep.Variants {
+			s := summaryOf(rep, sc.Name, v.Name)
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sc.Name, v.Name,
+				cell(s, figSent, num), medianCell(s, figModuleRefused, pct), cell(s, figFloodDelivery, pct), cell(s, figKernelDropped, pct), cell(s, figCPU, pct),
+				medianCell(s, figCPUIdle, func(v float64) string { return ratioText(v) + "×" }), cell(s, figNewOK, pct), cell(s, figEstOK, pct),
+				medianCell(s, figAttackerOK, pct), medianCell(s, figReturningOK, pct))
+		}
+	}
+}
+
+// medianCell formats a figure's median alone, without its ratio to plain.
+func medianCell(s *Summary, name string, format func(float64) string) string {
+	if s == nil {
+		return "–"
+	}
+	if f, ok := s.Figures[name]; ok && f.Median != nil {
+		return format(*f.Median)
+	}
+	return "–"
 }
 
 func writeTransfers(w io.Writer, rep *Report) {
@@ -504,7 +598,8 @@ func events(rep *Report) []string {
 		for _, c := range []struct {
 			name string
 			s    *LegitStats
-		}{{"new connection", r.NewConn}, {"established", r.Established}, {"gtlsclient", r.Gtls}} {
+		}{{"new connection", r.NewConn}, {"established", r.Established}, {"gtlsclient", r.Gtls},
+			{"attacker's connection", r.Attacker}, {"returning", r.Returning}} {
 			if c.s == nil || len(c.s.Errors) == 0 {
 				continue
 			}

@@ -353,3 +353,93 @@ func TestGroupLabel(t *testing.T) {
 		}
 	}
 }
+
+func TestDeliveredPct(t *testing.T) {
+	flood := &FloodResult{Kind: PacketIDShort, Sent: 1000}
+	for _, tc := range []struct {
+		name    string
+		run     RunResult
+		want    float64 // NaN: not measured
+		drop    float64
+		refused float64
+	}{
+		{"plain, nothing lost", RunResult{Flood: flood}, 100, 0, math.NaN()},
+		{"kernel filter", RunResult{Flood: flood, Server: ServerStats{SocketDrops: 100, ModuleRefused: 90}}, 90, 10, 9},
+		{"userspace", RunResult{Flood: flood, Server: ServerStats{SocketDrops: 100, ModuleRefused: 500, Userspace: true}}, 40, 10, 50},
+		{"more lost than sent", RunResult{Flood: flood, Server: ServerStats{SocketDrops: 1200}}, 0, 120, math.NaN()},
+		{"no flood", RunResult{Server: ServerStats{SocketDrops: 10}}, math.NaN(), math.NaN(), math.NaN()},
+		{"nothing sent", RunResult{Flood: &FloodResult{}}, math.NaN(), math.NaN(), math.NaN()},
+	} {
+		f := figures(tc.run)
+		refused, ok := f[figModuleRefused]
+		if math.IsNaN(tc.refused) && ok || !math.IsNaN(tc.refused) && (!ok || math.Abs(refused-tc.refused) > 1e-9) {
+			t.Errorf("%s: refused by the module %v (measured %v), want %v", tc.name, refused, ok, tc.refused)
+		}
+		got, ok := f[figFloodDelivery]
+		if math.IsNaN(tc.want) && ok || !math.IsNaN(tc.want) && (!ok || math.Abs(got-tc.want) > 1e-9) {
+			t.Errorf("%s: delivered %v (measured %v), want %v", tc.name, got, ok, tc.want)
+		}
+		drop, ok := f[figKernelDropped]
+		if math.IsNaN(tc.drop) && ok || !math.IsNaN(tc.drop) && (!ok || math.Abs(drop-tc.drop) > 1e-9) {
+			t.Errorf("%s: dropped in the kernel %v (measured %v), want %v", tc.name, drop, ok, tc.drop)
+		}
+	}
+}
+
+// TestAttackReport: the attack table of results.md, with CPU over idle's,
+// the attacker's connection and the returning client.
+func TestAttackReport(t *testing.T) {
+	var scenarios []Scenario
+	for _, s := range Scenarios() {
+		if s.Name == "idle" || s.Name == "one-source" || s.Name == "id-spray-spoofed" || s.Name == "answered-reuse" {
+			scenarios = append(scenarios, s)
+		}
+	}
+	rep := &Report{Date: "2026-11-23T10:00:00Z", Command: []string{"rakebench"}, Settings: Settings{Reps: 1},
+		Variants: builtinVariants(), Scenarios: scenarios}
+	legit := func(ok int) *LegitStats {
+		return &LegitStats{Attempted: 50, OK: ok, SuccessPct: 2 * float64(ok), P50Ms: ptr(3.0), P99Ms: ptr(9.0)}
+	}
+	for _, v := range []string{Plain, "rakelimit"} {
+		rake := v != Plain
+		cpu := map[bool]float64{false: 80, true: 40}[rake]
+		spray := RunResult{Scenario: "id-spray-spoofed", Variant: v, Rep: 1, NewConn: legit(50), Established: legit(50), Attacker: legit(10),
+			Flood:  &FloodResult{Kind: PacketIDShort, Sent: 2e6, Spoofed: "127.128.0.0/9", ServerID: "a1b2c3d4"},
+			Server: ServerStats{CPUPct: cpu, SocketDrops: 5e5}}
+		if rake {
+			spray.Server.ModuleRefused, spray.Server.ModuleDelivered = 4e5, 1.6e6
+		}
+		reuse := RunResult{Scenario: "answered-reuse", Variant: v, Rep: 1, NewConn: legit(50), Established: legit(50), Returning: legit(25),
+			Flood:  &FloodResult{Kind: PacketReuse, Sent: 1e6, WarmupSent: 900, Spoofed: "127.129.0.0/16"},
+			Server: ServerStats{CPUPct: cpu / 2}}
+		one := RunResult{Scenario: "one-source", Variant: v, Rep: 1, NewConn: legit(50), Established: legit(50),
+			Flood: &FloodResult{Kind: PacketInitial, Sent: 1e6}, Server: ServerStats{CPUPct: cpu}}
+		idle := RunResult{Scenario: "idle", Variant: v, Rep: 1, NewConn: legit(50), Established: legit(50), Server: ServerStats{CPUPct: 10}}
+		rep.Runs = append(rep.Runs, idle, one, spray, reuse)
+	}
+	rep.Summary = summarizeRuns(rep.Runs, rep.Variants, rep.Scenarios)
+	if f := summaryOf(rep, "id-spray-spoofed", "rakelimit").Figures[figCPUIdle]; f.Median == nil || *f.Median != 4 {
+		t.Errorf("CPU over idle's: %+v", f)
+	}
+	if _, ok := summaryOf(rep, "idle", Plain).Figures[figCPUIdle]; ok {
+		t.Error("idle has a CPU over idle's")
+	}
+	var md strings.Builder
+	writeMarkdown(&md, rep)
+	for _, want := range []string{
+		"## Attacks on verification",
+		"| id-spray-spoofed | plain | 2M | – | 75.0% | 25.0% | 80.0% | 8.00× | 100.0% | 100.0% | 20.0% | – |",
+		"| id-spray-spoofed | rakelimit | 2M (1.00×) | 20.0% | 75.0% (1.00×) | 25.0% (1.00×) | 40.0% (0.50×) | 4.00× | 100.0% (1.00×) | 100.0% (1.00×) | 20.0% | – |",
+		"| answered-reuse | rakelimit | 1M (1.00×) | – | 100.0% (1.00×) | 0.0% (–) | 20.0% (0.50×) | 2.00× | 100.0% (1.00×) | 100.0% (1.00×) | – | 50.0% |",
+	} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("results.md lacks\n%s", want)
+		}
+	}
+	if strings.Contains(md.String(), "| one-source | plain | 1M |") {
+		t.Error("one-source, not an attack, is in the attack table")
+	}
+	if t.Failed() {
+		t.Logf("results.md:\n%s", md.String())
+	}
+}

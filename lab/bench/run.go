@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/lab/dashboard"
 )
 
@@ -83,13 +85,17 @@ type RunResult struct {
 	Rep      int    `json:"rep"`
 	// Seconds is the measured window: from the flood's start to the last
 	// request's end (or the transfers').
-	Seconds     float64          `json:"seconds"`
-	Flood       *FloodResult     `json:"flood,omitempty"`
-	NewConn     *LegitStats      `json:"new_connection,omitempty"`
-	Established *LegitStats      `json:"established,omitempty"`
-	Gtls        *LegitStats      `json:"gtlsclient,omitempty"`
-	Server      ServerStats      `json:"server"`
-	Transfers   []TransferResult `json:"transfers,omitempty"`
+	Seconds     float64      `json:"seconds"`
+	Flood       *FloodResult `json:"flood,omitempty"`
+	NewConn     *LegitStats  `json:"new_connection,omitempty"`
+	Established *LegitStats  `json:"established,omitempty"`
+	Gtls        *LegitStats  `json:"gtlsclient,omitempty"`
+	// Attacker is the attacker's own connection (FloodSpec.Attacker);
+	// Returning the returning client (Scenario.Returning).
+	Attacker  *LegitStats      `json:"attacker,omitempty"`
+	Returning *LegitStats      `json:"returning,omitempty"`
+	Server    ServerStats      `json:"server"`
+	Transfers []TransferResult `json:"transfers,omitempty"`
 	// StopSeconds is the time from SIGTERM to Caddy's exit; StopTimedOut
 	// is set when it had to be killed.
 	StopSeconds  float64 `json:"stop_seconds"`
@@ -133,6 +139,8 @@ type bench struct {
 	// is its scenario run's scrapes, once made.
 	dash     *dashboard.Compiled
 	recorded *recording
+	// flights are the client first flights of warm-ups, made once.
+	flights [][]byte
 }
 
 // Run runs the benchmark and writes its outputs; progress lines go to
@@ -502,12 +510,22 @@ func (b *bench) measureFlood(ctx context.Context, c *caddyProc, sc Scenario, res
 	if _, err := est.get(ctx, "/", page, nil); err != nil {
 		return fmt.Errorf("established client, before the flood: %w", err)
 	}
+	// The returning client's first visit, before the flood.
+	if sc.Returning {
+		if _, err := newConnGet(ctx, returningSrc, dst, "/", page); err != nil {
+			return fmt.Errorf("returning client, before the flood: %w", err)
+		}
+	}
 	var fl *flood
+	var attacker *h3Conn
 	if sc.Flood != nil {
-		if fl, err = openFlood(sc.Flood, dst.Port()); err != nil {
+		if attacker, fl, err = b.openFlood(ctx, sc, dst, res.Rep); err != nil {
 			return err
 		}
 		defer fl.close()
+		if attacker != nil {
+			defer attacker.close()
+		}
 	}
 	w, err := b.begin(ctx, c)
 	if err != nil {
@@ -535,6 +553,23 @@ func (b *bench) measureFlood(ctx context.Context, c *caddyProc, sc Scenario, res
 	if b.gtls != "" {
 		wg.Go(func() { gtls = b.gtlsDuring(ctx, d, dst.Port()) })
 	}
+	var attackerStats, returning LegitStats
+	if attacker != nil {
+		wg.Go(func() {
+			attackerStats = paced(ctx, d, attackerRate, b.o.Timeout, func(rctx context.Context) (time.Duration, error) {
+				start := time.Now()
+				_, err := attacker.get(rctx, "/", page, nil)
+				return time.Since(start), err
+			})
+		})
+	}
+	if sc.Returning {
+		wg.Go(func() {
+			returning = paced(ctx, d, returningRate, b.o.Timeout, func(rctx context.Context) (time.Duration, error) {
+				return newConnGet(rctx, returningSrc, dst, "/", page)
+			})
+		})
+	}
 	wg.Wait()
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -553,10 +588,63 @@ func (b *bench) measureFlood(ctx context.Context, c *caddyProc, sc Scenario, res
 	if b.gtls != "" {
 		res.Gtls = &gtls
 	}
+	if attacker != nil {
+		res.Attacker = &attackerStats
+	}
+	if sc.Returning {
+		res.Returning = &returning
+	}
 	if newConn.Attempted == 0 || established.Attempted == 0 {
 		return fmt.Errorf("no legitimate requests made (new connection %d, established %d)", newConn.Attempted, established.Attempted)
 	}
 	return nil
+}
+
+// openFlood opens the scenario's flood to dst and, before it runs, what it
+// needs: the attacker's own connection (returned, nil without one), whose
+// server ID it carries, and the warm-up's datagrams.
+func (b *bench) openFlood(ctx context.Context, sc Scenario, dst netip.AddrPort, rep int) (*h3Conn, *flood, error) {
+	spec := sc.Flood
+	if spec.Kind.needsServerID() && !spec.Attacker.IsValid() {
+		return nil, nil, fmt.Errorf("flood of %s needs an attacker's connection", spec.Kind)
+	}
+	var attacker *h3Conn
+	var id [quicclass.ServerIDLen]byte
+	if spec.Attacker.IsValid() {
+		var err error
+		if attacker, id, err = dialAttacker(ctx, spec.Attacker, dst); err != nil {
+			return nil, nil, fmt.Errorf("attacker's connection, before the flood: %w", err)
+		}
+		if _, err := attacker.get(ctx, "/", page, nil); err != nil {
+			attacker.close()
+			return nil, nil, fmt.Errorf("attacker's connection, before the flood: %w", err)
+		}
+	}
+	fail := func(err error) (*h3Conn, *flood, error) {
+		if attacker != nil {
+			attacker.close()
+		}
+		return nil, nil, err
+	}
+	fl, err := openFlood(spec, dst.Port())
+	if err != nil {
+		return fail(err)
+	}
+	fl.serverID = id
+	if spec.Warmup {
+		if len(b.flights) < spec.SpoofedSet {
+			fmt.Fprintf(b.progress, "rakebench: making %d client first flights for the warm-up\n", spec.SpoofedSet)
+			if b.flights, err = clientFlights(ctx, spec.SpoofedSet); err != nil {
+				fl.close()
+				return fail(err)
+			}
+		}
+		if err := fl.prepareWarmup(b.flights, seedOf(sc.Name, rep)); err != nil {
+			fl.close()
+			return fail(err)
+		}
+	}
+	return attacker, fl, nil
 }
 
 // gtlsDuring runs gtlsFetches gtlsclient fetches spread over d.
@@ -610,6 +698,12 @@ func oneLine(r RunResult) string {
 		} else {
 			parts = append(parts, fmt.Sprintf("flood %s dgram/s from %d sockets, reflected %s", count(r.Flood.OfferedPPS), r.Flood.Sockets, count(float64(r.Flood.Reflected))))
 		}
+		if r.Flood.WarmupSent > 0 {
+			parts = append(parts, fmt.Sprintf("warm-up %s first flights", count(float64(r.Flood.WarmupSent))))
+		}
+		if r.Flood.ServerID != "" {
+			parts = append(parts, "server ID "+r.Flood.ServerID)
+		}
 	}
 	legit := func(name string, s *LegitStats) {
 		if s != nil {
@@ -623,6 +717,8 @@ func oneLine(r RunResult) string {
 	legit("new", r.NewConn)
 	legit("established", r.Established)
 	legit("gtlsclient", r.Gtls)
+	legit("attacker", r.Attacker)
+	legit("returning", r.Returning)
 	for _, t := range r.Transfers {
 		s := fmt.Sprintf("%s %.0f Mbit/s", t.Name, t.Mbps)
 		if t.TimedOut {
@@ -638,6 +734,9 @@ func oneLine(r RunResult) string {
 	}
 	if pct, ok := kernelRefusedPct(r); ok {
 		parts = append(parts, fmt.Sprintf("refused in the kernel %.1f%% of the flood", pct))
+	}
+	if pct, ok := deliveredPct(r); ok {
+		parts = append(parts, fmt.Sprintf("delivered to quic-go %.1f%% of the flood", pct))
 	}
 	stop := fmt.Sprintf("stop %.3fs", r.StopSeconds)
 	if r.StopTimedOut {

@@ -16,6 +16,15 @@ type Scenario struct {
 	Flood *FloodSpec `json:"flood,omitempty"`
 	// Transfers marks the transfer scenario (no flood, no request clients).
 	Transfers bool `json:"transfers,omitempty"`
+	// Returning adds the returning client: it connects before the flood,
+	// then opens new connections from the same address during it.
+	Returning bool `json:"returning,omitempty"`
+}
+
+// attack reports whether the scenario is an attack on verification: an
+// attacker's own connection, a warm-up or a returning client.
+func (s Scenario) attack() bool {
+	return s.Returning || s.Flood != nil && (s.Flood.Attacker.IsValid() || s.Flood.Warmup)
 }
 
 // FloodSpec says who floods and with what.
@@ -23,11 +32,24 @@ type FloodSpec struct {
 	// Sources has one entry per socket: a repeated address is one
 	// address on several source ports.
 	Sources []netip.Addr `json:"-"`
-	// Spoofed, when valid, replaces Sources: one raw socket sends every
-	// datagram from a new random address in this range (inside
-	// 127.0.0.0/8) and a new random port.
+	// Spoofed, when valid, adds a raw socket that sends every datagram
+	// from a new random address in this range (inside 127.0.0.0/8) and a
+	// new random port; the sockets of Sources, if any, take turns with it.
 	Spoofed netip.Prefix `json:"spoofed,omitzero"`
-	Kind    PacketKind   `json:"kind"`
+	// SpoofedSet, when positive, narrows Spoofed to that many fixed
+	// addresses spread over its /24s (setHosts); the port stays random.
+	SpoofedSet int `json:"spoofed_set,omitempty"`
+	// Warmup, with SpoofedSet, opens the flood with a real client's first
+	// flight (clientFlights) from each address of the set in turn, at
+	// warmupRate, for at most half the flood: quic-go answers each, which
+	// makes the address one the server answers. The rest of the flood
+	// comes from the addresses warmed only.
+	Warmup bool `json:"warmup,omitempty"`
+	// Attacker, when valid, is the source of the attacker's own HTTP/3
+	// connection, opened before the flood and used during it; the kinds
+	// that carry a server ID carry the one the server chose for it.
+	Attacker netip.Addr `json:"attacker,omitzero"`
+	Kind     PacketKind `json:"kind"`
 	// On and Off make a pulsing flood: full rate for On, silence for Off.
 	// Zero On: continuous.
 	On  time.Duration `json:"on,omitempty"`
@@ -41,6 +63,7 @@ type FloodSpec struct {
 var (
 	newConnSrc     = netip.AddrFrom4([4]byte{127, 77, 0, 1})
 	establishedSrc = netip.AddrFrom4([4]byte{127, 77, 0, 2})
+	returningSrc   = netip.AddrFrom4([4]byte{127, 77, 0, 3})
 	probeSrc       = netip.AddrFrom4([4]byte{127, 77, 0, 250})
 	transferSrc    = netip.AddrFrom4([4]byte{127, 77, 0, 10})
 )
@@ -48,6 +71,13 @@ var (
 // spoofedNet is the source range of the spoofed floods: 127.128.0.0/9,
 // 32,768 /24s, none of them the clients', the transfer's or Caddy's.
 var spoofedNet = netip.PrefixFrom(netip.AddrFrom4([4]byte{127, 128, 0, 0}), 9)
+
+// answeredNet is the range of answered-reuse's fixed set of spoofed
+// sources, inside spoofedNet.
+var answeredNet = netip.PrefixFrom(netip.AddrFrom4([4]byte{127, 129, 0, 0}), 16)
+
+// answeredSet is the number of addresses of answered-reuse's spoofed set.
+const answeredSet = 2000
 
 // transferNet returns the source of the i-th connection of the 20-connection
 // transfer: 127.78.i.1, one /24 each.
@@ -113,6 +143,22 @@ func Scenarios() []Scenario {
 		{Name: "spoofed-short", Description: "short-header junk of 60 to 100 bytes, each from a new random address in 127.128.0.0/9 " +
 			"and port, full rate",
 			Flood: &FloodSpec{Spoofed: spoofedNet, Kind: PacketShortSmall}},
+		{Name: "id-spray-spoofed", Description: "the attacker's own HTTP/3 connection from 127.67.0.1 (a request every 200 ms), " +
+			"and short headers of 50 to 1200 bytes whose destination connection ID starts with the server ID the server chose for it, " +
+			"each from a new random address in 127.128.0.0/9 and port, full rate",
+			Flood: &FloodSpec{Spoofed: spoofedNet, Attacker: a(67, 0, 1), Kind: PacketIDShort}},
+		{Name: "id-spray-fixed", Description: "the attacker's own connection from 127.67.1.1, and the same short headers " +
+			"carrying its server ID from one other address, 127.67.1.2 (one socket), full rate",
+			Flood: &FloodSpec{Sources: []netip.Addr{a(67, 1, 2)}, Attacker: a(67, 1, 1), Kind: PacketIDShort}},
+		{Name: "answered-reuse", Returning: true, Description: "real ClientHellos (one Initial each) from 2000 spoofed addresses " +
+			"in 127.129.0.0/16, 900 a second for at most half the flood, which quic-go answers; then, from the addresses warmed, " +
+			"short headers with random connection IDs and Handshakes to random 4-byte IDs in turn, full rate; " +
+			"and a returning client (127.77.0.3), connected before the flood, that reconnects 5 times a second",
+			Flood: &FloodSpec{Spoofed: answeredNet, SpoofedSet: answeredSet, Warmup: true, Kind: PacketReuse}},
+		{Name: "id-long-headers", Description: "the attacker's own connection from 127.67.3.1, and 1200-byte Initials and " +
+			"Handshakes of 60 to 1200 bytes in turn whose destination connection ID is its server ID, from a new random address in " +
+			"127.128.0.0/9 and port and from one other address, 127.67.3.2, in turn, full rate",
+			Flood: &FloodSpec{Spoofed: spoofedNet, Sources: []netip.Addr{a(67, 3, 2)}, Attacker: a(67, 3, 1), Kind: PacketIDLong}},
 		{Name: "transfers", Transfers: true, Description: "no flood: one 200 MB download, one 100 MB upload, " +
 			"20 x 10 MB downloads over one connection and over 20 connections from 20 /24s; then Caddy's stop"},
 	}

@@ -87,6 +87,8 @@ type spoofGen struct {
 	// rewrittenPrefix up to MaxDatagram: bytes the packetGen never
 	// rewrites, summed once.
 	tails []uint64
+	// hosts, when not empty, are the only sources (narrow), each in src.
+	hosts []uint32
 	// seen has a bit per host part of src: the sources sent.
 	seen     []uint64
 	distinct int
@@ -126,6 +128,9 @@ func (g *spoofGen) next(i int) []byte {
 	// Bits 0-23 pick the host (at most 24 bits: src is in a /8), 24-39
 	// the IP ID, 40-63 the port.
 	src := g.srcBase | uint32(r)&g.hostMask
+	if len(g.hosts) > 0 {
+		src = g.hosts[uint32(r)%uint32(len(g.hosts))]
+	}
 	id := uint16(r >> 24)
 	sport := uint16(spoofPortMin + (r>>40)%spoofPortCount)
 	g.mark(src)
@@ -137,6 +142,23 @@ func (g *spoofGen) next(i int) []byte {
 		payloadSum = sum16(0, p)
 	}
 	return writeHeaders(buf, src, g.dst, sport, g.dstPort, id, len(p), payloadSum)
+}
+
+// narrow makes every datagram come from one of hosts, picked at random; it
+// refuses a host outside the generator's source range.
+func (g *spoofGen) narrow(hosts []netip.Addr) error {
+	g.hosts = g.hosts[:0]
+	for _, h := range hosts {
+		if !h.Is4() {
+			return fmt.Errorf("spoofed source %v is not IPv4", h)
+		}
+		a := binary.BigEndian.Uint32(h.AsSlice())
+		if a&^g.hostMask != g.srcBase {
+			return fmt.Errorf("spoofed source %v is outside the flood's range", h)
+		}
+		g.hosts = append(g.hosts, a)
+	}
+	return nil
 }
 
 // mark records src as sent.
