@@ -199,15 +199,20 @@ type Stats struct {
 	// Allowed counts allowlisted datagrams of the limiter's classes.
 	Allowed [Families]uint64
 	// Verified counts, with VerifyIDs, the datagrams verified by a server
-	// ID or a peer address, by how (quicclass.Verification; the
-	// NotVerified column stays zero), whatever the limiter then decides:
-	// short headers by ID and by peer (the rest of the established class
-	// with verification: openings by ID), and openings from a peer, which
-	// are in the opening class.
+	// ID bound to their source or by a peer address, by how
+	// (quicclass.Verification; the NotVerified column stays zero),
+	// whatever the limiter then decides: short headers by ID and from a
+	// proven peer (the rest of the established class with verification:
+	// openings by ID, handshakes from a proven peer), openings from a
+	// proven peer, which are in the opening class, and short headers from
+	// an answered peer, in the unverified class.
 	Verified [Families][quicclass.NumVerifications]uint64
 	// Errors counts datagrams passed because the filter could not reach
 	// its state (only the BPF program has such errors).
 	Errors uint64
+	// Proofs counts the addresses that proved themselves (became proven
+	// peers) by sending back a server ID bound to them.
+	Proofs uint64
 }
 
 // Unlimited counts the datagrams of a class and family that passed under
@@ -247,6 +252,7 @@ func (s *Stats) Add(o *Stats) {
 		}
 	}
 	s.Errors += o.Errors
+	s.Proofs += o.Proofs
 }
 
 // Filter is the whole decision with its state: the limiter's sketches, the
@@ -257,10 +263,11 @@ type Filter struct {
 	lim    *sketch.Limiter
 	allow  allowlist
 	// tat is the negotiation pacer's theoretical arrival time.
-	tat   uint64
-	ids   learned[ServerID]
-	peers learned[PeerKey]
-	stats Stats
+	tat uint64
+	// hk keys the learned sets' hashes (the limiter keeps its own copy).
+	hk      sketch.HashKey
+	learned Learned
+	stats   Stats
 }
 
 // New returns a filter for c with the limiter's hash key hk.
@@ -273,7 +280,7 @@ func New(c Config, hk sketch.HashKey) (*Filter, error) {
 		return nil, err
 	}
 	return &Filter{cfg: c, pacing: NewPacing(c.Negotiation), lim: lim, allow: newAllowlist(c.Allow),
-		ids: newLearned[ServerID](MaxServerIDs), peers: newLearned[PeerKey](MaxPeers)}, nil
+		hk: hk, learned: NewLearned()}, nil
 }
 
 // Update applies a new configuration and keeps the state; the lattice's
@@ -308,13 +315,14 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 	if f.cfg.DryRun {
 		dry = 1
 	}
-	// idLast is the time of the server ID that verified d.
-	var idLast *int64
+	// id is the slot of the server ID that verified d, pk d's source.
+	id := -1
+	var pk PeerKey
 	if f.cfg.Classify {
 		h := f.inspect(d)
 		out.Class, out.Reason = h.Class, h.Reason
 		if h.Check != quicclass.CheckNone {
-			out.Class, out.Reason, out.Verified, idLast = f.verify(&h, &d.Key)
+			out.Class, out.Reason, out.Verified, id, pk = f.verify(&h, &d.Key)
 		}
 	}
 	if out.Verified != quicclass.NotVerified {
@@ -336,8 +344,13 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 			out.Drop = true
 		}
 	default:
-		if st := IDStamp(now); idLast != nil && *idLast < st {
-			*idLast = st
+		if id >= 0 {
+			st := Stamp(now)
+			f.learned.IDs.Refresh(id, f.learned.IDs.Slot(id), st)
+			if e := f.learned.IDs.Slot(id); e&SlotMark == 0 && f.prove(&pk, st) {
+				f.learned.IDs.Mark(id, e)
+				f.stats.Proofs++
+			}
 		}
 		// The allowlist exempts from the limits, not from validity: an
 		// allowlisted source's invalid and negotiation datagrams were
@@ -350,7 +363,7 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 		}
 		class := int(out.Class)
 		k := d.Key
-		k.RankFirst = out.Verified == quicclass.OpeningFromPeer
+		k.RankFirst = out.Verified.RanksFirst()
 		v := f.lim.Decide(&k, class, now, rnd)
 		out.Verdict = v
 		lvl := max(v.Level, 0)
@@ -379,20 +392,54 @@ func (f *Filter) inspect(d *Datagram) quicclass.Header {
 	return quicclass.Inspect(f.cfg.BlockedPorts, d.Key.SrcPort, d.Probe, d.Length, f.cfg.VerifyIDs)
 }
 
-// verify looks up what h asks for, the server ID first and the source k's
-// address only if that does not verify it, and resolves h's class. It
-// returns the stamp of the server ID when the ID verified the datagram.
-func (f *Filter) verify(h *quicclass.Header, k *sketch.Key) (quicclass.Class, quicclass.Reason, quicclass.Verification, *int64) {
-	var idLast *int64
-	if h.HasID {
-		idLast = f.ids.lookup(h.ID)
+// verify looks up what h asks for, the server ID bound to the source
+// address first, and the address in the proven peers only if that does not
+// verify it (and for a short header then in the answered peers), and
+// resolves h's class. It returns the slot of the server ID when one
+// verified the datagram, else -1, and the source's peer key.
+func (f *Filter) verify(h *quicclass.Header, k *sketch.Key) (quicclass.Class, quicclass.Reason, quicclass.Verification, int, PeerKey) {
+	pk, ok := peerKey(k)
+	id := -1
+	if h.HasID && ok {
+		id = f.learned.IDs.Find(BoundHash(&f.hk, h.ID, &pk))
 	}
-	peer := false
-	if h.NeedsPeer(idLast != nil) {
-		if pk, ok := peerKey(k); ok {
-			peer = f.peers.lookup(pk) != nil
-		}
+	var proven, answered bool
+	if h.NeedsPeer(id >= 0) && ok {
+		ha := PeerHash(&f.hk, &pk)
+		proven = f.learned.Proven.Find(ha) >= 0
+		answered = !proven && h.NeedsAnswered() && f.learned.Answered.Find(ha) >= 0
 	}
-	c, r, v := h.Resolve(idLast != nil, peer)
-	return c, r, v, idLast
+	c, r, v := h.Resolve(id >= 0, proven, answered)
+	return c, r, v, id, pk
+}
+
+// prove records that the source pk proved its address through a server
+// ID bound to it, at stamp st: pk becomes a proven peer. It reports whether
+// it is one; Decide then marks the ID's slot, so that later datagrams
+// through it skip this, and counts the proof.
+func (f *Filter) prove(pk *PeerKey, st uint32) bool {
+	return f.learned.Proven.Learn(PeerHash(&f.hk, pk), st)
+}
+
+// Learned returns the filter's learned sets.
+func (f *Filter) Learned() Learned { return f.learned }
+
+// LearnServerID binds id, a connection ID the server put in a long
+// header's source connection ID, to addr, the address it was sent to, at
+// time now (nanoseconds, monotonic).
+func (f *Filter) LearnServerID(id ServerID, addr netip.Addr, now int64) error {
+	return f.learned.LearnServerID(&f.hk, id, addr, now)
+}
+
+// LearnPeer records that the server sent a connection's packet to addr at
+// time now, and whether its packets show addr proven (see
+// Learned.LearnPeer).
+func (f *Filter) LearnPeer(addr netip.Addr, proven bool, now int64) error {
+	return f.learned.LearnPeer(&f.hk, addr, proven, now)
+}
+
+// ExpireLearned forgets the keys of each learned set neither learned nor
+// used for lifetime before now, and returns how many of each.
+func (f *Filter) ExpireLearned(now, lifetime int64) [NumLearned]int {
+	return f.learned.Expire(now, LifetimeStamps(lifetime))
 }

@@ -11,9 +11,15 @@ import (
 
 const start = int64(1000 * time.Second)
 
+// newFilter returns a filter for c whose limiter hashes with the zero key
+// (the tests choose sources that share cells or not by their prefixes),
+// and whose learned sets hash with a seeded one (a zero key would put every
+// key in one slot).
 func newFilter(t *testing.T, c Config) *Filter {
 	t.Helper()
 	var hk sketch.HashKey
+	seeded := sketch.SeededHashKey(11)
+	hk.LearnID, hk.LearnAddr = seeded.LearnID, seeded.LearnAddr
 	f, err := New(c, hk)
 	if err != nil {
 		t.Fatal(err)

@@ -54,10 +54,13 @@ type Engine interface {
 	// to the socket, the userspace limiter decides read's datagrams.
 	Protect(conn *net.UDPConn, read ReadConn) error
 	// Sink learns the server's connection IDs and peers (from the
-	// learner Protect's conns teach); ExpireLearned forgets those unused
-	// for lifetime.
+	// learner Protect's conns teach); ExpireLearned forgets the keys of
+	// each learned set unused for lifetime. Learned is the learned sets,
+	// and AdoptLearned takes over another engine's (stamped now).
 	egress.Sink
-	ExpireLearned(lifetime time.Duration) (ids, peers int, err error)
+	ExpireLearned(lifetime time.Duration) ([decide.NumLearned]int, error)
+	Learned() decide.Learned
+	AdoptLearned(from decide.Learned)
 	// Unprotect takes the filter away from a socket that stays open (the
 	// limiter was removed, or moved to userspace). It reports false when
 	// the socket is closed.

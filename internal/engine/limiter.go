@@ -398,6 +398,9 @@ func (l *Limiter) fallBack(to Mode, why error) error {
 	if err != nil {
 		return err
 	}
+	// What the old engine learned and what its clients proved carry over:
+	// a client verified by its proven address would not prove it again.
+	u.AdoptLearned(l.eng.Learned())
 	for conn, read := range l.reads {
 		if err := u.Protect(conn, read); err != nil {
 			u.Close()
@@ -495,7 +498,7 @@ func (l *Limiter) expireStreams() {
 		l.logSummary(put.Logger, &l.started, "more streams started being limited than are logged one by one", listeners)
 		l.logSummary(put.Logger, &l.ended, "more streams stopped being limited than are logged one by one", listeners)
 		if sweep%expireLearnedEvery == 0 {
-			if _, _, err := eng.ExpireLearned(IDLifetime); err != nil {
+			if _, err := eng.ExpireLearned(IDLifetime); err != nil {
 				put.Logger.Error("forgetting unused connection IDs and peers", zap.String("limiter", l.name), zap.Error(err))
 			}
 		}

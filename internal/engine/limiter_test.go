@@ -32,6 +32,10 @@ type fakeEngine struct {
 	config    decide.Config
 	protected []*net.UDPConn
 	closed    bool
+	// learned are the engine's learned sets; adopted the sets it took
+	// over from the engine before it.
+	learned decide.Learned
+	adopted *decide.Learned
 }
 
 func newFake(t *testing.T, mode string, protectErr error) *fakeEngine {
@@ -40,7 +44,7 @@ func newFake(t *testing.T, mode string, protectErr error) *fakeEngine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fakeEngine{mode: mode, protectErr: protectErr, params: p, events: newFakeEvents()}
+	return &fakeEngine{mode: mode, protectErr: protectErr, params: p, events: newFakeEvents(), learned: decide.NewLearned()}
 }
 
 func (e *fakeEngine) Mode() string { return e.mode }
@@ -88,9 +92,17 @@ func (e *fakeEngine) protecting() []*net.UDPConn {
 	defer e.mu.Unlock()
 	return slices.Clone(e.protected)
 }
-func (e *fakeEngine) LearnServerID(decide.ServerID) error           { return nil }
-func (e *fakeEngine) LearnPeer(netip.Addr) error                    { return nil }
-func (e *fakeEngine) ExpireLearned(time.Duration) (int, int, error) { return 0, 0, nil }
+func (e *fakeEngine) LearnServerID(decide.ServerID, netip.Addr) error { return nil }
+func (e *fakeEngine) LearnPeer(netip.Addr, bool) error                { return nil }
+func (e *fakeEngine) ExpireLearned(time.Duration) ([decide.NumLearned]int, error) {
+	return [decide.NumLearned]int{}, nil
+}
+func (e *fakeEngine) Learned() decide.Learned { return e.learned }
+func (e *fakeEngine) AdoptLearned(from decide.Learned) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.adopted = &from
+}
 func (e *fakeEngine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -86,7 +86,7 @@ func BenchmarkFilter(b *testing.B) {
 			prog := floor
 			if bc.name != "floor" {
 				f := loadTest(b, bc.cfg, bc.opts)
-				if err := f.LearnServerID(sid); err != nil {
+				if err := f.LearnServerID(sid, netip.MustParseAddr("198.51.100.7")); err != nil {
 					b.Fatal(err)
 				}
 				prog = f.objs.Rakelimit

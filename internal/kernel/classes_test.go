@@ -5,9 +5,11 @@ package kernel
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"time"
 	"unsafe"
@@ -105,14 +107,20 @@ func TestClassifyFramesVerify(t *testing.T) {
 		reason   quicclass.Reason
 		verified quicclass.Verification
 	}{
-		{"short to a server id", false, quicclass.ShortPacket(sid, 1200), quicclass.Established, 0, quicclass.ShortByID},
+		// The server sent sid to the peers (true), which prove their
+		// addresses with this first datagram; from a stranger (false)
+		// it verifies nothing.
+		{"short to a server id", true, quicclass.ShortPacket(sid, 1200), quicclass.Established, 0, quicclass.ShortByID},
+		{"short to a server id, from a stranger", false, quicclass.ShortPacket(sid, 1200), quicclass.Unverified, 0, 0},
 		{"short from a peer", true, quicclass.ShortPacket(other, 40), quicclass.Established, 0, quicclass.ShortByPeer},
 		{"short from a stranger", false, quicclass.ShortPacket(other, 40), quicclass.Unverified, 0, 0},
 		{"short of 20 bytes", true, quicclass.ShortPacket(sid, 20), quicclass.Invalid, quicclass.Truncated, 0},
 		{"v1 initial", false, quicclass.LongPacket(v1, initial1, cid, cid, nil, 1200), quicclass.Opening, 0, 0},
 		{"v2 initial from a peer", true, quicclass.LongPacket(v2, initial2, cid, cid, nil, 1250), quicclass.Opening, 0, quicclass.OpeningFromPeer},
-		{"v1 initial to a server id, with a token", false, quicclass.LongPacket(v1, initial1, sid[:], cid, make([]byte, 90), 1200),
+		{"v1 initial to a server id, with a token", true, quicclass.LongPacket(v1, initial1, sid[:], cid, make([]byte, 90), 1200),
 			quicclass.Established, 0, quicclass.OpeningByID},
+		{"v1 initial to a server id, from a stranger", false, quicclass.LongPacket(v1, initial1, sid[:], cid, make([]byte, 90), 1200),
+			quicclass.Opening, 0, 0},
 		{"v2 initial, a token past the probe", true, quicclass.LongPacket(v2, initial2, cid, cid, make([]byte, 700), 1300),
 			quicclass.Opening, 0, quicclass.OpeningFromPeer},
 		{"v1 initial, token past the end", false, func() []byte {
@@ -128,10 +136,12 @@ func TestClassifyFramesVerify(t *testing.T) {
 			return b
 		}(), quicclass.Invalid, quicclass.Length, 0},
 		{"v1 initial, zero length", true, quicclass.LongHeader(v1, initial1, 8, 8, 1200), quicclass.Invalid, quicclass.Length, 0},
-		{"v1 0-rtt to a server id", false, quicclass.LongPacket(v1, zeroRTT1, sid[:], cid, nil, 300), quicclass.Established, 0, quicclass.OpeningByID},
+		{"v1 0-rtt to a server id", true, quicclass.LongPacket(v1, zeroRTT1, sid[:], cid, nil, 300), quicclass.Established, 0, quicclass.OpeningByID},
 		{"v2 0-rtt from a peer", true, quicclass.LongPacket(v2, zeroRTT2, cid, cid, nil, 300), quicclass.Opening, 0, quicclass.OpeningFromPeer},
-		{"v1 handshake to a server id", false, quicclass.LongPacket(v1, handshake1, sid[:], cid, nil, 90), quicclass.Established, 0, quicclass.OpeningByID},
-		{"v2 handshake to a server id", false, quicclass.LongPacket(v2, handshake2, sid[:], nil, nil, 1200), quicclass.Established, 0, quicclass.OpeningByID},
+		{"v1 handshake to a server id", true, quicclass.LongPacket(v1, handshake1, sid[:], cid, nil, 90), quicclass.Established, 0, quicclass.OpeningByID},
+		{"v2 handshake to a server id", true, quicclass.LongPacket(v2, handshake2, sid[:], nil, nil, 1200), quicclass.Established, 0, quicclass.OpeningByID},
+		{"v1 handshake to a server id, from a stranger", false, quicclass.LongPacket(v1, handshake1, sid[:], cid, nil, 90),
+			quicclass.Invalid, quicclass.UnknownConnectionID, 0},
 		{"v1 handshake to another id, from a peer", true, quicclass.LongPacket(v1, handshake1, other[:], cid, nil, 90),
 			quicclass.Established, 0, quicclass.HandshakeFromPeer},
 		{"v2 handshake to an 8-byte id", false, quicclass.LongPacket(v2, handshake2, cid, cid, nil, 90),
@@ -142,7 +152,7 @@ func TestClassifyFramesVerify(t *testing.T) {
 			copy(b[7+4:], []byte{0x40, 19})
 			return b
 		}(), quicclass.Invalid, quicclass.Length, 0},
-		{"v1 handshake, 8-byte length", false, func() []byte {
+		{"v1 handshake, 8-byte length", true, func() []byte {
 			b := quicclass.LongPacket(v1, handshake1, sid[:], nil, nil, 90)
 			return append(append(b[:7+4], 0xc0, 0, 0, 0, 0, 0, 0, 30), make([]byte, 60)...)
 		}(), quicclass.Established, 0, quicclass.OpeningByID},
@@ -153,9 +163,9 @@ func TestClassifyFramesVerify(t *testing.T) {
 	c.VerifyIDs = true
 	w := newTwin(t, c)
 	now := start
-	w.learnID(sid, now)
 	sources := map[bool][]string{false: {"198.51.100.7", "2001:db8:1:2::7"}, true: {"203.0.113.7", "2001:db8:77::7"}}
 	for _, src := range sources[true] {
+		w.learnID(sid, netip.MustParseAddr(src), now)
 		w.learnPeer(netip.MustParseAddr(src), now)
 	}
 	for fi := range 2 {
@@ -302,19 +312,24 @@ func TestSocketClasses(t *testing.T) {
 			c.Negotiation = 1000
 			c.VerifyIDs = verify
 			f, conn, port := attached(t, c, "udp")
-			twin, err := decide.New(c, sketch.HashKey{})
+			twin, err := decide.New(c, f.hk)
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The server sent its ID to 127.0.0.9, which proves its
+			// address with the first datagram that carries it; 127.0.0.10
+			// carries it too, from an address it was not sent to.
 			peer := netip.MustParseAddr("127.0.0.9")
-			if err := f.LearnServerID(sid); err != nil {
+			if err := f.LearnServerID(sid, peer); err != nil {
 				t.Fatal(err)
 			}
-			if err := f.LearnPeer(peer); err != nil {
+			if err := f.LearnPeer(peer, false); err != nil {
 				t.Fatal(err)
 			}
-			twin.LearnServerID(sid, start)
-			if err := twin.LearnPeer(peer, start); err != nil {
+			if err := twin.LearnServerID(sid, peer, start); err != nil {
+				t.Fatal(err)
+			}
+			if err := twin.LearnPeer(peer, false, start); err != nil {
 				t.Fatal(err)
 			}
 			r := testutil.Receive(conn)
@@ -325,7 +340,9 @@ func TestSocketClasses(t *testing.T) {
 				if netip.MustParseAddrPort(src).Addr().Is6() {
 					dst = netip.AddrPortFrom(netip.IPv6Loopback(), port)
 				}
-				for _, b := range payloads {
+				// The proof first, so that the rest from 127.0.0.9 meets a
+				// proven peer whatever the order of payloads.
+				for _, b := range append([][]byte{payloads["short to a server id"]}, slices.Collect(maps.Values(payloads))...) {
 					if _, err := s.WriteToUDPAddrPort(b, dst); err != nil {
 						t.Fatal(err)
 					}
@@ -376,7 +393,7 @@ func TestSocketGSOBatches(t *testing.T) {
 			c := testutil.QUICLimits(100_000, 100_000)
 			c.VerifyIDs = verify
 			f, conn, port := attached(t, c, "udp")
-			if err := f.LearnServerID(sid); err != nil {
+			if err := f.LearnServerID(sid, netip.MustParseAddr("127.0.0.9")); err != nil {
 				t.Fatal(err)
 			}
 			r := testutil.Receive(conn)

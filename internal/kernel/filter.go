@@ -1,15 +1,16 @@
 //go:build linux
 
-// Package bpf loads the rakelimit socket filter (rakelimit.c, compiled by
-// bpf2go into the committed rakelimit_bpf*.{go,o}) and attaches it to UDP
-// sockets. The filter makes, in the kernel, exactly the decisions of the Go
-// limiter in internal/decide/sketch, whose configuration and tables it shares.
+// Package kernel loads the rakelimit socket filter (rakelimit.c and its
+// headers in c/, compiled by bpf2go into the committed rakelimit_bpf*.{go,o})
+// and attaches it to UDP sockets. The filter makes, in the kernel, exactly
+// the decisions of its Go twin (package decide), whose configuration and
+// tables it shares.
 //
-// What the filter learns of the server (LearnServerID, LearnPeer) lives in
-// a set-associative table for decide.MaxServerIDs (2^17) IDs, mapped into
-// userspace, and a preallocated LRU hash map of decide.MaxPeers (2^17)
-// entries; the kernel charges them about 2 MiB and 11 MiB
-// (TestLearnedMemory logs the figures), whether used or not.
+// What the filter learns of the server (LearnServerID, LearnPeer) and what
+// clients prove lives in three learned sets (decide.LearnedSet), mmapped
+// arrays of 2 MiB each with a 32 KiB quick-reject filter, which userspace
+// writes with the Go twin's code (TestLearnedMemory logs what the kernel
+// charges for the maps).
 package kernel
 
 import (
@@ -39,8 +40,9 @@ var (
 	_ [1]struct{} = [len(rakelimitConfig{}.Thresh[0]) - sketch.MaxNodes + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitConfig{}.Thresh) - sketch.NumClasses + 1]struct{}{}
 	_ [1]struct{} = [sketch.NumClasses - quicclass.LimiterClasses + 1]struct{}{}
-	_ [1]struct{} = [len(rakelimitIdSet{}.Slot) - decide.IDWays + 1]struct{}{}
-	_ [1]struct{} = [len(rakelimitPeerKey{}.Words) - len(decide.PeerKey{}) + 1]struct{}{}
+	_ [1]struct{} = [len(rakelimitLearnedSet{}.Slot) - decide.LearnedWays + 1]struct{}{}
+	_ [1]struct{} = [len(rakelimitConfig{}.LearnId) - len(sketch.HashKey{}.LearnID) + 1]struct{}{}
+	_ [1]struct{} = [len(rakelimitConfig{}.LearnAddr) - len(sketch.HashKey{}.LearnAddr) + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitStats{}.Verified[0]) - int(quicclass.NumVerifications) + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitConfig{}.G) - sketch.Slots + 1]struct{}{}
 	_ [1]struct{} = [len(rakelimitConfig{}.D0) - sketch.DecayEntries + 1]struct{}{}
@@ -67,9 +69,10 @@ type Filter struct {
 	// cells and resetting them.
 	sweepHook func()
 
-	// quick is the quick-reject filters' map, mapped (see quickFilters);
-	// ids the server IDs' table (see mapServerIDs).
-	quick, ids []byte
+	// learned are the learned sets, in mapped maps (see mapLearned);
+	// mapped are the mappings, which Close unmaps.
+	learned decide.Learned
+	mapped  [][]byte
 
 	mu     sync.Mutex
 	cfg    decide.Config
@@ -122,8 +125,8 @@ func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
 	// which the userspace limiter keeps too; the generated types do not
 	// carry them, so they are checked here rather than at compile time.
 	for m, want := range map[string]uint32{rakelimitMapAllow4: decide.MaxAllow, rakelimitMapAllow6: decide.MaxAllow,
-		rakelimitMapStreams: decide.MaxTrackedStreams, rakelimitMapServerIds: 1 << decide.IDSetShift,
-		rakelimitMapPeers: decide.MaxPeers} {
+		rakelimitMapStreams: decide.MaxTrackedStreams, rakelimitMapServerIds: decide.LearnedSets,
+		rakelimitMapProvenPeers: decide.LearnedSets, rakelimitMapAnsweredPeers: decide.LearnedSets} {
 		if n := spec.Maps[m].MaxEntries; n != want {
 			return nil, fmt.Errorf("the BPF object's %s holds %d entries, internal/decide says %d", m, n, want)
 		}
@@ -147,10 +150,7 @@ func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
 	if err := f.seedPRNG(); err != nil {
 		return nil, err
 	}
-	if err := f.mapQuick(); err != nil {
-		return nil, err
-	}
-	if err := f.mapServerIDs(); err != nil {
+	if err := f.mapLearned(); err != nil {
 		return nil, err
 	}
 	if err := f.initFairShares(); err != nil {
@@ -493,6 +493,7 @@ func (f *Filter) compiled(c decide.Config, p *sketch.Params, next allowSet) *rak
 	k.G, k.W, k.Ginv = p.G, p.W, p.GInv
 	k.D0, k.D1, k.D2 = p.D0, p.D1, p.D2
 	k.HashA, k.HashB, k.RankA, k.RankB = f.hk.A, f.hk.B, f.hk.R, f.hk.RB
+	k.LearnId, k.LearnAddr = f.hk.LearnID, f.hk.LearnAddr
 	k.FamilyWord, k.Mask = p.FamilyWord, p.Mask
 	for i, n := range p.Nodes {
 		k.Nodes[i] = uint8(n)
@@ -741,7 +742,7 @@ func (f *Filter) Info() (Info, error) {
 	var in Info
 	in.Instructions = len(insns)
 	for _, m := range []*ebpf.Map{f.objs.Cells, f.objs.Configs, f.objs.ActiveConfig, f.objs.TestVerdict, f.objs.Streams,
-		f.objs.FairShares, f.objs.Pacer, f.objs.ServerIds, f.objs.Peers} {
+		f.objs.FairShares, f.objs.Pacer, f.objs.ServerIds, f.objs.ProvenPeers, f.objs.AnsweredPeers, f.objs.Quick} {
 		in.MapBytes += int(m.MaxEntries() * (m.KeySize() + m.ValueSize()))
 	}
 	in.SketchBytes = int(f.objs.Cells.MaxEntries() * f.objs.Cells.ValueSize())
@@ -755,17 +756,12 @@ func (f *Filter) Info() (Info, error) {
 // Close releases the filter's file descriptors. Sockets it is attached to
 // keep the program and maps alive until they close or detach it.
 func (f *Filter) Close() error {
-	if f.quick != nil {
-		if err := unix.Munmap(f.quick); err != nil {
-			return fmt.Errorf("unmapping the quick-reject filters: %w", err)
+	f.learned = decide.Learned{}
+	for _, mem := range f.mapped {
+		if err := unix.Munmap(mem); err != nil {
+			return fmt.Errorf("unmapping a learned set: %w", err)
 		}
-		f.quick = nil
 	}
-	if f.ids != nil {
-		if err := unix.Munmap(f.ids); err != nil {
-			return fmt.Errorf("unmapping the server IDs' table: %w", err)
-		}
-		f.ids = nil
-	}
+	f.mapped = nil
 	return f.objs.Close()
 }

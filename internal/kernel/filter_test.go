@@ -5,7 +5,6 @@ package kernel
 import (
 	"bytes"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -97,54 +96,55 @@ func sameVerdict(got rakelimitVerdict, want decide.Outcome) bool {
 		(!v.Limited || (int(got.Level) == v.Level && sketch.Node(got.Node) == v.Node && got.Estimate == v.Estimate))
 }
 
-// learnID learns a server ID in both at time at.
-func (w *twin) learnID(id decide.ServerID, at int64) {
+// learnID learns a server ID bound to to in both at time at.
+func (w *twin) learnID(id decide.ServerID, to netip.Addr, at int64) {
 	w.t.Helper()
-	if err := w.f.learnServerID(id, uint64(at)); err != nil {
+	if err := w.f.learned.LearnServerID(&w.f.hk, id, to, at); err != nil {
 		w.t.Fatal(err)
 	}
-	w.d.LearnServerID(id, at)
+	if err := w.d.LearnServerID(id, to, at); err != nil {
+		w.t.Fatal(err)
+	}
 }
 
 // learnPeer learns a peer in both at time at.
 func (w *twin) learnPeer(addr netip.Addr, at int64) {
 	w.t.Helper()
-	if err := w.f.learnPeer(addr, uint64(at)); err != nil {
+	if err := w.f.learned.LearnPeer(&w.f.hk, addr, false, at); err != nil {
 		w.t.Fatal(err)
 	}
-	if err := w.d.LearnPeer(addr, at); err != nil {
+	if err := w.d.LearnPeer(addr, false, at); err != nil {
 		w.t.Fatal(err)
 	}
 }
 
-// expire expires what both learned before before, and checks that they
-// forget as much.
-func (w *twin) expire(before int64) {
+// expire expires in both what was neither learned nor used for lifetime
+// before now, and checks that they forget as much.
+func (w *twin) expire(now, lifetime int64) {
 	w.t.Helper()
-	ids, peers, err := w.f.expireLearned(uint64(before))
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	if wi, wp := w.d.ExpireLearned(before); ids != wi || peers != wp {
-		w.t.Fatalf("expiry before %d: BPF forgot %d IDs and %d peers, Go %d and %d", before, ids, peers, wi, wp)
+	got := w.f.learned.Expire(now, decide.LifetimeStamps(lifetime))
+	if want := w.d.ExpireLearned(now, lifetime); got != want {
+		w.t.Fatalf("expiry at %d: BPF forgot %v of each learned set, Go %v", now, got, want)
 	}
 }
 
-// learned reads the kernel's learned server IDs, with their stamps, and
-// peers, with their times.
-func (f *Filter) learned(t testing.TB) (map[decide.ServerID]int64, map[decide.PeerKey]int64) {
-	t.Helper()
-	ids, peers := f.serverIDs(), map[decide.PeerKey]int64{}
-	var pk rakelimitPeerKey
-	var at uint64
-	it := f.objs.Peers.Iterate()
-	for it.Next(&pk, &at) {
-		peers[pk.Words] = int64(at)
+// compareLearned checks that the kernel's learned sets and the Go twin's
+// hold the same slots and quick-reject filters.
+func (w *twin) compareLearned() {
+	w.t.Helper()
+	got, want := w.f.learned.Sets(), w.d.Learned().Sets()
+	for i := range got {
+		gs, gq := got[i].Snapshot()
+		ws, wq := want[i].Snapshot()
+		for j := range ws {
+			if gs[j] != ws[j] {
+				w.t.Fatalf("after packet %d: learned set %d, slot %d: BPF %#x, Go %#x", w.packet, i, j, gs[j], ws[j])
+			}
+		}
+		if !slices.Equal(gq, wq) {
+			w.t.Fatalf("after packet %d: learned set %d: the quick-reject filters differ", w.packet, i)
+		}
 	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return ids, peers
 }
 
 // compareState checks every sketch cell, the fair shares and the total's
@@ -152,11 +152,7 @@ func (f *Filter) learned(t testing.TB) (map[decide.ServerID]int64, map[decide.Pe
 // learned server IDs and peers with their times, and the counters.
 func (w *twin) compareState() {
 	w.t.Helper()
-	ids, peers := w.f.learned(w.t)
-	if !maps.Equal(ids, w.d.ServerIDs()) || !maps.Equal(peers, w.d.Peers()) {
-		w.t.Fatalf("after packet %d: learned IDs BPF %v, Go %v; peers BPF %v, Go %v", w.packet, ids, w.d.ServerIDs(),
-			peers, w.d.Peers())
-	}
+	w.compareLearned()
 	got, want := w.f.lines(w.t), w.d.Limiter().Lines()
 	if len(got) != len(want) {
 		w.t.Fatalf("BPF has %d lines, Go %d", len(got), len(want))
@@ -718,7 +714,6 @@ func TestDimensions(t *testing.T) {
 		t.Fatalf("cells map has %d lines, want %d", got, want)
 	}
 	sid := decide.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
-	w.learnID(sid, start)
 	payloads := [sketch.NumClasses][]byte{
 		quicclass.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
 		quicclass.ShortPacket(sid, 100),
@@ -727,6 +722,9 @@ func TestDimensions(t *testing.T) {
 	for i := range 2000 {
 		p := udp(fmt.Sprintf("2001:db8:%x::%x", i, i), uint16(2000+i))
 		p.Data = payloads[i%sketch.NumClasses]
+		if i%sketch.NumClasses == int(quicclass.Established) { // the ID was sent to this source
+			w.learnID(sid, p.Src, start+int64(i)*1000)
+		}
 		w.step(p, p.Datagram(true), start+int64(i)*1000, uint32(i))
 	}
 	w.compareState()
@@ -815,7 +813,15 @@ func TestDifferentialVerify(t *testing.T) {
 			peers = append(peers, netip.MustParseAddr(fmt.Sprintf("2001:db8:77::%x", 1+i)))
 		}
 	}
-	learnedAt := map[decide.ServerID]int64{}
+	// The server sends each ID to one peer; the last ten peers get none,
+	// so that they stay answered peers, which never prove themselves.
+	type bound struct {
+		id decide.ServerID
+		to netip.Addr
+	}
+	var issued []bound
+	learnedAt := map[bound]uint32{}
+	ownID := map[netip.Addr]decide.ServerID{}
 	clientID := func() []byte {
 		b := make([]byte, 8+rng.IntN(13))
 		for i := range b {
@@ -898,14 +904,16 @@ func TestDifferentialVerify(t *testing.T) {
 			at = now
 		}
 		switch {
-		case i%400 == 0 && len(learnedAt) < len(ids): // the server issues a new ID
-			id := ids[len(learnedAt)]
-			w.learnID(id, at)
-			learnedAt[id] = at
+		case i%400 == 0 && len(issued) < len(ids): // the server issues a new ID to a peer
+			b := bound{ids[len(issued)], peers[rng.IntN(len(peers)-10)]}
+			w.learnID(b.id, b.to, at)
+			issued = append(issued, b)
+			learnedAt[b] = decide.Stamp(at)
+			ownID[b.to] = b.id
 		case i%150 == 0: // and sends to a peer
 			w.learnPeer(peers[rng.IntN(len(peers))], at)
 		case i%5000 == 4000:
-			w.expire(now - int64(3*time.Second))
+			w.expire(now, int64(3*time.Second))
 			w.compareState()
 		}
 		var p testutil.Frame
@@ -913,13 +921,22 @@ func TestDifferentialVerify(t *testing.T) {
 		if rng.IntN(3) > 0 {
 			id = ids[rng.IntN(len(ids))]
 		}
+		spoofed := func() string {
+			return netip.AddrFrom4([4]byte{byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())}).String()
+		}
 		switch r := rng.IntN(100); {
-		case r < 30: // spoofed unverified short headers
-			p = udp(netip.AddrFrom4([4]byte{byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())}).String(),
-				uint16(1024+rng.IntN(60000)))
+		case r < 25: // spoofed unverified short headers
+			p = udp(spoofed(), uint16(1024+rng.IntN(60000)))
 			p.Data = quicclass.ShortPacket(randID(), 30+rng.IntN(1000))
+		case r < 32 && len(issued) > 0: // an ID the server sent to a peer, sprayed from anywhere else
+			p = udp(spoofed(), uint16(1024+rng.IntN(60000)))
+			p.Data = payload(issued[rng.IntN(len(issued))].id)
 		case r < 55:
-			p = udp(peers[rng.IntN(len(peers))].String(), uint16(1024+rng.IntN(60000)))
+			peer := peers[rng.IntN(len(peers))]
+			if own, ok := ownID[peer]; ok && rng.IntN(2) == 0 {
+				id = own
+			}
+			p = udp(peer.String(), uint16(1024+rng.IntN(60000)))
 			p.Data = payload(id)
 		default:
 			if rng.IntN(2) == 0 {
@@ -949,10 +966,18 @@ func TestDifferentialVerify(t *testing.T) {
 		openingTop += st.Dropped[quicclass.Opening][fam][top] + st.WouldDrop[quicclass.Opening][fam][top]
 	}
 	refreshed := 0
-	for id, at := range w.d.ServerIDs() {
-		if at != learnedAt[id] {
+	for b, st := range learnedAt {
+		pk, err := decide.PeerKeyOf(b.to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := w.d.Learned().IDs
+		if i := ids.Find(decide.BoundHash(&w.f.hk, b.id, &pk)); i >= 0 && uint32(ids.Slot(i))&decide.StampMask != st {
 			refreshed++
 		}
+	}
+	if st.Proofs == 0 {
+		t.Errorf("no address proved itself")
 	}
 	for v := quicclass.ShortByID; v < quicclass.NumVerifications; v++ {
 		if verified[v] == 0 {

@@ -93,9 +93,11 @@ func FuzzDecision(f *testing.F) {
 	verify.Allow = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("2001:db8:77::/64")}
 	now := start
 	twins := []*twin{newTwin(f, plain), newTwin(f, verify)}
-	twins[1].learnID(decide.ServerID{0xa1, 0xb2, 0xc3, 0xd4}, now)
-	twins[1].learnPeer(netip.MustParseAddr("203.0.113.7"), now)
-	twins[1].learnPeer(netip.MustParseAddr("2001:db8:77::7"), now)
+	for _, a := range []string{"203.0.113.7", "2001:db8:77::7"} {
+		twins[1].learnID(decide.ServerID{0xa1, 0xb2, 0xc3, 0xd4}, netip.MustParseAddr(a), now)
+		twins[1].learnPeer(netip.MustParseAddr(a), now)
+	}
+	twins[1].learnPeer(netip.MustParseAddr("203.0.113.8"), now)
 	f.Fuzz(func(t *testing.T, ip []byte, ipv6 bool, rnd uint32) {
 		if len(ip)+testutil.EthHdrLen > fuzzMaxFrame {
 			return

@@ -5,9 +5,10 @@
 //
 // The program performs, operation for operation, what Filter.Decide in
 // internal/decide does: the QUIC class of the datagram (internal/decide/quicclass),
-// verified against the connection IDs the server issued and the addresses it
-// sends to (which userspace learns from the server's own datagrams and writes
-// to the server_ids and peers maps), then the version negotiation cap, or the
+// verified against the connection IDs the server issued, each bound to the
+// address it was sent to, and the addresses that proved themselves through
+// them (userspace learns the IDs and the addresses it answers from the
+// server's own datagrams; the program adds the proven peers), then the version negotiation cap, or the
 // allowlist and the class's limiter (Limiter.Decide in
 // internal/decide/sketch, where the algorithm, its parameters and error bounds are
 // documented). Tests run packet traces through both and compare verdicts,
@@ -145,21 +146,28 @@ int rakelimit(struct __sk_buff *skb)
 		check = (c >> HDR_CHECK_SHIFT) & HDR_FIELD_MASK;
 		has_id = (c & HDR_HAS_ID) != 0;
 	}
-	// Verification (decide.Filter.verify): the server ID first, the
-	// source address only if that does not verify the datagram. id_slot
-	// is the table's slot of the ID that verified it.
+	// Verification (decide.Filter.verify): the server ID bound to the
+	// source first, the source among the proven peers only if that does
+	// not verify the datagram, and a short header's among the answered
+	// ones then. id_slot is the slot of the ID that verified it.
 	__u64 *id_slot = NULL;
 	if (check != CHECK_NONE) {
-		if (has_id) {
+		int known = known_family(&k);
+		if (has_id && known) {
 			struct server_id id;
 			server_id_of(&k, check, &id);
-			__u32 w = id_word(&id);
-			__u64 h = id_hash(cfg, w);
-			if (maybe_in(QUICK_IDS, h))
-				id_slot = find_server_id(w, h);
+			__u64 h = bound_hash(cfg, id_word(&id), &k);
+			if (maybe_in(LEARNED_IDS, h))
+				id_slot = find_slot(&server_ids, h);
 		}
-		int peer = needs_peer(check, id_slot != NULL) && known_peer(cfg, &k);
-		int r = resolve(check, id_slot != NULL, peer);
+		int proven = 0, answered = 0;
+		if (needs_peer(check, id_slot != NULL) && known) {
+			__u64 h = peer_hash(cfg, &k);
+			proven = maybe_in(LEARNED_PROVEN, h) && find_slot(&proven_peers, h);
+			answered = !proven && needs_answered(check) && maybe_in(LEARNED_ANSWERED, h) &&
+				   find_slot(&answered_peers, h);
+		}
+		int r = resolve(check, id_slot != NULL, proven, answered);
 		class = r & HDR_FIELD_MASK;
 		v.reason = r >> HDR_REASON_SHIFT;
 		v.verified = r >> HDR_VERIFIED_SHIFT;
@@ -204,8 +212,16 @@ int rakelimit(struct __sk_buff *skb)
 			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
 		return neg == NEG_DROPPED ? pkt_drop(skb) : pkt_pass(skb);
 	}
-	if (id_slot)
-		refresh_server_id(id_slot, now);
+	if (id_slot) {
+		__u32 stamp = stamp_of(now);
+
+		refresh_slot(id_slot, stamp);
+		__u64 e = *id_slot;
+		if (!(e & SLOT_MARK) && prove(cfg, &k, stamp)) {
+			__sync_val_compare_and_swap(id_slot, e, e | SLOT_MARK);
+			st->proofs++;
+		}
+	}
 	// The allowlist exempts from the limits, not from validity: an
 	// allowlisted source's invalid datagrams (its blocked ports among
 	// them) and unknown versions were decided above, as anyone's, since a
@@ -218,7 +234,7 @@ int rakelimit(struct __sk_buff *skb)
 		}
 		return pkt_pass(skb);
 	}
-	k.rank_first = v.verified == VERIFIED_OPENING_FROM_PEER;
+	k.rank_first = rank_first(v.verified);
 	if (bench_random_source) {
 		__u32 r = next_random(&cs->rng);
 

@@ -41,6 +41,8 @@ type rakelimitConfig struct {
 	HashB         [2]uint64
 	RankA         [6]uint64
 	RankB         uint64
+	LearnId       [6]uint64
+	LearnAddr     [5]uint64
 	FamilyWord    [2][4]uint64
 	Mask          [2][4][4]uint32
 	AllowFilter   [2][16]uint64
@@ -81,7 +83,7 @@ type rakelimitFair struct {
 	Share [3][2]uint64
 }
 
-type rakelimitIdSet struct {
+type rakelimitLearnedSet struct {
 	_    structs.HostLayout
 	Slot [8]uint64
 }
@@ -127,11 +129,6 @@ type rakelimitNodeWork struct {
 	Pad3      [5]uint8
 }
 
-type rakelimitPeerKey struct {
-	_     structs.HostLayout
-	Words [4]uint32
-}
-
 type rakelimitPending struct {
 	_    structs.HostLayout
 	Cell [3]struct {
@@ -159,8 +156,9 @@ type rakelimitStats struct {
 	Negotiation [3][3]uint64
 	Invalid     [2][3][12]uint64
 	Allowed     [3]uint64
-	Verified    [3][6]uint64
+	Verified    [3][7]uint64
 	Errors      uint64
+	Proofs      uint64
 }
 
 type rakelimitStreamKey struct {
@@ -208,6 +206,7 @@ const (
 	rakelimitMapActiveConfig      = "active_config"
 	rakelimitMapAllow4            = "allow4"
 	rakelimitMapAllow6            = "allow6"
+	rakelimitMapAnsweredPeers     = "answered_peers"
 	rakelimitMapCells             = "cells"
 	rakelimitMapConfigs           = "configs"
 	rakelimitMapCounters          = "counters"
@@ -216,7 +215,7 @@ const (
 	rakelimitMapFairShares        = "fair_shares"
 	rakelimitMapNodeScratch       = "node_scratch"
 	rakelimitMapPacer             = "pacer"
-	rakelimitMapPeers             = "peers"
+	rakelimitMapProvenPeers       = "proven_peers"
 	rakelimitMapQuick             = "quick"
 	rakelimitMapServerIds         = "server_ids"
 	rakelimitMapStreams           = "streams"
@@ -277,24 +276,25 @@ type rakelimitProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type rakelimitMapSpecs struct {
-	ActiveConfig *ebpf.MapSpec `ebpf:"active_config"`
-	Allow4       *ebpf.MapSpec `ebpf:"allow4"`
-	Allow6       *ebpf.MapSpec `ebpf:"allow6"`
-	Cells        *ebpf.MapSpec `ebpf:"cells"`
-	Configs      *ebpf.MapSpec `ebpf:"configs"`
-	Counters     *ebpf.MapSpec `ebpf:"counters"`
-	CpuState     *ebpf.MapSpec `ebpf:"cpu_state"`
-	Events       *ebpf.MapSpec `ebpf:"events"`
-	FairShares   *ebpf.MapSpec `ebpf:"fair_shares"`
-	NodeScratch  *ebpf.MapSpec `ebpf:"node_scratch"`
-	Pacer        *ebpf.MapSpec `ebpf:"pacer"`
-	Peers        *ebpf.MapSpec `ebpf:"peers"`
-	Quick        *ebpf.MapSpec `ebpf:"quick"`
-	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
-	Streams      *ebpf.MapSpec `ebpf:"streams"`
-	TestVerdict  *ebpf.MapSpec `ebpf:"test_verdict"`
-	Totals       *ebpf.MapSpec `ebpf:"totals"`
-	Untracked    *ebpf.MapSpec `ebpf:"untracked"`
+	ActiveConfig  *ebpf.MapSpec `ebpf:"active_config"`
+	Allow4        *ebpf.MapSpec `ebpf:"allow4"`
+	Allow6        *ebpf.MapSpec `ebpf:"allow6"`
+	AnsweredPeers *ebpf.MapSpec `ebpf:"answered_peers"`
+	Cells         *ebpf.MapSpec `ebpf:"cells"`
+	Configs       *ebpf.MapSpec `ebpf:"configs"`
+	Counters      *ebpf.MapSpec `ebpf:"counters"`
+	CpuState      *ebpf.MapSpec `ebpf:"cpu_state"`
+	Events        *ebpf.MapSpec `ebpf:"events"`
+	FairShares    *ebpf.MapSpec `ebpf:"fair_shares"`
+	NodeScratch   *ebpf.MapSpec `ebpf:"node_scratch"`
+	Pacer         *ebpf.MapSpec `ebpf:"pacer"`
+	ProvenPeers   *ebpf.MapSpec `ebpf:"proven_peers"`
+	Quick         *ebpf.MapSpec `ebpf:"quick"`
+	ServerIds     *ebpf.MapSpec `ebpf:"server_ids"`
+	Streams       *ebpf.MapSpec `ebpf:"streams"`
+	TestVerdict   *ebpf.MapSpec `ebpf:"test_verdict"`
+	Totals        *ebpf.MapSpec `ebpf:"totals"`
+	Untracked     *ebpf.MapSpec `ebpf:"untracked"`
 }
 
 // rakelimitVariableSpecs contains global variables before they are loaded into the kernel.
@@ -325,24 +325,25 @@ func (o *rakelimitObjects) Close() error {
 //
 // It can be passed to loadRakelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type rakelimitMaps struct {
-	ActiveConfig *ebpf.Map `ebpf:"active_config"`
-	Allow4       *ebpf.Map `ebpf:"allow4"`
-	Allow6       *ebpf.Map `ebpf:"allow6"`
-	Cells        *ebpf.Map `ebpf:"cells"`
-	Configs      *ebpf.Map `ebpf:"configs"`
-	Counters     *ebpf.Map `ebpf:"counters"`
-	CpuState     *ebpf.Map `ebpf:"cpu_state"`
-	Events       *ebpf.Map `ebpf:"events"`
-	FairShares   *ebpf.Map `ebpf:"fair_shares"`
-	NodeScratch  *ebpf.Map `ebpf:"node_scratch"`
-	Pacer        *ebpf.Map `ebpf:"pacer"`
-	Peers        *ebpf.Map `ebpf:"peers"`
-	Quick        *ebpf.Map `ebpf:"quick"`
-	ServerIds    *ebpf.Map `ebpf:"server_ids"`
-	Streams      *ebpf.Map `ebpf:"streams"`
-	TestVerdict  *ebpf.Map `ebpf:"test_verdict"`
-	Totals       *ebpf.Map `ebpf:"totals"`
-	Untracked    *ebpf.Map `ebpf:"untracked"`
+	ActiveConfig  *ebpf.Map `ebpf:"active_config"`
+	Allow4        *ebpf.Map `ebpf:"allow4"`
+	Allow6        *ebpf.Map `ebpf:"allow6"`
+	AnsweredPeers *ebpf.Map `ebpf:"answered_peers"`
+	Cells         *ebpf.Map `ebpf:"cells"`
+	Configs       *ebpf.Map `ebpf:"configs"`
+	Counters      *ebpf.Map `ebpf:"counters"`
+	CpuState      *ebpf.Map `ebpf:"cpu_state"`
+	Events        *ebpf.Map `ebpf:"events"`
+	FairShares    *ebpf.Map `ebpf:"fair_shares"`
+	NodeScratch   *ebpf.Map `ebpf:"node_scratch"`
+	Pacer         *ebpf.Map `ebpf:"pacer"`
+	ProvenPeers   *ebpf.Map `ebpf:"proven_peers"`
+	Quick         *ebpf.Map `ebpf:"quick"`
+	ServerIds     *ebpf.Map `ebpf:"server_ids"`
+	Streams       *ebpf.Map `ebpf:"streams"`
+	TestVerdict   *ebpf.Map `ebpf:"test_verdict"`
+	Totals        *ebpf.Map `ebpf:"totals"`
+	Untracked     *ebpf.Map `ebpf:"untracked"`
 }
 
 func (m *rakelimitMaps) Close() error {
@@ -350,6 +351,7 @@ func (m *rakelimitMaps) Close() error {
 		m.ActiveConfig,
 		m.Allow4,
 		m.Allow6,
+		m.AnsweredPeers,
 		m.Cells,
 		m.Configs,
 		m.Counters,
@@ -358,7 +360,7 @@ func (m *rakelimitMaps) Close() error {
 		m.FairShares,
 		m.NodeScratch,
 		m.Pacer,
-		m.Peers,
+		m.ProvenPeers,
 		m.Quick,
 		m.ServerIds,
 		m.Streams,

@@ -35,16 +35,22 @@ func TestLearnVerifies(t *testing.T) {
 	rng := xorshift{0x9e3779b97f4a7c15}
 	sid := decide.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
 	other := decide.ServerID{1, 2, 3, 4}
-	peer := netip.MustParseAddr("192.0.2.50")
-	if err := l.LearnServerID(sid); err != nil {
+	// The server sent sid to client, and a connection's packets to
+	// answered, which proves nothing.
+	client, answered := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("192.0.2.50")
+	if err := l.LearnServerID(sid, client); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.LearnPeer(peer); err != nil {
+	if err := twin.LearnServerID(sid, client, clk.Now()); err != nil {
 		t.Fatal(err)
 	}
-	twin.LearnServerID(sid, clk.Now())
-	if err := twin.LearnPeer(peer, clk.Now()); err != nil {
-		t.Fatal(err)
+	for _, a := range []netip.Addr{client, answered} {
+		if err := l.LearnPeer(a, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := twin.LearnPeer(a, false, clk.Now()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	tests := []struct {
 		src      string
@@ -52,12 +58,14 @@ func TestLearnVerifies(t *testing.T) {
 		class    quicclass.Class
 		verified quicclass.Verification
 	}{
-		{"198.51.100.1:40000", quicclass.ShortPacket(sid, 100), quicclass.Established, quicclass.ShortByID},
-		{"192.0.2.50:40000", quicclass.ShortPacket(other, 100), quicclass.Established, quicclass.ShortByPeer},
-		{"198.51.100.1:40000", quicclass.ShortPacket(other, 100), quicclass.Unverified, 0},
-		{"192.0.2.50:40000", quicclass.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
+		{"198.51.100.1:40000", quicclass.ShortPacket(sid, 100), quicclass.Established, quicclass.ShortByID}, // the proof
+		{"198.51.100.1:40001", quicclass.ShortPacket(other, 100), quicclass.Established, quicclass.ShortByPeer},
+		{"192.0.2.50:40000", quicclass.ShortPacket(other, 100), quicclass.Unverified, quicclass.FromAnswered},
+		{"192.0.2.50:40000", quicclass.ShortPacket(sid, 100), quicclass.Unverified, quicclass.FromAnswered},
+		{"203.0.113.1:40000", quicclass.ShortPacket(other, 100), quicclass.Unverified, 0},
+		{"198.51.100.1:40000", quicclass.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
 			quicclass.Opening, quicclass.OpeningFromPeer},
-		{"198.51.100.1:40000", quicclass.LongPacket(quicclass.Version2, 3, other[:], nil, nil, 100), quicclass.Invalid, 0},
+		{"203.0.113.1:40000", quicclass.LongPacket(quicclass.Version2, 3, other[:], nil, nil, 100), quicclass.Invalid, 0},
 	}
 	for i, tt := range tests {
 		clk.Advance(time.Millisecond)
@@ -71,21 +79,21 @@ func TestLearnVerifies(t *testing.T) {
 	if st, _ := l.Stats(); st != twin.Stats() {
 		t.Fatalf("stats %+v, the twin's %+v", st, twin.Stats())
 	}
-	clk.Advance(2 * time.Second)
-	// The ID was used 2 s ago (by the first datagram), the peer learned
-	// as long ago.
-	if ids, peers, err := l.ExpireLearned(3 * time.Second); err != nil || ids != 0 || peers != 0 {
-		t.Fatalf("ExpireLearned(3s) = %d, %d, %v", ids, peers, err)
+	clk.Advance(5 * time.Second)
+	// The ID was used 5 s ago (by the first datagram), the proof and the
+	// peers as long ago.
+	if n, err := l.ExpireLearned(10 * time.Second); err != nil || n != [decide.NumLearned]int{} {
+		t.Fatalf("ExpireLearned(10s) = %v, %v", n, err)
 	}
-	if ids, peers, err := l.ExpireLearned(time.Second); err != nil || ids != 1 || peers != 1 {
-		t.Fatalf("ExpireLearned(1s) = %d, %d, %v", ids, peers, err)
+	if n, err := l.ExpireLearned(time.Second); err != nil || n != [decide.NumLearned]int{1, 1, 2} {
+		t.Fatalf("ExpireLearned(1s) = %v, %v", n, err)
 	}
-	d := decide.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort("192.0.2.50:40000"), 443), Length: 100,
+	d := decide.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort("198.51.100.1:40000"), 443), Length: 100,
 		Probe: quicclass.ShortPacket(sid, 100)}
 	if out := l.Decide(&d); out.Class != quicclass.Unverified {
 		t.Fatalf("after expiry: %+v", out)
 	}
-	if err := l.LearnPeer(netip.Addr{}); err == nil {
+	if err := l.LearnPeer(netip.Addr{}, false); err == nil {
 		t.Fatal("LearnPeer accepted an invalid address")
 	}
 }
@@ -103,9 +111,14 @@ func TestLearnConcurrent(t *testing.T) {
 	for i := range 64 {
 		ids = append(ids, decide.ServerID{0xee, 0, 0, byte(i)})
 	}
+	src := func(w, j int) string { return fmt.Sprintf("192.0.%d.%d:4000%d", w, j, j%3) }
 	for _, id := range ids[:32] {
-		if err := l.LearnServerID(id); err != nil {
-			t.Fatal(err)
+		for w := range 2 {
+			for j := range 8 {
+				if err := l.LearnServerID(id, netip.MustParseAddrPort(src(w, j)).Addr()); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 	}
 	const perWorker = 20_000
@@ -119,7 +132,7 @@ func TestLearnConcurrent(t *testing.T) {
 			drop := make([]bool, 8)
 			for i := 0; i < perWorker; i += len(ds) {
 				for j := range ds {
-					ds[j] = dgram(fmt.Sprintf("192.0.%d.%d:4000%d", w, j, j%3), quicclass.ShortPacket(ids[(i+j)%32], 100))
+					ds[j] = dgram(src(w, j), quicclass.ShortPacket(ids[(i+j)%32], 100))
 				}
 				if w == 0 {
 					l.DecideBatch(ds, drop)
@@ -132,9 +145,9 @@ func TestLearnConcurrent(t *testing.T) {
 		}()
 	}
 	background := []func(i int){
-		func(i int) { _ = l.LearnServerID(ids[32+i%32]) },
-		func(i int) { _ = l.LearnPeer(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)})) },
-		func(int) { _, _, _ = l.ExpireLearned(time.Hour) },
+		func(i int) { _ = l.LearnServerID(ids[32+i%32], netip.AddrFrom4([4]byte{192, 0, 0, byte(i % 8)})) },
+		func(i int) { _ = l.LearnPeer(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), i%2 == 0) },
+		func(int) { _, _ = l.ExpireLearned(time.Hour) },
 		func(int) { l.Stats() },
 		func(i int) {
 			next := cloneConfig(c)

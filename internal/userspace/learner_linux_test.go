@@ -11,9 +11,11 @@ import (
 // learner is what the write-path learner calls on an engine: the kernel
 // filter and the userspace limiter both have it.
 type learner interface {
-	LearnServerID(id decide.ServerID) error
-	LearnPeer(addr netip.Addr) error
-	ExpireLearned(lifetime time.Duration) (ids, peers int, err error)
+	LearnServerID(id decide.ServerID, to netip.Addr) error
+	LearnPeer(addr netip.Addr, proven bool) error
+	ExpireLearned(lifetime time.Duration) ([decide.NumLearned]int, error)
+	Learned() decide.Learned
+	AdoptLearned(from decide.Learned)
 }
 
 var (

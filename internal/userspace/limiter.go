@@ -182,33 +182,43 @@ func (l *Limiter) Sweep() (int, error) {
 	return l.f.Limiter().Sweep(l.clock.now()), nil
 }
 
-// LearnServerID remembers id, a connection ID the server put in a long
-// header's source connection ID, now: with VerifyIDs, datagrams to it are
-// verified from now on. The error is always nil; it is there to match
-// bpf.Filter.
-func (l *Limiter) LearnServerID(id decide.ServerID) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.f.LearnServerID(id, l.clock.now())
-	return nil
-}
-
-// LearnPeer remembers addr, an address the server sent a datagram to, now.
+// LearnServerID binds id, a connection ID the server put in a long
+// header's source connection ID, to to, the address it was sent to, now:
+// with VerifyIDs, datagrams from to carrying it are verified from now on.
 // It refuses an invalid address.
-func (l *Limiter) LearnPeer(addr netip.Addr) error {
+func (l *Limiter) LearnServerID(id decide.ServerID, to netip.Addr) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.f.LearnPeer(addr, l.clock.now())
+	return l.f.LearnServerID(id, to, l.clock.now())
 }
 
-// ExpireLearned forgets the server IDs and peers neither learned nor (for an
-// ID) used by a verified datagram for lifetime, and returns how many of
-// each. The error is always nil.
-func (l *Limiter) ExpireLearned(lifetime time.Duration) (ids, peers int, err error) {
+// LearnPeer records that the server sent a connection's packet to addr,
+// and whether its packets show addr proven, now (decide.Learned.LearnPeer).
+// It refuses an invalid address.
+func (l *Limiter) LearnPeer(addr netip.Addr, proven bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ids, peers = l.f.ExpireLearned(l.clock.now() - int64(max(lifetime, 0)))
-	return ids, peers, nil
+	return l.f.LearnPeer(addr, proven, l.clock.now())
+}
+
+// ExpireLearned forgets the keys of each learned set neither learned nor
+// used for lifetime, and returns how many of each. The error is always
+// nil; it is there to match the kernel engine.
+func (l *Limiter) ExpireLearned(lifetime time.Duration) ([decide.NumLearned]int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.f.ExpireLearned(l.clock.now(), lifetime.Nanoseconds()), nil
+}
+
+// Learned returns the limiter's learned sets.
+func (l *Limiter) Learned() decide.Learned { return l.f.Learned() }
+
+// AdoptLearned takes over the keys of another engine's learned sets, each
+// stamped now (the other engine's clock is not this one's).
+func (l *Limiter) AdoptLearned(from decide.Learned) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.f.Learned().CopyFrom(from, decide.Stamp(l.clock.now()))
 }
 
 // Decide decides the fate of one datagram now, counts it and tracks its

@@ -53,8 +53,8 @@ const (
 	junkSize    = 100
 )
 
-// serverID is a server connection ID the filter learns in the cases of a
-// verified short header.
+// serverID is a server connection ID the filter learns, bound to the
+// case's source, in the cases of a verified short header.
 var serverID = decide.ServerID{0x5e, 0x17, 0xa2, 0x09}
 
 // unknownVersion is a QUIC version no one speaks, which asks for a Version
@@ -69,10 +69,11 @@ type caseSpec struct {
 	// ipv6 sends the frame over IPv6 (Cloudflare's filter_ipv6).
 	ipv6    bool
 	payload []byte
-	// ours is this filter's configuration; learn has it learn serverID
-	// first.
-	ours  decide.Config
-	learn bool
+	// ours is this filter's configuration; learn has it learn serverID,
+	// bound to the source, and the source as a peer, first; prove has it
+	// learn the source as a proven peer too.
+	ours         decide.Config
+	learn, prove bool
 	// randomSource runs this filter with its bench_random_source switch:
 	// one frame repeated, a new source on every run. Cloudflare's has no
 	// such switch, and is not run.
@@ -153,6 +154,8 @@ func cases() []caseSpec {
 			payload: short, ours: under, cloudflareLimit: cloudflareUnder, wantOurs: pass, wantCloudflare: pass},
 		{key: "established-over", name: "established: short header to a learned ID, over the limit", learn: true,
 			payload: short, ours: production(underLimit, overLimit), cloudflareLimit: overLimit, wantOurs: drop, wantCloudflare: drop},
+		{key: "established-peer", name: "established: short header to an unknown ID from a proven peer, under the limit", prove: true,
+			payload: stranger, ours: under, cloudflareLimit: cloudflareUnder, wantOurs: pass, wantCloudflare: pass},
 		{key: "unverified", name: "unverified: short header to an unknown ID (Cloudflare's under its limit)",
 			payload: stranger, ours: under, cloudflareLimit: cloudflareUnder, wantOurs: drop, wantCloudflare: pass},
 		{key: "invalid", name: "invalid: 100 bytes of zeros (Cloudflare's under its limit)",

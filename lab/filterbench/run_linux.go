@@ -198,8 +198,12 @@ func setUp(c caseSpec, spec *ebpf.CollectionSpec, floor *ebpf.Program) (_ *runni
 	if r.ours, err = kernel.LoadBench(c.ours, kernel.BenchOptions{RandomSource: c.randomSource}); err != nil {
 		return nil, fmt.Errorf("loading this filter: %w", err)
 	}
-	if c.learn {
-		if err := r.ours.LearnServerID(serverID); err != nil {
+	if c.learn || c.prove {
+		src, _ := c.addresses()
+		if err := r.ours.LearnServerID(serverID, src); err != nil {
+			return nil, err
+		}
+		if err := r.ours.LearnPeer(src, c.prove); err != nil {
 			return nil, err
 		}
 	}

@@ -280,10 +280,16 @@ type Header struct {
 }
 
 // NeedsPeer reports whether Resolve wants to know if the source address
-// is a peer, given whether the ID is a server ID: the address is looked up
-// only then.
+// is a peer, given whether the ID is a server ID bound to it: the address
+// is looked up only then.
 func (h *Header) NeedsPeer(idKnown bool) bool {
 	return !idKnown && h.Check != CheckNone
+}
+
+// NeedsAnswered reports whether Resolve wants to know if a source that is
+// not a proven peer is an answered one.
+func (h *Header) NeedsAnswered() bool {
+	return h.Check == CheckShort || h.Check == CheckHandshake
 }
 
 // Verification says how Resolve verified a datagram.
@@ -293,26 +299,35 @@ type Verification uint8
 const (
 	// NotVerified: not checked, or checked and not verified.
 	NotVerified Verification = iota // C: VERIFIED_NONE
-	// ShortByID: a short header whose destination ID is a server ID.
+	// ShortByID: a short header whose destination ID is a server ID
+	// bound to its source.
 	ShortByID // C: VERIFIED_SHORT_BY_ID
-	// ShortByPeer: a short header from a peer, with another ID.
+	// ShortByPeer: a short header from a proven peer, with another ID.
 	ShortByPeer // C: VERIFIED_SHORT_BY_PEER
 	// OpeningByID: an Initial, 0-RTT or Handshake packet whose destination
-	// ID is a server ID: a verified opening, in the Established class.
+	// ID is a server ID bound to its source: a verified opening, in the
+	// established class.
 	OpeningByID // C: VERIFIED_OPENING_BY_ID
-	// OpeningFromPeer: an Initial or 0-RTT packet from a peer with another
-	// ID: a returning user, ranked first at the opening class's fair total.
+	// OpeningFromPeer: an Initial or 0-RTT packet from a proven peer with
+	// another ID: a returning user, ranked first at the opening class's
+	// fair total.
 	OpeningFromPeer // C: VERIFIED_OPENING_FROM_PEER
-	// HandshakeFromPeer: a Handshake packet from a peer with another ID (a
-	// client that moved to an ID it was given encrypted): a verified
-	// opening, in the Established class.
+	// HandshakeFromPeer: a Handshake packet from a proven peer with
+	// another ID: a verified opening, in the established class.
 	HandshakeFromPeer // C: VERIFIED_HANDSHAKE_FROM_PEER
+	// FromAnswered: a short header or a Handshake packet, with an ID
+	// that verifies nothing, from an address the server answered but that
+	// has not proven itself (a client that moved to an ID the server
+	// issued encrypted before the server's packets showed it proven, a
+	// client that migrated, or a spoofed source the server answered):
+	// unverified, ranked first at the unverified class's fair total.
+	FromAnswered // C: VERIFIED_FROM_ANSWERED
 	// NumVerifications counts the verifications.
 	NumVerifications // C: NUM_VERIFICATIONS
 )
 
 var verificationNames = [NumVerifications]string{"", "short_by_id", "short_by_peer", "opening_by_id", "opening_from_peer",
-	"handshake_from_peer"}
+	"handshake_from_peer", "from_answered"}
 
 func (v Verification) String() string {
 	if v < NumVerifications {
@@ -321,30 +336,38 @@ func (v Verification) String() string {
 	return "unknown"
 }
 
+// RanksFirst reports whether a datagram so verified goes before strangers'
+// at its class's fair total (rank_first in the C program).
+func (v Verification) RanksFirst() bool { return v == OpeningFromPeer || v == FromAnswered }
+
 // VerificationNames lists the verifications' names, indexed by
 // Verification.
 func VerificationNames() []string { return verificationNames[:] }
 
 // Resolve finishes the classification of h: idKnown says whether h.ID is a
-// server ID (false when h has none), peerKnown whether the source address
-// is a peer (asked only when NeedsPeer). It returns the class, the reason
-// and how the datagram was verified. A header with nothing to check keeps
-// its class.
-func (h *Header) Resolve(idKnown, peerKnown bool) (Class, Reason, Verification) {
+// server ID bound to the source address (false when h has none), proven
+// and answered whether the source is a proven peer and, for a short header
+// or a Handshake packet from one that is not, an answered one (asked only
+// when NeedsPeer and NeedsAnswered). It returns the
+// class, the reason and how the datagram was verified. A header with
+// nothing to check keeps its class.
+func (h *Header) Resolve(idKnown, proven, answered bool) (Class, Reason, Verification) {
 	switch h.Check {
 	case CheckShort:
 		switch {
 		case idKnown:
 			return Established, NotInvalid, ShortByID
-		case peerKnown:
+		case proven:
 			return Established, NotInvalid, ShortByPeer
+		case answered:
+			return Unverified, NotInvalid, FromAnswered
 		}
 		return Unverified, NotInvalid, NotVerified
 	case CheckOpening:
 		switch {
 		case idKnown:
 			return Established, NotInvalid, OpeningByID
-		case peerKnown:
+		case proven:
 			return Opening, NotInvalid, OpeningFromPeer
 		}
 		return Opening, NotInvalid, NotVerified
@@ -352,8 +375,10 @@ func (h *Header) Resolve(idKnown, peerKnown bool) (Class, Reason, Verification) 
 		switch {
 		case idKnown:
 			return Established, NotInvalid, OpeningByID
-		case peerKnown:
+		case proven:
 			return Established, NotInvalid, HandshakeFromPeer
+		case answered:
+			return Unverified, NotInvalid, FromAnswered
 		}
 		return Invalid, UnknownConnectionID, NotVerified
 	}

@@ -222,31 +222,35 @@ func TestInspect(t *testing.T) {
 // TestResolve: every check with every answer.
 func TestResolve(t *testing.T) {
 	tests := []struct {
-		check         Check
-		idKnown, peer bool
-		class         Class
-		reason        Reason
-		verified      Verification
-		needsPeer     bool
+		check                   Check
+		idKnown, peer, answered bool
+		class                   Class
+		reason                  Reason
+		verified                Verification
+		needsPeer               bool
 	}{
-		{CheckShort, true, false, Established, NotInvalid, ShortByID, false},
-		{CheckShort, false, true, Established, NotInvalid, ShortByPeer, true},
-		{CheckShort, false, false, Unverified, NotInvalid, NotVerified, true},
-		{CheckOpening, true, false, Established, NotInvalid, OpeningByID, false},
-		{CheckOpening, false, true, Opening, NotInvalid, OpeningFromPeer, true},
-		{CheckOpening, false, false, Opening, NotInvalid, NotVerified, true},
-		{CheckHandshake, true, false, Established, NotInvalid, OpeningByID, false},
-		{CheckHandshake, false, true, Established, NotInvalid, HandshakeFromPeer, true},
-		{CheckHandshake, false, false, Invalid, UnknownConnectionID, NotVerified, true},
-		{CheckNone, true, true, Negotiation, NotInvalid, NotVerified, false},
+		{CheckShort, true, false, false, Established, NotInvalid, ShortByID, false},
+		{CheckShort, false, true, false, Established, NotInvalid, ShortByPeer, true},
+		{CheckShort, false, false, true, Unverified, NotInvalid, FromAnswered, true},
+		{CheckShort, false, false, false, Unverified, NotInvalid, NotVerified, true},
+		{CheckOpening, true, false, false, Established, NotInvalid, OpeningByID, false},
+		{CheckOpening, false, true, false, Opening, NotInvalid, OpeningFromPeer, true},
+		{CheckOpening, false, false, true, Opening, NotInvalid, NotVerified, true},
+		{CheckOpening, false, false, false, Opening, NotInvalid, NotVerified, true},
+		{CheckHandshake, true, false, false, Established, NotInvalid, OpeningByID, false},
+		{CheckHandshake, false, true, false, Established, NotInvalid, HandshakeFromPeer, true},
+		{CheckHandshake, false, false, true, Unverified, NotInvalid, FromAnswered, true},
+		{CheckHandshake, false, false, false, Invalid, UnknownConnectionID, NotVerified, true},
+		{CheckNone, true, true, false, Negotiation, NotInvalid, NotVerified, false},
 	}
 	for _, tt := range tests {
 		h := Header{Class: Negotiation, Check: tt.check}
 		if tt.check != CheckNone {
 			h.Class = Opening
 		}
-		c, r, v := h.Resolve(tt.idKnown, tt.peer)
-		if c != tt.class || r != tt.reason || v != tt.verified || h.NeedsPeer(tt.idKnown) != tt.needsPeer {
+		c, r, v := h.Resolve(tt.idKnown, tt.peer, tt.answered)
+		if c != tt.class || r != tt.reason || v != tt.verified || h.NeedsPeer(tt.idKnown) != tt.needsPeer ||
+			v.RanksFirst() != (v == OpeningFromPeer || v == FromAnswered) {
 			t.Errorf("check %d id %v peer %v: %v/%v/%v needs peer %v, want %v/%v/%v %v", tt.check, tt.idKnown, tt.peer,
 				c, r, v, h.NeedsPeer(tt.idKnown), tt.class, tt.reason, tt.verified, tt.needsPeer)
 		}
@@ -268,7 +272,7 @@ func FuzzInspect(f *testing.F) {
 		if (h.Class == Invalid) != (h.Reason != NotInvalid) || h.Class >= NumClasses || h.Reason >= NumReasons {
 			t.Fatalf("Inspect(%d, %x) = %+v", sport, data, h)
 		}
-		c, r, _ := h.Resolve(true, true)
+		c, r, _ := h.Resolve(true, true, true)
 		if (c == Invalid) != (r != NotInvalid) {
 			t.Fatalf("Resolve = %v/%v", c, r)
 		}

@@ -48,13 +48,26 @@ const (
 //
 // R and RB are a further such function, over the source address and port
 // and a time period, that ranks the sources at the fair total (see
-// Limiter.Decide).
+// Limiter.Decide). LearnID and LearnAddr are two more, which key the
+// learned sets of the filter (package decide): a server ID with the address
+// it was sent to (the ID's word, the address's four words, the offset), and
+// an address (its four words, the offset).
 type HashKey struct {
-	A  [Depth][HashWords]uint64
-	B  [Depth]uint64
-	R  [HashWords]uint64
-	RB uint64
+	A         [Depth][HashWords]uint64
+	B         [Depth]uint64
+	R         [HashWords]uint64
+	RB        uint64
+	LearnID   [LearnIDWords + 1]uint64
+	LearnAddr [LearnAddrWords + 1]uint64
 }
+
+// The words the learned sets' hashes take: a server ID's and an address's
+// four (LearnIDWords), an address's four (LearnAddrWords); each hash has an
+// offset besides.
+const (
+	LearnIDWords   = 5 // C: LEARN_ID_WORDS
+	LearnAddrWords = 4 // C: LEARN_ADDR_WORDS
+)
 
 // SeededHashKey is the hash key a deterministic generator seeded with seed
 // draws: the same seed gives the same key. It is for tests and reproducible
@@ -72,6 +85,12 @@ func SeededHashKey(seed uint64) HashKey {
 		k.R[i] = rng.Uint64()
 	}
 	k.RB = rng.Uint64()
+	for i := range k.LearnID {
+		k.LearnID[i] = rng.Uint64()
+	}
+	for i := range k.LearnAddr {
+		k.LearnAddr[i] = rng.Uint64()
+	}
 	return k
 }
 
@@ -80,7 +99,7 @@ func NewHashKey(r io.Reader) (HashKey, error) {
 	if r == nil {
 		r = rand.Reader
 	}
-	var buf [(Depth + 1) * (HashWords + 1) * 8]byte
+	var buf [((Depth+1)*(HashWords+1) + LearnIDWords + 1 + LearnAddrWords + 1) * 8]byte
 	if _, err := io.ReadFull(r, buf[:]); err != nil {
 		return HashKey{}, fmt.Errorf("drawing hash key: %w", err)
 	}
@@ -101,6 +120,12 @@ func NewHashKey(r io.Reader) (HashKey, error) {
 		k.R[i] = next()
 	}
 	k.RB = next()
+	for i := range k.LearnID {
+		k.LearnID[i] = next()
+	}
+	for i := range k.LearnAddr {
+		k.LearnAddr[i] = next()
+	}
 	return k, nil
 }
 

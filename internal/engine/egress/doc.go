@@ -55,12 +55,14 @@
 // write to one peer at once.
 //
 // The Learner remembers at most MaxIDs server IDs (each for the lifetime
-// after it was last sent, to teach them to a new sink) and MaxPeers peers
-// (each for PeerInterval). An entry is a map slot of 24 bytes for an ID and
-// 32 for a peer; with Go's map overhead (a table doubles at 7/8 full) that
-// is 35 to 80 bytes an entry: with both tables full the Learner holds under
-// 10 MiB (8.3 MiB measured on amd64, TestMemoryBound). The tables hold no
-// pointers, so the garbage collector does not scan them. When a shard is
+// after it was last sent, to teach them to a new sink), each with the
+// address it was sent to, and MaxPeers peers (each for PeerInterval), each
+// with the destination IDs of the server's handshakes with it. An entry is
+// a map slot of 40 bytes for an ID and 52 for a peer; with Go's map
+// overhead (a table doubles at 7/8 full) that is 45 to 120 bytes an entry:
+// with both tables full the Learner holds under 16 MiB (14 MiB measured on
+// amd64, TestMemoryBound). The tables hold no pointers, so the garbage
+// collector does not scan them. When a shard is
 // full, it forgets the entries past their time and, if that frees less
 // than an eighth of it, all of them (Stats.Overflows): the cost is a report
 // again, never a refused write.

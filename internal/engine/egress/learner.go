@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,11 +18,15 @@ import (
 // must be safe for concurrent use.
 type Sink interface {
 	// LearnServerID records id, a connection ID the server chose and put
-	// in the source connection ID of a long-header packet it sends.
-	LearnServerID(id ServerID) error
-	// LearnPeer records addr, an address the server sends datagrams to
-	// (an IPv4 address unmapped, without a zone).
-	LearnPeer(addr netip.Addr) error
+	// in the source connection ID of a long-header packet it sends, bound
+	// to to, the address it sends it to (an IPv4 address unmapped,
+	// without a zone): only to proves itself with it.
+	LearnServerID(id ServerID, to netip.Addr) error
+	// LearnPeer records addr, an address the server sends a connection's
+	// datagrams to (an IPv4 address unmapped, without a zone); proven
+	// says that the server's own datagrams show that addr proved itself
+	// (see Learner).
+	LearnPeer(addr netip.Addr, proven bool) error
 }
 
 // Defaults and bounds of a Learner.
@@ -72,6 +77,9 @@ type Stats struct {
 	IDs uint64
 	// Peers counts peer reports a sink accepted.
 	Peers uint64
+	// Proofs counts the peers the server's datagrams showed proven (see
+	// Learner).
+	Proofs uint64
 	// Errors counts reports a sink refused.
 	Errors uint64
 	// OddIDs counts the server's Handshake and Retry packets whose source
@@ -99,11 +107,21 @@ type Learner struct {
 	// seed keys the shard hash.
 	seed uint64
 
-	ids   [numShards]shard[ServerID]
-	peers [numShards]shard[[16]byte]
+	ids   [numShards]shard[boundID, entry]
+	peers [numShards]shard[[16]byte, peerEntry]
 
-	nIDs, nPeers, nErrors, nOdd, nOverflows atomic.Uint64
+	nIDs, nPeers, nProofs, nErrors, nOdd, nOverflows atomic.Uint64
 }
+
+// boundID is a server ID with the address it was sent to (its 16 bytes,
+// an IPv4 address mapped: smaller than a netip.Addr).
+type boundID struct {
+	id ServerID
+	to [16]byte
+}
+
+// addr is the address b's ID was sent to.
+func (b boundID) addr() netip.Addr { return netip.AddrFrom16(b.to).Unmap() }
 
 // sinkBox holds a Sink for an atomic pointer.
 type sinkBox struct{ Sink }
@@ -114,11 +132,34 @@ type entry struct {
 	reported, seen int64
 }
 
+// sentAt is when the server last sent the key.
+func (e entry) sentAt() int64 { return e.seen }
+
+// maxHandshakeIDs bounds the destination IDs a peer's entry keeps of the
+// server's long headers to it: its clients' own IDs in their handshakes.
+const maxHandshakeIDs = 4
+
+// peerEntry is what the peers' table remembers of an address: an entry,
+// and what shows that it proved itself (see Learner).
+type peerEntry struct {
+	entry
+	// handshake holds the destination IDs (their cidHash) of the
+	// server's long headers to the address, n of them; crowded is set
+	// when there were more than it holds, and then nothing proves the
+	// address by them.
+	handshake [maxHandshakeIDs]uint32
+	n         uint8
+	crowded   bool
+	// proven is set once the server sent the address a short header to
+	// an ID that none of those handshakes used.
+	proven bool
+}
+
 // shard is a part of a table, with its own lock, on a cache line of its
 // own.
-type shard[K comparable] struct {
+type shard[K comparable, V interface{ sentAt() int64 }] struct {
 	mu sync.Mutex
-	m  map[K]entry
+	m  map[K]V
 	_  cpu.CacheLinePad
 }
 
@@ -159,6 +200,7 @@ func (l *Learner) Stats() Stats {
 	return Stats{
 		IDs:       l.nIDs.Load(),
 		Peers:     l.nPeers.Load(),
+		Proofs:    l.nProofs.Load(),
 		Errors:    l.nErrors.Load(),
 		OddIDs:    l.nOdd.Load(),
 		Overflows: l.nOverflows.Load(),
@@ -203,18 +245,18 @@ func (l *Learner) SetSink(s Sink) {
 
 // replay teaches the current sink the server IDs of sh sent within the
 // lifetime, and forgets the others.
-func (l *Learner) replay(sh *shard[ServerID], now int64) {
+func (l *Learner) replay(sh *shard[boundID, entry], now int64) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	box := l.sink.Load() // under the lock: see learnID
-	for id, e := range sh.m {
+	for k, e := range sh.m {
 		if now-e.seen >= l.lifetime {
-			delete(sh.m, id)
+			delete(sh.m, k)
 			continue
 		}
-		if box != nil && l.report(box.LearnServerID(id), &l.nIDs) {
+		if box != nil && l.report(box.LearnServerID(k.id, k.addr()), &l.nIDs) {
 			e.reported = now
-			sh.m[id] = e
+			sh.m[k] = e
 		}
 	}
 }
@@ -227,32 +269,47 @@ func (l *Learner) replay(sh *shard[ServerID], now int64) {
 // nothing, and for a short-header datagram takes one map lookup under a
 // shard's lock.
 //
-// A server ID is each source connection ID ServerIDLen bytes long of the
-// server's Initial, Handshake and Retry packets (QUIC v1 and v2; coalesced
-// packets followed by their Length). A peer is to's address, if a datagram
-// in b belongs to a connection: not a stateless reply (Retry, Version
-// Negotiation, a refusal), which a spoofer can direct at any address (see
-// the package doc).
+// What a datagram teaches is inspect's: the server IDs of a connection's
+// Handshake packets (and of its ServerHello's Initial) and of Retry
+// packets, each bound to to's address, and to's address as a peer when the
+// datagram belongs to a connection. The address is a proven peer once the
+// server sends it a short header to a destination ID that none of the
+// server's handshakes with it used: an ID the client issued in a
+// NEW_CONNECTION_ID frame, which quic-go reads only from a packet it could
+// decrypt, that is from a client that received the server's handshake.
+// A spoofed address the server answered never receives it, so the server
+// never learns such an ID for it. (A client that moves to an ID the
+// server issued encrypted, as quic-go's does within its first flight,
+// never sends back an ID the filter knows: this is how it proves itself.)
 func (l *Learner) Learn(b, oob []byte, to netip.AddrPort) {
-	if l == nil || len(b) == 0 || l.sink.Load() == nil {
+	if l == nil || len(b) == 0 || !to.IsValid() || l.sink.Load() == nil {
 		return
 	}
 	seg := len(b)
 	if s := segmentSize(oob); s > 0 {
 		seg = s
 	}
+	addr := to.Addr().Unmap().WithZone("")
 	now := l.now()
-	peer := false
+	var p peerSeen
 	for off := 0; off < len(b); off += seg {
 		d := b[off:min(off+seg, len(b))]
 		if d[0]&headerForm == 0 { // a short header: no need to inspect
-			peer = peer || d[0]&fixedBit != 0
+			if d[0]&fixedBit != 0 {
+				p.peer = true
+				if p.short == nil {
+					p.short = d
+				}
+			}
 			continue
 		}
 		s := inspect(d)
-		peer = peer || s.peer
+		p.peer = p.peer || s.peer
 		for _, id := range s.ids[:s.nIDs] {
-			l.learnID(id, now)
+			l.learnID(boundID{id: id, to: addr.As16()}, now)
+		}
+		for _, h := range s.dcids[:s.nDCIDs] {
+			p.addHandshake(h)
 		}
 		if s.odd > 0 {
 			l.nOdd.Add(uint64(s.odd))
@@ -261,8 +318,28 @@ func (l *Learner) Learn(b, oob []byte, to netip.AddrPort) {
 			}
 		}
 	}
-	if peer && to.IsValid() {
-		l.learnPeer(to.Addr().Unmap().WithZone(""), now)
+	if p.peer {
+		l.learnPeer(addr, now, &p)
+	}
+}
+
+// peerSeen is what one write shows of its destination.
+type peerSeen struct {
+	// peer: the write belongs to a connection.
+	peer bool
+	// handshake are the destination IDs of its connection long headers
+	// (cidHash), n of them.
+	handshake [maxIDsPerDatagram]uint32
+	n         int
+	// short is its first short-header datagram, if any.
+	short []byte
+}
+
+// addHandshake records the destination ID hash h of a long header.
+func (p *peerSeen) addHandshake(h uint32) {
+	if p.n < len(p.handshake) && !slices.Contains(p.handshake[:p.n], h) {
+		p.handshake[p.n] = h
+		p.n++
 	}
 }
 
@@ -282,10 +359,11 @@ func oddLen(d []byte) int {
 	return -1
 }
 
-// learnID teaches the sink id unless it was taught less than the refresh
-// interval ago, and records that id was sent at now.
-func (l *Learner) learnID(id ServerID, now int64) {
-	sh := &l.ids[l.shardOf(uint64(binary.LittleEndian.Uint32(id[:])), 0)]
+// learnID teaches the sink k unless it was taught less than the refresh
+// interval ago, and records that k's ID was sent to k's address at now.
+func (l *Learner) learnID(k boundID, now int64) {
+	sh := &l.ids[l.shardOf(uint64(binary.LittleEndian.Uint32(k.id[:]))^binary.LittleEndian.Uint64(k.to[:8]),
+		binary.LittleEndian.Uint64(k.to[8:]))]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	// The sink is read under the lock, which SetSink takes after storing a
@@ -295,43 +373,84 @@ func (l *Learner) learnID(id ServerID, now int64) {
 	if box == nil {
 		return
 	}
-	e, ok := sh.m[id]
+	e, ok := sh.m[k]
 	if !ok {
 		sh.m = makeRoom(sh.m, now, l.lifetime, idsPerShard, &l.nOverflows)
 		e.reported = now - l.refresh // never reported
 	}
 	e.seen = now
-	if now-e.reported >= l.refresh && l.report(box.LearnServerID(id), &l.nIDs) {
+	if now-e.reported >= l.refresh && l.report(box.LearnServerID(k.id, k.addr()), &l.nIDs) {
 		// A refused ID is reported again with the next packet that
 		// carries it.
 		e.reported = now
 	}
-	sh.m[id] = e
+	sh.m[k] = e
 }
 
-// learnPeer teaches the sink addr unless it was taught less than
-// PeerInterval ago. The sink is called under the shard's lock: a
+// learnPeer records what a write to addr shows (see Learn) and teaches the
+// sink addr, unless it was taught less than PeerInterval ago and nothing
+// new was proven since. The sink is called under the shard's lock: a
 // concurrent write to the same peer waits until the sink knows it.
-func (l *Learner) learnPeer(addr netip.Addr, now int64) {
+func (l *Learner) learnPeer(addr netip.Addr, now int64, p *peerSeen) {
 	key := addr.As16()
 	sh := &l.peers[l.shardOf(binary.LittleEndian.Uint64(key[:8]), binary.LittleEndian.Uint64(key[8:]))]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.m[key]
-	if ok && now-e.reported < int64(PeerInterval) {
-		return
-	}
 	box := l.sink.Load()
 	if box == nil {
 		return
 	}
+	e, ok := sh.m[key]
 	if !ok {
 		sh.m = makeRoom(sh.m, now, int64(PeerInterval), peersPerShard, &l.nOverflows)
+		e.reported = now - int64(PeerInterval) // never reported
 	}
+	e.seen = now
+	for _, h := range p.handshake[:p.n] {
+		e.addHandshake(h)
+	}
+	proved := !e.proven && p.short != nil && e.provesBy(p.short)
+	e.proven = e.proven || proved
 	// A refused peer is reported again after PeerInterval, as an accepted
 	// one: a failing sink is not called for every datagram.
-	sh.m[key] = entry{reported: now, seen: now}
-	l.report(box.LearnPeer(addr), &l.nPeers)
+	if proved || now-e.reported >= int64(PeerInterval) {
+		e.reported = now
+		l.report(box.LearnPeer(addr, e.proven), &l.nPeers)
+		if proved {
+			l.nProofs.Add(1)
+		}
+	}
+	sh.m[key] = e
+}
+
+// addHandshake records the destination ID hash h of one of the server's
+// long headers to the peer.
+func (e *peerEntry) addHandshake(h uint32) {
+	switch {
+	case slices.Contains(e.handshake[:e.n], h):
+	case int(e.n) == len(e.handshake):
+		e.crowded = true
+	default:
+		e.handshake[e.n] = h
+		e.n++
+	}
+}
+
+// provesBy reports whether the short header d, which the server sends to
+// the peer, is to a destination ID that none of the server's handshakes
+// with it used: the length of a short header's ID is not on the wire, so
+// d is read at the length of each handshake's ID.
+func (e *peerEntry) provesBy(d []byte) bool {
+	if e.n == 0 || e.crowded {
+		return false
+	}
+	for _, h := range e.handshake[:e.n] {
+		n := int(h >> 24)
+		if 1+n > len(d) || cidHash(d[1:1+n]) == h {
+			return false
+		}
+	}
+	return true
 }
 
 // report counts the result of a report to a sink, in ok if it was
@@ -350,15 +469,15 @@ func (l *Learner) report(err error, ok *atomic.Uint64) bool {
 // that frees less than an eighth of m, all of them (so that a sweep, which
 // walks the whole shard, happens at most once per limit/8 new entries),
 // which it counts as an overflow.
-func makeRoom[K comparable](m map[K]entry, now, keep int64, limit int, overflows *atomic.Uint64) map[K]entry {
+func makeRoom[K comparable, V interface{ sentAt() int64 }](m map[K]V, now, keep int64, limit int, overflows *atomic.Uint64) map[K]V {
 	if m == nil {
-		return make(map[K]entry)
+		return make(map[K]V)
 	}
 	if len(m) < limit {
 		return m
 	}
 	for k, e := range m {
-		if now-e.seen >= keep {
+		if now-e.sentAt() >= keep {
 			delete(m, k)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -23,15 +24,19 @@ import (
 // when they are set, and each call waits for gate when it is not nil,
 // after signalling entered.
 type recSink struct {
-	mu             sync.Mutex
+	mu sync.Mutex
+	// ids counts each ID taught, to the address it was last bound to.
 	ids            map[ServerID]int
+	to             map[ServerID]netip.Addr
 	peers          map[netip.Addr]int
+	proven         map[netip.Addr]int
 	idErr, peerErr error
 	gate, entered  chan struct{}
 }
 
 func newRecSink() *recSink {
-	return &recSink{ids: map[ServerID]int{}, peers: map[netip.Addr]int{}}
+	return &recSink{ids: map[ServerID]int{}, to: map[ServerID]netip.Addr{}, peers: map[netip.Addr]int{},
+		proven: map[netip.Addr]int{}}
 }
 
 func (s *recSink) wait() {
@@ -41,19 +46,30 @@ func (s *recSink) wait() {
 	}
 }
 
-func (s *recSink) LearnServerID(id ServerID) error {
+func (s *recSink) LearnServerID(id ServerID, to netip.Addr) error {
 	s.wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ids[id]++
+	s.to[id] = to
 	return s.idErr
 }
 
-func (s *recSink) LearnPeer(addr netip.Addr) error {
+// boundTo returns the address id was last bound to.
+func (s *recSink) boundTo(id ServerID) netip.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.to[id]
+}
+
+func (s *recSink) LearnPeer(addr netip.Addr, proven bool) error {
 	s.wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.peers[addr]++
+	if proven {
+		s.proven[addr]++
+	}
 	return s.peerErr
 }
 
@@ -67,8 +83,8 @@ func (s *recSink) counts(id ServerID, addr netip.Addr) (int, int) {
 // nopSink accepts everything and keeps nothing.
 type nopSink struct{}
 
-func (nopSink) LearnServerID(ServerID) error { return nil }
-func (nopSink) LearnPeer(netip.Addr) error   { return nil }
+func (nopSink) LearnServerID(ServerID, netip.Addr) error { return nil }
+func (nopSink) LearnPeer(netip.Addr, bool) error         { return nil }
 
 // testLearner returns a Learner teaching sink on a fake clock.
 func testLearner(t testing.TB, sink Sink, o Options) (*Learner, *testutil.Clock) {
@@ -89,6 +105,14 @@ var (
 // handshakeTo is a Handshake packet from the server's ID id.
 func handshakeTo(id ServerID) []byte {
 	return quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], id[:], nil, 100)
+}
+
+// shortTo is a short header of the server's to the client's handshake ID
+// (client[:4]), as handshakeTo's connection sends: it proves nothing.
+func shortTo() []byte {
+	var dcid decide.ServerID
+	copy(dcid[:], client[:4])
+	return quicclass.ShortPacket(dcid, 50)
 }
 
 func TestNewLearnerRefuses(t *testing.T) {
@@ -117,9 +141,9 @@ func TestLearnDedupes(t *testing.T) {
 	}{
 		{0, handshakeTo(idA), 1, 1},
 		{100 * time.Millisecond, handshakeTo(idA), 1, 1},
-		{100 * time.Millisecond, quicclass.ShortHeader(50), 1, 1},
-		{800 * time.Millisecond, quicclass.ShortHeader(50), 1, 2}, // PeerInterval after the first
-		{500 * time.Millisecond, quicclass.ShortHeader(50), 1, 2},
+		{100 * time.Millisecond, shortTo(), 1, 1},
+		{800 * time.Millisecond, shortTo(), 1, 2}, // PeerInterval after the first
+		{500 * time.Millisecond, shortTo(), 1, 2},
 		{8 * time.Second, handshakeTo(idA), 1, 3}, // 9.5 s: no refresh yet
 		{500 * time.Millisecond, handshakeTo(idA), 2, 3},
 		{time.Second, handshakeTo(idA), 2, 4},
@@ -327,7 +351,7 @@ func TestConcurrentLearn(t *testing.T) {
 				binary.BigEndian.PutUint32(id[:], uint32(k))
 				to := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 1, byte(k)}), 443)
 				l.Learn(handshakeTo(id), nil, to)
-				l.Learn(quicclass.ShortHeader(50), nil, to)
+				l.Learn(shortTo(), nil, to)
 			}
 		})
 	}
@@ -386,23 +410,23 @@ func TestMemoryBound(t *testing.T) {
 	for i := range MaxIDs {
 		var id ServerID
 		binary.BigEndian.PutUint32(id[:], uint32(i))
-		l.learnID(id, clk.Now())
+		l.learnID(boundID{id: id, to: netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)}).As16()}, clk.Now())
 	}
 	for i := range MaxPeers {
-		l.learnPeer(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), clk.Now())
+		l.learnPeer(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), clk.Now(), &peerSeen{peer: true})
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	held := after.HeapAlloc - before.HeapAlloc
 	t.Logf("%d IDs and %d peers hold %.1f MiB; %d overflows", MaxIDs, MaxPeers, float64(held)/(1<<20), l.Stats().Overflows)
-	if held > 10<<20 {
-		t.Errorf("both tables full hold %d bytes, over the 10 MiB of the package doc", held)
+	if held > 16<<20 {
+		t.Errorf("both tables full hold %d bytes, over the 16 MiB of the package doc", held)
 	}
 	runtime.KeepAlive(l)
 
 	// Past the bound at one instant: shards empty (overflows), sizes stay.
 	for i := range MaxPeers {
-		l.learnPeer(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), clk.Now())
+		l.learnPeer(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), clk.Now(), &peerSeen{peer: true})
 	}
 	if l.Stats().Overflows == 0 {
 		t.Error("twice MaxPeers peers in one instant overflowed no shard")
@@ -412,7 +436,7 @@ func TestMemoryBound(t *testing.T) {
 	over := l.Stats().Overflows
 	clk.Advance(PeerInterval)
 	for i := range MaxPeers {
-		l.learnPeer(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), clk.Now())
+		l.learnPeer(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), clk.Now(), &peerSeen{peer: true})
 	}
 	if got := l.Stats().Overflows; got != over {
 		t.Errorf("peers a second old were not swept first: %d more overflows", got-over)
@@ -437,5 +461,5 @@ func ExampleLearner_Stats() {
 	l, _ := NewLearner(sink, Options{})
 	l.Learn(quicclass.ShortHeader(100), nil, netip.MustParseAddrPort("127.0.0.1:443"))
 	fmt.Printf("%+v\n", l.Stats())
-	// Output: {IDs:0 Peers:0 Errors:1 OddIDs:0 Overflows:0}
+	// Output: {IDs:0 Peers:0 Proofs:0 Errors:1 OddIDs:0 Overflows:0}
 }

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"encoding/binary"
+	"slices"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
@@ -34,6 +35,9 @@ const (
 	// decrypt: a packet number of up to 4 bytes and the 16-byte sample of
 	// header protection (RFC 9001 section 5.4.2).
 	minLength = 4 + 16
+	// MinAckElicitingInitial is the size a server pads a datagram holding
+	// an ack-eliciting Initial packet to (RFC 9000 section 14.1).
+	MinAckElicitingInitial = quicclass.MinInitialDatagram
 	// maxIDsPerDatagram bounds the distinct server IDs read from one
 	// decide. A server coalesces at most one packet per encryption
 	// level, so two long headers (Initial, Handshake), both with the same
@@ -61,17 +65,24 @@ func longType(typ uint8, v uint32) uint8 {
 
 // sent is what the learner reads of one datagram the server sends.
 type sent struct {
-	// ids are the server IDs of its long-header packets, in order,
-	// without repeats.
+	// ids are the server IDs to bind to the datagram's destination, in
+	// order, without repeats: the source connection IDs of its Handshake
+	// and Retry packets, and of its Initials when it belongs to a
+	// connection (see peer).
 	ids  [maxIDsPerDatagram]ServerID
 	nIDs int
+	// dcids are the destination IDs (cidHash) of the long headers of a
+	// datagram that belongs to a connection: the IDs its client chose.
+	dcids  [maxIDsPerDatagram]uint32
+	nDCIDs int
 	// odd counts the server's Handshake and Retry packets whose source
 	// connection ID is not ServerIDLen bytes long, which no ServerID can
 	// hold.
 	odd int
-	// peer: the datagram belongs to a connection the server keeps, so
-	// its destination is a peer: it holds a short-header packet, a
-	// Handshake packet, or an Initial with a server ID.
+	// peer: the datagram belongs to a connection the server keeps, so its
+	// destination is an answered peer: it holds a Handshake packet, a
+	// short-header packet, or an Initial padded as only an ack-eliciting
+	// one is (see inspect).
 	peer bool
 }
 
@@ -81,18 +92,32 @@ type sent struct {
 // until a short header, the end, or anything that does not parse, and
 // whether it belongs to a connection (see sent.peer).
 //
-// A packet whose header does not fit the datagram (or whose Length is too
-// small to be decrypted) teaches nothing, nor does anything after it.
-// Version Negotiation packets, unknown versions, 0-RTT (which only clients
-// send) and packets with the fixed bit clear teach nothing. Neither do the
-// stateless replies a spoofer can direct at any address: a Retry teaches its
-// ID (a client answers it with that ID) but not its destination, and an
-// Initial whose source connection ID is not ServerIDLen bytes long is
-// quic-go's refusal of a connection (CONNECTION_CLOSE, from the client's own
-// destination ID, at least 8 bytes long), which teaches nothing, and is not
-// counted as odd: only Handshake and Retry packets, which carry an ID the
-// server made, are.
+// What it teaches is what only a connection makes. quic-go sends
+// Handshake packets only in a connection, whose keys its handshake made,
+// and short headers (1-RTT) only then too (while Caddy sets no stateless
+// reset key; a test pins it). An Initial teaches when the datagram also
+// holds a Handshake packet, or when the datagram is at least
+// MinAckElicitingInitial bytes long: a server pads every datagram with an
+// ack-eliciting Initial to that size (RFC 9000 section 14.1), its
+// ServerHello among them, which quic-go may send before its Handshake
+// packets, and which a client acknowledges at once to the ID it carries.
+// quic-go's refusals of a connection (CONNECTION_REFUSED, and INVALID_TOKEN
+// for a Retry token from another address) are lone Initials holding a
+// CONNECTION_CLOSE frame, which is not ack-eliciting, and are not padded;
+// their source ID is the client's chosen destination ID, which may be
+// ServerIDLen bytes long (a Retry token's holder chooses it), sent to any
+// address a spoofer names: they teach nothing, whatever their ID's length.
+// A Retry's ID is taught, bound to the Retry's destination, which answers
+// it with that ID if it is the client it claims to be, but its destination
+// is not a peer. A packet whose header does not fit the datagram (or whose
+// Length is too small to be decrypted) teaches nothing, nor does anything
+// after it; nor do Version Negotiation packets, unknown versions, 0-RTT
+// (which only clients send) and packets with the fixed bit clear.
 func inspect(b []byte) (s sent) {
+	var initials [maxIDsPerDatagram]ServerID
+	var dcids [maxIDsPerDatagram]uint32
+	nInitials, nDCIDs, padded := 0, 0, len(b) >= MinAckElicitingInitial
+	var initial, handshake bool
 	for len(b) > 0 {
 		if b[0]&headerForm == 0 {
 			s.peer = s.peer || b[0]&fixedBit != 0
@@ -102,28 +127,49 @@ func inspect(b []byte) (s sent) {
 		if !ok {
 			break
 		}
-		s.add(typ, scid)
+		if h := cidHash(b[dcilOffset+1 : dcilOffset+1+int(b[dcilOffset])]); nDCIDs < len(dcids) && !slices.Contains(dcids[:nDCIDs], h) {
+			dcids[nDCIDs] = h
+			nDCIDs++
+		}
+		server := len(scid) == ServerIDLen
+		switch {
+		case typ == typeInitial:
+			initial = true
+			if server && nInitials < len(initials) {
+				initials[nInitials] = ServerID(scid)
+				nInitials++
+			}
+		case !server: // a Handshake or Retry packet with an ID of another length
+			s.odd++
+		default:
+			s.add(ServerID(scid))
+		}
+		handshake = handshake || typ == typeHandshake
 		b = b[size:]
+	}
+	if handshake || padded && initial {
+		s.peer = true
+		for _, id := range initials[:nInitials] {
+			s.add(id)
+		}
+		s.dcids, s.nDCIDs = dcids, nDCIDs
 	}
 	return s
 }
 
-// add records the source connection ID of one long-header packet of type
-// typ (numbered as in v1).
-func (s *sent) add(typ uint8, scid []byte) {
-	server := len(scid) == ServerIDLen
-	// Handshake packets belong to a connection; Initials too unless they
-	// are refusals, which have another ID.
-	if typ == typeHandshake || typ == typeInitial && server {
-		s.peer = true
+// cidHash is a connection ID's hash, its length in the top byte: FNV-1a
+// over its bytes in the rest. Two IDs of one peer that collide only make a
+// proof look like a handshake (a proof missed).
+func cidHash(id []byte) uint32 {
+	h := uint32(2166136261)
+	for _, c := range id {
+		h = (h ^ uint32(c)) * 16777619
 	}
-	if !server {
-		if typ != typeInitial {
-			s.odd++
-		}
-		return
-	}
-	id := ServerID(scid)
+	return uint32(len(id))<<24 | h&(1<<24-1)
+}
+
+// add records a server ID to bind to the destination.
+func (s *sent) add(id ServerID) {
 	for _, have := range s.ids[:s.nIDs] {
 		if have == id {
 			return

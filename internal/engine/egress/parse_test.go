@@ -42,9 +42,15 @@ func TestInspect(t *testing.T) {
 		{"empty", nil, nil, 0, false},
 		{"short header", quicclass.ShortHeader(100), nil, 0, true},
 		{"short header, fixed bit clear", make([]byte, 100), nil, 0, false},
-		{"v1 Initial", initial, []ServerID{idA}, 0, true},
-		{"v1 Initial with a token", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], []byte("token"), 500), []ServerID{idA}, 0, true},
-		{"v2 Initial", quicclass.AppendLongPacket(nil, v2, typeInitial, client[:4], idA[:], nil, 1000), []ServerID{idA}, 0, true},
+		// An Initial alone teaches only when it is padded as only an
+		// ack-eliciting one is (a ServerHello): quic-go's refusals are
+		// small lone Initials whose ID the client chose (see below).
+		{"v1 Initial", initial, nil, 0, false},
+		{"v1 Initial, padded", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 1200), []ServerID{idA}, 0, true},
+		{"v1 Initial, padded after it", cat(initial, make([]byte, 200)), []ServerID{idA}, 0, true},
+		{"v1 Initial with a token", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], []byte("token"), 500), nil, 0, false},
+		{"v2 Initial", quicclass.AppendLongPacket(nil, v2, typeInitial, client[:4], idA[:], nil, 1000), nil, 0, false},
+		{"v2 Initial, padded", quicclass.AppendLongPacket(nil, v2, typeInitial, client[:4], idA[:], nil, 1250), []ServerID{idA}, 0, true},
 		{"v1 Handshake", handshake, []ServerID{idA}, 0, true},
 		{"v2 Handshake", quicclass.AppendLongPacket(nil, v2, typeHandshake, client[:4], idA[:], nil, 300), []ServerID{idA}, 0, true},
 		{"v1 Retry", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("retry token"), 0), []ServerID{idB}, 0, false},
@@ -52,8 +58,8 @@ func TestInspect(t *testing.T) {
 		{"Retry without a token", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], nil, 0), nil, 0, false},
 		{"coalesced Initial and Handshake", cat(initial, handshake), []ServerID{idA}, 0, true},
 		{"coalesced Initial, Handshake and 1-RTT", cat(initial, handshake, quicclass.ShortHeader(60)), []ServerID{idA}, 0, true},
-		{"coalesced with two IDs", cat(initial, quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 300)), []ServerID{idA, idB}, 0, true},
-		{"coalesced, the second cut", cat(initial, quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 300)[:100]), []ServerID{idA}, 0, true},
+		{"coalesced with two IDs", cat(initial, quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 300)), []ServerID{idB, idA}, 0, true},
+		{"coalesced, the Handshake cut", cat(initial, quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 300)[:100]), nil, 0, false},
 		{"coalesced after garbage", cat(make([]byte, 10), initial), nil, 0, false},
 		{"Initial cut short", cut, nil, 0, false},
 		{"Initial with a token past the end", badToken, nil, 0, false},
@@ -69,8 +75,10 @@ func TestInspect(t *testing.T) {
 		{"Handshake with an empty SCID", quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], nil, nil, 300), nil, 1, true},
 		{"Retry with a 5-byte SCID", quicclass.AppendLongPacket(nil, v2, typeRetry, client, client[:5], []byte("t"), 0), nil, 1, false},
 		// quic-go refuses a connection with an Initial from the client's
-		// own destination ID: not the server's, not a peer, not odd.
+		// own destination ID: not the server's, not a peer, not odd,
+		// whatever its length (a Retry token's holder may choose 4 bytes).
 		{"refusal", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 30), nil, 0, false},
+		{"refusal from a 4-byte ID", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idB[:], nil, 30), nil, 0, false},
 		{"refusal coalesced before a Handshake", cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 30), handshake), []ServerID{idA}, 0, true},
 		{"five IDs", cat(
 			quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{1, 0, 0, 0}, nil, 20), quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{2, 0, 0, 0}, nil, 20),

@@ -3,9 +3,14 @@
 package egress_test
 
 import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
 	"net"
 	"net/netip"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +18,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress/egresstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
@@ -130,6 +136,145 @@ func TestStatelessRepliesTeachNoPeer(t *testing.T) {
 			if got := sink.KnowsPeer(netip.MustParseAddr("127.0.0.2")); got != tt.wantPeer {
 				t.Errorf("the spoofed source is a peer: %v, want %v (%d IDs taught, %+v)", got, tt.wantPeer, ids, l.Stats())
 			}
+		})
+	}
+}
+
+// replyLog is the server's Conn, which records the datagrams it writes to
+// each destination.
+type replyLog struct {
+	*egress.Conn
+	mu  sync.Mutex
+	out map[netip.Addr][][]byte
+}
+
+func (c *replyLog) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, error) {
+	c.mu.Lock()
+	c.out[addr.AddrPort().Addr().Unmap()] = append(c.out[addr.AddrPort().Addr().Unmap()], bytes.Clone(b))
+	c.mu.Unlock()
+	return c.Conn.WriteMsgUDP(b, oob, addr)
+}
+
+// waitReply waits until the server wrote to a, and returns what it wrote.
+func (c *replyLog) waitReply(t *testing.T, a netip.Addr) [][]byte {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		c.mu.Lock()
+		out := c.out[a]
+		c.mu.Unlock()
+		if len(out) > 0 {
+			time.Sleep(100 * time.Millisecond) // anything after it
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.out[a]
+		}
+	}
+	t.Fatalf("the server wrote nothing to %v in 5 s", a)
+	return nil
+}
+
+// retryAnswer is a client's packet conn that keeps, and does not send, its
+// Initials to a server ID (the answers to a Retry, with its token).
+type retryAnswer struct {
+	net.PacketConn
+	mu   sync.Mutex
+	kept [][]byte
+}
+
+func (c *retryAnswer) WriteTo(b []byte, a net.Addr) (int, error) {
+	if h := quicclass.Inspect(nil, 50000, b, len(b), true); h.Check == quicclass.CheckOpening && h.HasID {
+		c.mu.Lock()
+		c.kept = append(c.kept, bytes.Clone(b))
+		c.mu.Unlock()
+		return len(b), nil
+	}
+	return c.PacketConn.WriteTo(b, a)
+}
+
+// TestRefusalsTeachNothing: quic-go's refusals of a connection, made by a
+// real quic-go server as it makes them, teach the learner neither an ID
+// nor a peer, although their source connection ID is ServerIDLen bytes
+// long (the client's chosen destination ID): INVALID_TOKEN, the answer to
+// a Retry token sent from another address than the one it was made for
+// (here a real client's Initial after a Retry, replayed from 127.0.0.2),
+// and CONNECTION_REFUSED (a server that refuses every connection, to an
+// Initial from 127.0.0.3 whose destination ID is 4 bytes).
+func TestRefusalsTeachNothing(t *testing.T) {
+	tests := []struct {
+		name      string
+		from      netip.Addr
+		configure func(tr *quic.Transport, cfg *quic.Config)
+		replay    func(t *testing.T, to netip.AddrPort, clientTLS *tls.Config) []byte
+	}{
+		{"invalid token", netip.MustParseAddr("127.0.0.2"), func(tr *quic.Transport, _ *quic.Config) {
+			tr.VerifySourceAddress = func(net.Addr) bool { return true }
+		}, func(t *testing.T, to netip.AddrPort, clientTLS *tls.Config) []byte {
+			// A real client from 127.0.0.1 answers the Retry: its
+			// Initial carries the token, made for 127.0.0.1; it is kept,
+			// not sent, so that the server knows no connection by it.
+			client := &retryAnswer{PacketConn: testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))}
+			ctr := &quic.Transport{Conn: client}
+			t.Cleanup(func() { ctr.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			if _, err := ctr.Dial(ctx, net.UDPAddrFromAddrPort(to), clientTLS, &quic.Config{Versions: []quic.Version{quic.Version1}}); err == nil {
+				t.Fatal("a client whose answer to the Retry was not sent connected")
+			}
+			client.mu.Lock()
+			defer client.mu.Unlock()
+			if len(client.kept) == 0 {
+				t.Fatal("the client answered no Retry")
+			}
+			return client.kept[0]
+		}},
+		{"connection refused", netip.MustParseAddr("127.0.0.3"), func(_ *quic.Transport, cfg *quic.Config) {
+			cfg.GetConfigForClient = func(*quic.ClientInfo) (*quic.Config, error) { return nil, errors.New("refused") }
+		}, func(*testing.T, netip.AddrPort, *tls.Config) []byte {
+			// quic-go takes a destination ID under 8 bytes from an
+			// Initial with a token, whatever the token.
+			return quicclass.LongPacket(quicclass.Version1, 0, []byte{0xab, 0xcd, 0xef, 0x01}, []byte{1, 2, 3, 4, 5, 6, 7, 8},
+				[]byte("not a token"), quicclass.MinInitialDatagram)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			serverTLS, clientTLS := egresstest.TLSConfigs(t)
+			sink := egresstest.NewSink()
+			l, err := egress.NewLearner(sink, egress.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
+			c, err := egress.NewConn(conn, l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rl := &replyLog{Conn: c, out: map[netip.Addr][][]byte{}}
+			tr := &quic.Transport{Conn: rl}
+			cfg := egresstest.ServerConfig(quic.Version1)
+			tt.configure(tr, cfg)
+			egresstest.Serve(t, tr, serverTLS, cfg)
+			to := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+			b := tt.replay(t, to, clientTLS)
+			spoofer := testutil.Sender(t, netip.AddrPortFrom(tt.from, 0))
+			if _, err := spoofer.WriteToUDPAddrPort(b, to); err != nil {
+				t.Fatal(err)
+			}
+			replies := rl.waitReply(t, tt.from)
+			for _, r := range replies {
+				if len(r) < 7 || r[0]&0xb0 != 0x80 || len(r) < 7+int(r[5]) || int(r[6+r[5]]) != egress.ServerIDLen {
+					t.Fatalf("the reply is not an Initial from a server-length ID: %x", r[:min(len(r), 32)])
+				}
+			}
+			for _, b := range sink.IDs() {
+				if b.To == tt.from {
+					t.Errorf("the refusal taught ID %x bound to %v", b.ID, tt.from)
+				}
+			}
+			if sink.KnowsPeer(tt.from) || l.Stats().OddIDs != 0 {
+				t.Errorf("the refusal taught %v as a peer: %v; stats %+v", tt.from, sink.KnowsPeer(tt.from), l.Stats())
+			}
+			t.Logf("%d refusals of %d bytes to %v taught nothing", len(replies), len(replies[0]), tt.from)
 		})
 	}
 }

@@ -53,7 +53,8 @@
 #define VERIFIED_OPENING_BY_ID 3 // quicclass.OpeningByID
 #define VERIFIED_OPENING_FROM_PEER 4 // quicclass.OpeningFromPeer
 #define VERIFIED_HANDSHAKE_FROM_PEER 5 // quicclass.HandshakeFromPeer
-#define NUM_VERIFICATIONS 6 // quicclass.NumVerifications
+#define VERIFIED_FROM_ANSWERED 6 // quicclass.FromAnswered
+#define NUM_VERIFICATIONS 7 // quicclass.NumVerifications
 #define VARINT_OK 0 // quicclass.varintOK
 #define VARINT_PAST 1 // quicclass.varintPast
 #define VARINT_UNREAD 2 // quicclass.varintUnread
@@ -92,6 +93,8 @@
 #define DEPTH 2 // sketch.Depth
 #define CELLS_PER_LINE 3 // sketch.CellsPerLine
 #define HASH_WORDS 6 // sketch.HashWords
+#define LEARN_ID_WORDS 5 // sketch.LearnIDWords
+#define LEARN_ADDR_WORDS 4 // sketch.LearnAddrWords
 #define MIX_MUL 0x9e3779b97f4a7c15ULL // sketch.mixMul
 #define FAMILY_UNKNOWN 0 // sketch.Unknown
 #define FAMILY_IPV4 4 // sketch.IPv4
@@ -110,12 +113,22 @@
 #define NEG_PASSED 0 // decide.NegotiationPassed
 #define NEG_DROPPED 1 // decide.NegotiationDropped
 #define NEG_WOULD_DROP 2 // decide.NegotiationWouldDrop
-#define MAX_SERVER_IDS 131072 // decide.MaxServerIDs = 1 << 17
-#define ID_WAYS 8 // decide.IDWays
-#define ID_SET_SHIFT 15 // decide.IDSetShift
-#define MAX_PEERS 131072 // decide.MaxPeers = 1 << 17
-#define ID_STAMP_SHIFT 30 // decide.IDStampShift
-#define ID_STAMP_MASK 2147483647 // decide.IDStampMask = 1 << 31 - 1
+#define LEARNED_WAYS 8 // decide.LearnedWays
+#define LEARNED_SET_SHIFT 15 // decide.LearnedSetShift
+#define LEARNED_SETS 32768 // decide.LearnedSets = 1 << LearnedSetShift
+#define STAMP_SHIFT 30 // decide.StampShift
+#define STAMP_BITS 24 // decide.StampBits
+#define STAMP_MASK 16777215 // decide.StampMask = 1 << StampBits - 1
+#define SLOT_USED 16777216 // decide.SlotUsed = 1 << StampBits
+#define SLOT_MARK 33554432 // decide.SlotMark = SlotUsed << 1
+#define TAG_SHIFT 26 // decide.TagShift = StampBits + 2
+#define SLOT_KEY_MASK 0xfffffffffd000000ULL // decide.SlotKeyMask = ^uint64(SlotMark | StampMask)
+#define QUICK_SHIFT 18 // decide.QuickShift
+#define QUICK_WORDS 4096 // decide.QuickWords = 1 << QuickShift / 64
+#define LEARNED_IDS 0 // decide.LearnedIDs
+#define LEARNED_PROVEN 1 // decide.LearnedProven
+#define LEARNED_ANSWERED 2 // decide.LearnedAnswered
+#define NUM_LEARNED 3 // decide.NumLearned
 #define IPV4_MAPPED_WORD 0xffff // decide.ipv4MappedWord
 #define IPV4_MIN_HDR_LEN 20 // decide.ipv4MinHeader
 #define IPV4_FRAG_OFFSET_MASK 0x1fff // decide.ipv4FragOffsetMask
@@ -128,14 +141,6 @@
 #define IPV6_MAX_EXT 6 // decide.IPv6MaxExt
 
 // internal/kernel
-#define ID_SETS 32768 // kernel.idSets = 1 << decide.IDSetShift
-#define ID_USED 0x80000000U // kernel.idUsed = idStampMask + 1
-#define ID_TAG_MASK 0xffffffff80000000ULL // kernel.idTagMask = ^uint64(idStampMask)
-#define QUICK_SHIFT 18 // kernel.quickShift
-#define QUICK_WORDS 4096 // kernel.quickWords = 1 << quickShift / 64
-#define QUICK_PEERS 0 // kernel.quickPeers
-#define QUICK_IDS 1 // kernel.quickIDs
-#define NUM_QUICK 2 // kernel.numQuick
 #define ALLOW_FILTER_SHIFT 10 // kernel.allowFilterShift
 #define ALLOW_FILTER_BITS 1024 // kernel.allowFilterBits = 1 << allowFilterShift
 #define ALLOW_HASH_MUL 0x9e3779b1U // kernel.allowHashMul

@@ -1,8 +1,9 @@
-// learned.h: the server's connection IDs and peers the filter learned,
-// looked up to verify a datagram. Go twins: internal/decide/learned.go
-// (peerKey, IDStamp, ServerID.Word; the sets themselves), and
-// internal/kernel/learned.go, which writes the kernel's sets (server_ids,
-// peers, quick) and their hashes (idHash, peerHash).
+// learned.h: what the filter knows of the server, looked up to verify a
+// datagram: the server IDs, each bound to the address it was sent to, the
+// proven peers and the answered peers. Go twin: internal/decide/learned.go
+// (the sets, their hashes and stamps, which userspace writes with the same
+// code in the Go twin's memory or, through package kernel, in these maps,
+// mapped) and decide.Filter.verify and prove (internal/decide/datagram.go).
 #ifndef RAKELIMIT_LEARNED_H
 #define RAKELIMIT_LEARNED_H
 
@@ -12,6 +13,12 @@
 #include "contract.h"
 #include "maps.h"
 #include "parse.h"
+
+// HALF_STAMPS is half the range of stamps: an age at or past it is a stamp
+// from the future, written by a clock a moment ahead (decide.halfStamps).
+#define HALF_STAMPS (1U << (STAMP_BITS - 1))
+// TAG_BITS is the width of a key's tag (decide.TagBits).
+#define TAG_BITS (64 - TAG_SHIFT)
 
 // A connection ID the server issued, as on the wire.
 struct server_id {
@@ -30,9 +37,68 @@ static __always_inline void server_id_of(const struct key *k, int check, struct 
 		__builtin_memcpy(id->b, &k->probe[LONG_ID_OFFSET], SERVER_ID_LEN);
 }
 
-// maybe_in consults learned set which's quick-reject filter for a member's
-// hash h: 0 means h is certainly not a member's, and the set's hash map,
-// whose buckets a new source's lookup finds in no cache, is not looked up.
+// id_word is a server ID as a big-endian number (decide.ServerID.Word).
+static __always_inline __u32 id_word(const struct server_id *id)
+{
+	return (__u32)id->b[0] << 24 | (__u32)id->b[1] << 16 | (__u32)id->b[2] << 8 | id->b[3];
+}
+
+// known_family: whether the source has an address the learned sets key
+// (decide.peerKey's ok).
+static __always_inline int known_family(const struct key *k)
+{
+	return k->family == FAMILY_IPV4 || k->family == FAMILY_IPV6;
+}
+
+// addr_words_hash is the sum of the products of a[0..3] and the words of
+// the source's peer key (decide.PeerKey): for IPv4 the words of ::ffff:a.b.c.d,
+// whose first two are zero. The key is read from struct key, not copied to
+// the stack: a copy kept live to the proof took the program's frame, with
+// the node loop's, past the verifier's 512 bytes.
+static __always_inline __u64 addr_words_hash(const __u64 *a, const struct key *k)
+{
+	if (k->family == FAMILY_IPV4)
+		return a[2] * IPV4_MAPPED_WORD + a[3] * (__u64)k->words[0];
+	return a[0] * (__u64)k->words[0] + a[1] * (__u64)k->words[1] + a[2] * (__u64)k->words[2] +
+	       a[3] * (__u64)k->words[3];
+}
+
+// bound_hash (decide.BoundHash): the hash of server ID w bound to the
+// source of k, its key in server_ids.
+static __always_inline __u64 bound_hash(const struct config *cfg, __u32 w, const struct key *k)
+{
+	return cfg->learn_id[0] * (__u64)w + addr_words_hash(&cfg->learn_id[1], k) + cfg->learn_id[LEARN_ID_WORDS];
+}
+
+// peer_hash (decide.PeerHash): the hash of the source of k, its key in
+// the sets of peers.
+static __always_inline __u64 peer_hash(const struct config *cfg, const struct key *k)
+{
+	return addr_words_hash(cfg->learn_addr, k) + cfg->learn_addr[LEARN_ADDR_WORDS];
+}
+
+// stamp_of: decide.Stamp, a time as a slot holds it.
+static __always_inline __u32 stamp_of(__u64 now)
+{
+	return (now >> STAMP_SHIFT) & STAMP_MASK;
+}
+
+// stamp_age: decide.StampAge, how many stamps st is after slot e's.
+static __always_inline __u32 stamp_age(__u32 st, __u64 e)
+{
+	return (st - (__u32)e) & STAMP_MASK;
+}
+
+// slot_key: decide.slotKey, what a slot holding the key of hash h has in
+// SLOT_KEY_MASK's bits: its tag, and SLOT_USED.
+static __always_inline __u64 slot_key(__u64 h)
+{
+	return (h << LEARNED_SET_SHIFT >> (64 - TAG_BITS)) << TAG_SHIFT | SLOT_USED;
+}
+
+// maybe_in: decide.LearnedSet.MaybeIn, learned set which's quick-reject
+// filter for a member's hash h: 0 means no member has h, and the set is
+// not read.
 static __always_inline int maybe_in(__u32 which, __u64 h)
 {
 	struct quick *q = bpf_map_lookup_elem(&quick, &which);
@@ -43,85 +109,110 @@ static __always_inline int maybe_in(__u32 which, __u64 h)
 	return (q->words[b / 64] >> (b % 64)) & 1;
 }
 
-// peer_hash (kernel.peerHash) is a peer's hash for its quick-reject filter.
-static __always_inline __u64 peer_hash(const struct config *cfg, const struct peer_key *pk)
+// find_slot: decide.LearnedSet.Find after maybe_in, the slot of the key of
+// hash h in map (server_ids, proven_peers or answered_peers), or NULL.
+static __always_inline __u64 *find_slot(void *map, __u64 h)
 {
-	__u64 h = 0;
-
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		h += cfg->hash_a[0][1 + i] * (__u64)pk->words[i];
-	return h;
-}
-
-// id_word is a server ID as a big-endian number (decide.ServerID.Word).
-static __always_inline __u32 id_word(const struct server_id *id)
-{
-	return (__u32)id->b[0] << 24 | (__u32)id->b[1] << 16 | (__u32)id->b[2] << 8 | id->b[3];
-}
-
-// id_hash (kernel.idHash) is a server ID's hash for its quick-reject filter
-// and its set in the table.
-static __always_inline __u64 id_hash(const struct config *cfg, __u32 w)
-{
-	return cfg->hash_a[1][1] * (__u64)w;
-}
-
-// id_stamp: decide.IDStamp, a time as a slot of the server IDs' table
-// holds it.
-static __always_inline __u64 id_stamp(__u64 now)
-{
-	return (now >> ID_STAMP_SHIFT) & ID_STAMP_MASK;
-}
-
-// find_server_id returns the slot of the server ID w, whose hash is h, or
-// NULL when the table does not hold it.
-static __always_inline __u64 *find_server_id(__u32 w, __u64 h)
-{
-	__u32 set = h >> (64 - ID_SET_SHIFT);
-	struct id_set *s = bpf_map_lookup_elem(&server_ids, &set);
-	__u64 tag = (__u64)w << 32 | ID_USED;
+	__u32 set = h >> (64 - LEARNED_SET_SHIFT);
+	struct learned_set *s = bpf_map_lookup_elem(map, &set);
+	__u64 key = slot_key(h);
 
 	if (!s)
 		return NULL;
 #pragma unroll
-	for (int i = 0; i < ID_WAYS; i++)
-		if ((s->slot[i] & ID_TAG_MASK) == tag)
+	for (int i = 0; i < LEARNED_WAYS; i++)
+		if ((s->slot[i] & SLOT_KEY_MASK) == key)
 			return &s->slot[i];
 	return NULL;
 }
 
-// refresh_server_id moves the stamp of the ID in slot on to now's when it is
-// behind (decide.Filter.Decide): at most one write per ID and stamp, from
-// whichever CPU sees it first. The compare-and-swap leaves alone a slot
-// that userspace gave to another ID, or stamped, since it was read.
-static __always_inline void refresh_server_id(__u64 *slot, __u64 now)
+// refresh_slot: decide.LearnedSet.Refresh, the slot's stamp moved on to st
+// when it is behind: at most one write per key and stamp, from whichever
+// CPU sees it first. The compare-and-swap leaves alone a slot that another
+// writer gave to another key, or stamped, since it was read.
+static __always_inline void refresh_slot(__u64 *slot, __u32 st)
 {
 	__u64 e = *slot;
-	__u64 st = id_stamp(now);
+	__u32 age = stamp_age(st, e);
 
-	if ((e & ID_STAMP_MASK) < st)
-		__sync_val_compare_and_swap(slot, e, (e & ID_TAG_MASK) | st);
+	if (age != 0 && age < HALF_STAMPS)
+		__sync_val_compare_and_swap(slot, e, (e & ~(__u64)STAMP_MASK) | st);
 }
 
-// known_peer: whether the source address is a peer (decide.peerKey).
-static __always_inline int known_peer(const struct config *cfg, const struct key *k)
+// set_quick sets the bit of hash h in learned set which's quick-reject
+// filter (decide.LearnedSet.setQuick).
+static __always_inline void set_quick(__u32 which, __u64 h)
 {
-	struct peer_key pk = {};
+	struct quick *q = bpf_map_lookup_elem(&quick, &which);
+	__u32 b = h >> (64 - QUICK_SHIFT);
 
-	if (k->family == FAMILY_IPV4) {
-		pk.words[2] = IPV4_MAPPED_WORD;
-		pk.words[3] = k->words[0];
-	} else if (k->family == FAMILY_IPV6) {
+	if (q)
+		__sync_fetch_and_or(&q->words[b / 64], 1ULL << (b % 64));
+}
+
+// learn_slot: decide.LearnedSet.Learn, the key of hash h put into map at
+// stamp st: into its own slot (stamped), else the set's first empty slot,
+// else the slot of its stalest key; its bit set in learned set which's
+// quick-reject filter. Returns 0 when the set changed under it: it tries
+// once, where userspace tries again.
+static __always_inline int learn_slot(void *map, __u32 which, __u64 h, __u32 st)
+{
+	__u32 set = h >> (64 - LEARNED_SET_SHIFT);
+	struct learned_set *s = bpf_map_lookup_elem(map, &set);
+	__u64 key = slot_key(h);
+	__u64 old = 0;
+	__u32 old_age = 0;
+	int victim = -1;
+
+	if (!s)
+		return 0;
 #pragma unroll
-		for (int i = 0; i < 4; i++)
-			pk.words[i] = k->words[i];
-	} else {
-		return 0;
+	for (int i = 0; i < LEARNED_WAYS; i++) {
+		__u64 e = s->slot[i];
+		__u32 age = stamp_age(st, e);
+
+		if ((e & SLOT_KEY_MASK) == key) {
+			if (age != 0 && age < HALF_STAMPS)
+				__sync_val_compare_and_swap(&s->slot[i], e, (e & ~(__u64)STAMP_MASK) | st);
+			return 1;
+		}
+		if (!(e & SLOT_USED)) {
+			if (victim < 0 || (old & SLOT_USED)) {
+				victim = i;
+				old = e;
+				old_age = 0;
+			}
+		} else if (age >= HALF_STAMPS) {
+			// From the future: the freshest.
+		} else if (victim < 0 || ((old & SLOT_USED) && age > old_age)) {
+			victim = i;
+			old = e;
+			old_age = age;
+		}
 	}
-	if (!maybe_in(QUICK_PEERS, peer_hash(cfg, &pk)))
+	if (victim < 0) { // every slot's stamp is from the future
+		victim = 0;
+		old = s->slot[0];
+	}
+	// Bounds the index for the verifier: victim is 0 to LEARNED_WAYS - 1.
+	victim &= LEARNED_WAYS - 1;
+	if (__sync_val_compare_and_swap(&s->slot[victim], old, key | st) != old)
 		return 0;
-	return bpf_map_lookup_elem(&peers, &pk) != NULL;
+	set_quick(which, h);
+	return 1;
+}
+
+// prove: decide.Filter.prove, the source of k proved its address through a
+// server ID bound to it at stamp st: it becomes a proven peer. Returns 1
+// when it is one; the caller then marks the ID's slot, so that the next
+// datagrams through it skip this, and counts the proof. A global function,
+// called once per ID: inlined, learn_slot's locals took the program's
+// frame, with the node loop's, past the verifier's 512 bytes.
+__noinline int prove(const struct config *cfg, const struct key *k, __u32 st)
+{
+	if (!cfg || !k)
+		return 0;
+	return learn_slot(&proven_peers, LEARNED_PROVEN, peer_hash(cfg, k), st);
 }
 
 #endif

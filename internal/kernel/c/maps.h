@@ -56,6 +56,11 @@ struct config {
 	// The rank of a source at the fair total.
 	__u64 rank_a[HASH_WORDS];
 	__u64 rank_b;
+	// The learned sets' hash keys (sketch.HashKey.LearnID, LearnAddr):
+	// a server ID's word and an address's four words, then the offset;
+	// an address's four words, then the offset.
+	__u64 learn_id[LEARN_ID_WORDS + 1];
+	__u64 learn_addr[LEARN_ADDR_WORDS + 1];
 	// By family (0 IPv4, 1 IPv6) and prefix slot: the family word hashed
 	// (0 for a /0 prefix) and the mask of each address word.
 	__u64 family_word[2][MAX_PREFIXES];
@@ -136,6 +141,8 @@ struct stats {
 	// verified: datagrams verified, by family and how.
 	__u64 verified[FAMILY_SLOTS][NUM_VERIFICATIONS];
 	__u64 errors;
+	// proofs: addresses that became proven peers (prove).
+	__u64 proofs;
 };
 
 // The fair share of the total, by class and budget (sketch.admitFair).
@@ -211,18 +218,22 @@ struct verdict {
 	__u64 estimate;
 };
 
-// A peer address (decide.PeerKey): the address's 16 bytes as four
-// big-endian words (held in host order, as struct key holds them), an IPv4
-// address IPv4-mapped.
-struct peer_key {
-	__u32 words[4];
-};
-
-// A learned set's quick-reject filter: bit h of a member's hash (peer_hash,
-// id_hash) is set. Userspace sets a member's bit after adding it to the set,
-// and rebuilds the bits when members expire (kernel.Filter.expireLearned).
+// A learned set's quick-reject filter (decide.LearnedSet): the bit of every
+// member's hash (the top QUICK_SHIFT bits) is set. Whoever adds a member
+// sets its bit after adding it (userspace, and the program for a proven
+// peer), and userspace rebuilds the bits when members expire.
 struct quick {
 	__u64 words[QUICK_WORDS];
+};
+
+// A set of a learned set (decide.LearnedSet): LEARNED_WAYS slots, one cache
+// line. A key's set is the top LEARNED_SET_SHIFT bits of its hash; a slot
+// holds the next bits of the hash (its tag) from TAG_SHIFT up, SLOT_USED,
+// SLOT_MARK (a server ID whose address proved itself through it) and the
+// key's stamp: the time it was learned or last used, in units of
+// 2^STAMP_SHIFT ns (1.07 s), modulo 2^STAMP_BITS.
+struct learned_set {
+	__u64 slot[LEARNED_WAYS];
 };
 
 // Sized by the loader: the lines of every node's rows, for every class.
@@ -244,14 +255,14 @@ struct {
 	__uint(max_entries, 2);
 } configs SEC(".maps");
 
-// The quick-reject filters of the learned peers (QUICK_PEERS) and server
-// IDs (QUICK_IDS). Mapped into userspace, which sets bits with atomic
-// operations.
+// The quick-reject filters of the learned sets, indexed LEARNED_IDS,
+// LEARNED_PROVEN, LEARNED_ANSWERED. Mapped into userspace; every writer
+// sets bits with atomic operations.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct quick);
-	__uint(max_entries, NUM_QUICK);
+	__uint(max_entries, NUM_LEARNED);
 	__uint(map_flags, BPF_F_MMAPABLE);
 } quick SEC(".maps");
 
@@ -335,41 +346,41 @@ struct {
 	__uint(max_entries, MAX_ALLOW);
 } allow6 SEC(".maps");
 
-// A set of the server IDs' table: ID_WAYS slots, one cache line. An ID's
-// set is the top ID_SET_SHIFT bits of its hash (id_hash). A slot holds the
-// ID in its top 32 bits, ID_USED, and the ID's stamp: the time it was
-// learned or last used by a verified datagram, in units of
-// 2^ID_STAMP_SHIFT ns (1.07 s; decide.IDStamp), which a verified datagram
-// moves on when it is behind.
-struct id_set {
-	__u64 slot[ID_WAYS];
-};
-_Static_assert(ID_SETS * ID_WAYS == 2 * MAX_SERVER_IDS, "the table is half full with MAX_SERVER_IDS");
-
-// The server's connection IDs, as userspace learns them. An array, not a
-// hash map: a lookup reads one line, with no call (the kernel inlines an
-// array's lookup), where an LRU hash's lookup cost a verified datagram 25 ns on
-// AMD EPYC. Mapped into userspace, which writes slots with atomic
-// operations: a new ID takes a free slot of its set, or the one of the
-// stalest ID; IDs unused for their lifetime are cleared.
+// The learned sets (decide.LearnedSet), arrays rather than hash maps: a
+// lookup reads one line, with no call (the kernel inlines an array's
+// lookup; an LRU hash's lookup cost a verified datagram 25 ns on AMD EPYC).
+// Mapped into userspace; every writer writes slots with atomic operations.
+//
+// server_ids: the server's connection IDs, each bound to the address it was
+// sent to, as userspace learns them from what the server sends.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, struct id_set);
-	__uint(max_entries, ID_SETS);
+	__type(value, struct learned_set);
+	__uint(max_entries, LEARNED_SETS);
 	__uint(map_flags, BPF_F_MMAPABLE);
 } server_ids SEC(".maps");
 
-// The addresses the server sends to, as userspace learns them, each with the
-// time it was last learned (monotonic ns). An LRU map: when full, a new
-// entry evicts the least recently used rather than being refused.
-// Userspace deletes the entries unused for their lifetime.
+// proven_peers: the peers that proved their address by sending back a server ID
+// bound to it, added by the program (prove), kept by userspace while the
+// server sends to them.
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct peer_key);
-	__type(value, __u64);
-	__uint(max_entries, MAX_PEERS);
-} peers SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct learned_set);
+	__uint(max_entries, LEARNED_SETS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+} proven_peers SEC(".maps");
+
+// answered_peers: the addresses the server sends a connection's packets to, as
+// userspace learns them.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct learned_set);
+	__uint(max_entries, LEARNED_SETS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+} answered_peers SEC(".maps");
 
 // A CPU's own state on the packet path: its xorshift state, seeded with a
 // random non-zero value by the loader, and the coarse clock's reading at its

@@ -222,29 +222,48 @@ static __always_inline int resolved(int class, int reason, int verified)
 	return class | reason << HDR_REASON_SHIFT | verified << HDR_VERIFIED_SHIFT;
 }
 
-// resolve: quicclass.Header.Resolve, for a check other than CHECK_NONE.
-// Returns the class, the reason and the verification (HDR_*).
-static __always_inline int resolve(int check, int id_known, int peer_known)
+// resolve: quicclass.Header.Resolve, for a check other than CHECK_NONE:
+// id_known says whether the ID is a server ID bound to the source, proven
+// and answered whether the source is a proven peer and (for a short header
+// or a Handshake packet from one that is not) an answered one. Returns the
+// class, the reason and the verification (HDR_*).
+static __always_inline int resolve(int check, int id_known, int proven, int answered)
 {
 	if (check == CHECK_SHORT) {
 		if (id_known)
 			return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_SHORT_BY_ID);
-		if (peer_known)
+		if (proven)
 			return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_SHORT_BY_PEER);
+		if (answered)
+			return resolved(CLASS_UNVERIFIED, REASON_NONE, VERIFIED_FROM_ANSWERED);
 		return resolved(CLASS_UNVERIFIED, REASON_NONE, VERIFIED_NONE);
 	}
 	if (check == CHECK_OPENING) {
 		if (id_known)
 			return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_OPENING_BY_ID);
-		if (peer_known)
+		if (proven)
 			return resolved(CLASS_OPENING, REASON_NONE, VERIFIED_OPENING_FROM_PEER);
 		return resolved(CLASS_OPENING, REASON_NONE, VERIFIED_NONE);
 	}
 	if (id_known)
 		return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_OPENING_BY_ID);
-	if (peer_known)
+	if (proven)
 		return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_HANDSHAKE_FROM_PEER);
+	if (answered)
+		return resolved(CLASS_UNVERIFIED, REASON_NONE, VERIFIED_FROM_ANSWERED);
 	return resolved(CLASS_INVALID, REASON_UNKNOWN_CONNECTION_ID, VERIFIED_NONE);
+}
+
+// needs_answered: quicclass.Header.NeedsAnswered.
+static __always_inline int needs_answered(int check)
+{
+	return check == CHECK_SHORT || check == CHECK_HANDSHAKE;
+}
+
+// rank_first: quicclass.Verification.RanksFirst.
+static __always_inline int rank_first(int verified)
+{
+	return verified == VERIFIED_OPENING_FROM_PEER || verified == VERIFIED_FROM_ANSWERED;
 }
 
 #endif
