@@ -67,6 +67,11 @@ func (r *RakeLimit) convert() (decide.Config, error) {
 	top := c.WithDefaults().Levels() - 1
 	_, totalSet := r.LevelLimits[top]
 	s.AdaptiveTotal = r.classify() && !totalSet && !slices.Contains(r.UnlimitedLevels, top)
+	// The established class's total, unless set, starts lifted and
+	// follows the receive queue too: nothing the filter lets through is
+	// unbounded, and nothing is refused while quic-go keeps up.
+	_, establishedSet := r.EstablishedLevelLimits[top]
+	s.AdaptiveEstablished = r.classify() && !establishedSet && !slices.Contains(r.EstablishedUnlimitedLevels, top)
 	verify := r.VerifyConnectionIDs == nil || *r.VerifyConnectionIDs
 	if verify && !r.classify() && r.VerifyConnectionIDs != nil {
 		return decide.Config{}, errors.New("verify_connection_ids true needs classify: without classes there is nothing to verify")

@@ -58,15 +58,27 @@ var (
 		[]string{"limiter"}, nil)
 	verifiedDesc = prometheus.NewDesc("caddy_rakelimit_verified_packets_total",
 		"Datagrams verified against what the server sent, by how: short_by_id (a short header carrying a server "+
-			"connection ID), short_by_peer (from an address the server answers), opening_by_id (an Initial, 0-RTT or "+
-			"Handshake carrying a server ID), handshake_from_peer, opening_from_peer (an Initial from an address the "+
-			"server answers: first at the opening total).",
+			"connection ID bound to its source), short_by_peer (from a proven peer), opening_by_id (an Initial, 0-RTT "+
+			"or Handshake carrying a server ID bound to its source), handshake_from_peer (from a proven peer), "+
+			"opening_from_peer (an Initial from a proven peer: first at the opening total), from_answered (a short "+
+			"header or Handshake from an address the server answered that has not proven itself: unverified, first "+
+			"at the unverified total).",
 		[]string{"limiter", "listener", "family", "how"}, nil)
 	learnedDesc = prometheus.NewDesc("caddy_rakelimit_learned_total",
-		"What the limiter learned from the datagrams quic-go sent: server_ids (connection IDs the server chose) "+
-			"and peers (addresses it answers), each counted when taught to the filter: when first sent, and again "+
-			"as a refresh while it stays in use.",
+		"What the limiter learned: server_ids (connection IDs the server chose, bound to the address it sent "+
+			"them to) and peers (addresses it sends a connection's packets to), each counted when taught to the "+
+			"filter (when first sent, and again as a refresh while in use); proofs (addresses that proved themselves: "+
+			"by sending back a server ID bound to them, or as the server's own packets show).",
 		[]string{"limiter", "kind"}, nil)
+	heldDesc = prometheus.NewDesc("caddy_rakelimit_learned_held",
+		"What the learned sets hold now: server_ids, proven_peers, answered_peers (each set holds 262,144 slots, "+
+			"sized for 131,072).",
+		[]string{"limiter", "set"}, nil)
+	establishedTotalDesc = prometheus.NewDesc("caddy_rakelimit_established_total_per_second",
+		"The cap in force on the socket's packets of established connections (the established class's last "+
+			"level); +Inf when lifted. Adaptive (1) it follows quic-go's receive queue, else it is the configured "+
+			"level limit.",
+		[]string{"limiter", "adaptive"}, nil)
 	verifyingDesc = prometheus.NewDesc("caddy_rakelimit_verifying",
 		"1 when the limiter verifies connection IDs and peers; 0 when it is off (configured, or the server's "+
 			"connection IDs are not quic-go's 4 bytes).",
@@ -118,6 +130,7 @@ func (c *collector) register(reg *prometheus.Registry) error {
 func (*collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, modeDesc, windowDesc, dryRunDesc,
 		streamsDesc, untrackedDesc, attachErrorsDesc, openingTotalDesc, queueFillDesc, verifiedDesc, learnedDesc, verifyingDesc,
+		heldDesc, establishedTotalDesc,
 		prefilterDroppedDesc, prefilterDesc, collectionErrorsDesc} {
 		ch <- d
 	}
@@ -199,6 +212,12 @@ func collect(r report.Limiter, ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(r.Verification.ServerIDs), name, "server_ids")
 	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(r.Verification.Peers), name, "peers")
+	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(r.Verification.Proofs), name, "proofs")
+	for set, n := range r.Verification.Held {
+		ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(n), name, set)
+	}
+	ch <- prometheus.MustNewConstMetric(establishedTotalDesc, prometheus.GaugeValue, orInf(r.EstablishedTotal.CapPPS), name,
+		strconv.FormatBool(r.EstablishedTotal.Adaptive))
 	ch <- prometheus.MustNewConstMetric(verifyingDesc, prometheus.GaugeValue, one(r.Verification.On), name)
 	ch <- prometheus.MustNewConstMetric(attachErrorsDesc, prometheus.CounterValue, float64(r.AttachErrors), name)
 	if r.Prefilter != nil {

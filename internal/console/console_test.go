@@ -26,7 +26,7 @@ func limiter(opening report.ClassCounters, established report.ClassCounters, inv
 			Invalid: invalid, Negotiation: map[string]uint64{"passed": 0},
 		}},
 		LimitedStreams: streams, LimitedStreamsTotal: len(streams),
-		OpeningTotal: report.OpeningTotal{Adaptive: true, CapPPS: 20000},
+		OpeningTotal: report.Total{Adaptive: true, CapPPS: 20000},
 	}
 }
 

@@ -120,7 +120,7 @@ func header(l report.Limiter) []string {
 	kind := "fixed"
 	if t.Adaptive {
 		kind = fmt.Sprintf("adaptive: receive queue %.0f%% full, %d overflows, %.0f opening/s in the last period",
-			100*t.QueueFill, t.QueueDrops, t.OpenedPPS)
+			100*t.QueueFill, t.QueueDrops, t.PassedPPS)
 	}
 	out = append(out, fmt.Sprintf("  opening total %s (%s)  allowlisted prefixes %d  version negotiation %d/s",
 		total, kind, len(c.Allow), c.VersionNegotiation))

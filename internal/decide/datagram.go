@@ -56,9 +56,11 @@ type Config struct {
 	Allow []netip.Prefix
 	// AdaptiveTotal lets the engine move the opening class's total (its
 	// last level limit, which the configuration gives as the starting
-	// value) with the socket's receive queue (package backlog). The
-	// decision itself only sees the level limit in force.
-	AdaptiveTotal bool
+	// value) with the socket's receive queue (package backlog), and
+	// AdaptiveEstablished the established class's (lifted at the start,
+	// whatever its level limit). The decision itself only sees the level
+	// limits in force.
+	AdaptiveTotal, AdaptiveEstablished bool
 }
 
 // MaxNegotiation bounds Config.Negotiation: a Version Negotiation reply

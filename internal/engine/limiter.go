@@ -17,7 +17,6 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
@@ -50,9 +49,9 @@ type Limiter struct {
 	failed []*net.UDPConn
 	// events reads the engine's reports of newly limited streams.
 	events EventReader
-	// ctl moves the opening total when the configuration makes it
-	// adaptive (nil otherwise).
-	ctl *backlog.Controller
+	// totals move the opening and the established totals when the
+	// configuration makes them adaptive (see total.go).
+	totals adaptiveTotals
 	// overflows counts a userspace engine's queue overflows for the
 	// controllers (steerTotal's goroutine alone uses it).
 	overflows overflowCount
@@ -246,9 +245,9 @@ func (l *Limiter) addrs() []string {
 func (l *Limiter) Put(s Setting) (Setting, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ctl := l.ctl
+	totals := l.totals
 	if err := l.eng.Configure(l.effective(s.Config)); err != nil {
-		l.ctl = ctl
+		l.totals = totals
 		return Setting{}, fmt.Errorf("rakelimit %q: %w", l.name, err)
 	}
 	prev := l.put
@@ -287,9 +286,9 @@ func (l *Limiter) Restore(prev Setting, by any) {
 	if l.put.By != by {
 		return // a newer configuration has taken over
 	}
-	ctl := l.ctl
+	totals := l.totals
 	if err := l.eng.Configure(l.effective(prev.Config)); err != nil {
-		l.ctl = ctl
+		l.totals = totals
 		l.put.Logger.Error("restoring the previous settings", zap.String("limiter", l.name), zap.Error(err))
 		return
 	}
@@ -390,11 +389,7 @@ func (l *Limiter) warnPrefilter(eng Engine, logger *zap.Logger) {
 // so; l.mu must be held. The settings and the connection IDs and peers
 // learned carry over; the counts start afresh.
 func (l *Limiter) fallBack(to Mode, why error) error {
-	c := l.put.Config
-	if l.ctl != nil {
-		c = withTotal(c, l.ctl.Cap())
-	}
-	u, err := l.open(to, c)
+	u, err := l.open(to, l.applied())
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,12 @@ func (e *fakeEngine) Configure(c decide.Config) error {
 	e.config = c
 	return nil
 }
-func (e *fakeEngine) Params() *sketch.Params                               { return e.params }
+func (e *fakeEngine) Params() *sketch.Params { return e.params }
+func (e *fakeEngine) configured() decide.Config {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.config
+}
 func (e *fakeEngine) Stats() (decide.Stats, error)                         { return decide.Stats{}, nil }
 func (e *fakeEngine) Streams() ([]decide.Stream, error)                    { return nil, nil }
 func (e *fakeEngine) Untracked() (uint64, error)                           { return 0, nil }

@@ -52,10 +52,11 @@ func (l *Limiter) Report() (report.Limiter, error) {
 	}
 	learned := l.Learned()
 	r.Verification = report.Verification{On: set.VerifyIDs && !l.VerificationOff(), ServerIDs: learned.IDs,
-		Peers: learned.Peers, OddIDs: learned.OddIDs}
-	total := l.OpeningTotal()
-	r.OpeningTotal = report.OpeningTotal{Adaptive: total.Adaptive, CapPPS: total.Cap, QueueFill: total.Last.Fill,
-		QueueDrops: total.Last.Overflows, OpenedPPS: total.Last.OpenedPPS}
+		Peers: learned.Peers, OddIDs: learned.OddIDs, Proofs: learned.Proofs, Held: map[string]int{}}
+	for i, s := range eng.Learned().Sets() {
+		r.Verification.Held[report.LearnedSets[i]] = s.Len()
+	}
+	r.OpeningTotal, r.EstablishedTotal = reportTotal(l.OpeningTotal()), reportTotal(l.EstablishedTotal())
 	if pf, ok := eng.(Prefiltered); ok {
 		r.Prefilter = prefilterReport(set, pf.Prefilter())
 	}
@@ -63,6 +64,7 @@ func (l *Limiter) Report() (report.Limiter, error) {
 	if err != nil {
 		return r, fmt.Errorf("reading the counters: %w", err)
 	}
+	r.Verification.Proofs += st.Proofs
 	for fam := range decide.Families {
 		r.Counters[report.Families[fam]] = countersReport(set, st, fam, c.Levels())
 	}
@@ -162,4 +164,10 @@ func ints(b []uint8) []int {
 		out[i] = int(v)
 	}
 	return out
+}
+
+// reportTotal is a class's total as the report gives it.
+func reportTotal(t OpeningTotal) report.Total {
+	return report.Total{Adaptive: t.Adaptive, CapPPS: t.Cap, QueueFill: t.Last.Fill, QueueDrops: t.Last.Overflows,
+		PassedPPS: t.Last.PassedPPS}
 }

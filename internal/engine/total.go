@@ -12,11 +12,13 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 )
 
-// The opening total, when the configuration makes it adaptive, follows the
-// sockets' receive queues (package backlog): steerTotal samples them every
-// backlog.Period and puts each new total in force.
+// The opening and the established totals, when the configuration makes
+// them adaptive, follow the sockets' receive queues (package backlog):
+// steerTotal samples them every backlog.Period and puts each new total in
+// force. The opening total starts at its level limit, the established one
+// lifted: nothing is refused while quic-go keeps up.
 
-// OpeningTotal describes the opening total in force.
+// OpeningTotal describes a class's total in force.
 type OpeningTotal struct {
 	// Adaptive is true when the total follows the receive queue.
 	Adaptive bool
@@ -26,49 +28,110 @@ type OpeningTotal struct {
 	Last backlog.Reading
 }
 
+// adaptiveTotals are the controllers of the adaptive totals, by limiter
+// class (only the opening and the established classes have one); nil for a
+// fixed total.
+type adaptiveTotals [sketch.NumClasses]*backlog.Controller
+
+// adaptiveClasses are the classes whose totals may follow the receive
+// queue, with the log lines of their changes.
+var adaptiveClasses = []struct {
+	class          quicclass.Class
+	limited, eased string
+}{
+	{quicclass.Opening, "quic-go falls behind its receive queue: the opening total caps connection-opening packets",
+		"quic-go keeps up with its receive queue: the opening total is lifted"},
+	{quicclass.Established, "quic-go falls behind its receive queue: the established total caps packets of established connections",
+		"quic-go keeps up with its receive queue: the established total is lifted"},
+}
+
+// adaptive reports whether c makes class's total follow the receive queue.
+func adaptive(c decide.Config, class quicclass.Class) bool {
+	switch class {
+	case quicclass.Opening:
+		return c.AdaptiveTotal
+	case quicclass.Established:
+		return c.AdaptiveEstablished
+	}
+	return false
+}
+
 // OpeningTotal returns the opening total in force.
-func (l *Limiter) OpeningTotal() OpeningTotal {
+func (l *Limiter) OpeningTotal() OpeningTotal { return l.total(quicclass.Opening) }
+
+// EstablishedTotal returns the established total in force.
+func (l *Limiter) EstablishedTotal() OpeningTotal { return l.total(quicclass.Established) }
+
+// total returns class's total in force.
+func (l *Limiter) total(class quicclass.Class) OpeningTotal {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := l.put.Config
-	if l.ctl == nil {
-		return OpeningTotal{Cap: LevelLimit(c, 0, c.Limiter.WithDefaults().Levels()-1)}
+	if ctl := l.totals[class]; ctl != nil {
+		return OpeningTotal{Adaptive: true, Cap: ctl.Cap(), Last: ctl.Last()}
 	}
-	return OpeningTotal{Adaptive: true, Cap: l.ctl.Cap(), Last: l.ctl.Last()}
+	return OpeningTotal{Cap: LevelLimit(c, int(class), c.Limiter.WithDefaults().Levels()-1)}
 }
 
-// withTotal returns c with the opening total at cap (backlog.Unlimited:
+// withTotal returns c with class's total at cap (backlog.Unlimited:
 // lifted).
-func withTotal(c decide.Config, cap uint32) decide.Config {
+func withTotal(c decide.Config, class quicclass.Class, cap uint32) decide.Config {
 	top := c.Limiter.WithDefaults().Levels() - 1
-	c.Limiter.LevelLimits = maps.Clone(c.Limiter.LevelLimits)
-	if c.Limiter.LevelLimits == nil {
-		c.Limiter.LevelLimits = map[int]uint32{}
+	levels := &c.Limiter.LevelLimits
+	if class == quicclass.Established {
+		// Its own limits, which it takes from the opening class's
+		// when it has none.
+		c.Limiter.Established = c.Limiter.Class(int(class))
+		levels = &c.Limiter.Established.LevelLimits
+	}
+	*levels = maps.Clone(*levels)
+	if *levels == nil {
+		*levels = map[int]uint32{}
 	}
 	if cap == backlog.Unlimited {
-		c.Limiter.LevelLimits[top] = sketch.Unlimited
+		(*levels)[top] = sketch.Unlimited
 	} else {
-		c.Limiter.LevelLimits[top] = cap
+		(*levels)[top] = cap
 	}
 	return c
 }
 
-// effective is the configuration the engine runs for c: c, with the
-// adaptive total at the controller's value and verification off when the
+// effective is the configuration the engine runs for c: c, with each
+// adaptive total at its controller's value and verification off when the
 // server's connection IDs cannot be verified; l.mu must be held. A new
-// setting that makes the total adaptive starts the controller at its level
-// limit; one that makes it fixed stops it.
+// setting that makes a total adaptive starts its controller (the opening
+// total at its level limit, the established total lifted); one that makes
+// it fixed stops it.
 func (l *Limiter) effective(c decide.Config) decide.Config {
 	c.VerifyIDs = c.VerifyIDs && !l.oddIDs.Load()
-	if !c.AdaptiveTotal {
-		l.ctl = nil
-		return c
+	for _, a := range adaptiveClasses {
+		if !adaptive(c, a.class) {
+			l.totals[a.class] = nil
+			continue
+		}
+		if l.totals[a.class] == nil || !adaptive(l.put.Config, a.class) {
+			start := uint32(backlog.Unlimited)
+			if a.class == quicclass.Opening {
+				start = LevelLimit(c, int(a.class), c.Limiter.WithDefaults().Levels()-1)
+			}
+			l.totals[a.class] = backlog.NewController(backlog.LawFor(c.Limiter, int(a.class)), start)
+		}
+		c = withTotal(c, a.class, l.totals[a.class].Cap())
 	}
-	if l.ctl == nil || !l.put.Config.AdaptiveTotal {
-		start := LevelLimit(c, 0, c.Limiter.WithDefaults().Levels()-1)
-		l.ctl = backlog.NewController(backlog.LawFor(c.Limiter), start)
+	return c
+}
+
+// applied is the configuration in force: the setting's, made effective;
+// l.mu must be held.
+func (l *Limiter) applied() decide.Config {
+	c := l.put.Config
+	c.VerifyIDs = c.VerifyIDs && !l.oddIDs.Load()
+	for _, a := range adaptiveClasses {
+		if ctl := l.totals[a.class]; ctl != nil {
+			c = withTotal(c, a.class, ctl.Cap())
+		}
 	}
-	return withTotal(c, l.ctl.Cap())
+	return c
 }
 
 // logEvery bounds the lines steerTotal logs: one per change of state
@@ -91,14 +154,18 @@ func (s *stateLog) changed(on bool, now time.Time) bool {
 	return true
 }
 
-// steerTotal runs the control loop of an adaptive opening total, and the
-// userspace mode's shed of long headers (shed).
+// steerTotal runs the control loops of the adaptive totals, and the
+// userspace mode's shed of long headers (shed). A total logs a warning
+// when the queue makes it fall from lifted, and a line when it is lifted
+// again after one: not the opening total's start at its level limit,
+// before any sign of load.
 func (l *Limiter) steerTotal() {
 	defer l.done.Done()
 	tk := time.NewTicker(backlog.Period)
 	defer tk.Stop()
 	base := time.Now()
-	var total, shedding stateLog
+	var shedding stateLog
+	var totals [sketch.NumClasses]stateLog
 	for {
 		select {
 		case <-l.stop:
@@ -107,34 +174,52 @@ func (l *Limiter) steerTotal() {
 		}
 		s, st, err := l.sample(int64(time.Since(base)))
 		if err != nil {
-			continue // no queue to read (not Linux, or no socket yet): the total stays where it is
+			continue // no queue to read (not Linux, or no socket yet): the totals stay where they are
 		}
 		l.shed(s, st, &shedding)
-		l.mu.Lock()
-		if l.ctl == nil {
-			l.mu.Unlock()
-			continue
+		for _, a := range adaptiveClasses {
+			l.steer(a.class, s, st, &totals[a.class], a.limited, a.eased)
 		}
-		cap, changed := l.ctl.Step(s)
-		if changed {
-			if err := l.eng.Configure(withTotal(l.put.Config, cap)); err != nil {
-				l.put.Logger.Error("moving the opening total", zap.String("limiter", l.name), zap.Error(err))
-			}
-		}
-		logger, last := l.put.Logger, l.ctl.Last()
+	}
+}
+
+// steer steps class's controller, if its total is adaptive, on sample s
+// (st are the engine's counters in it), and logs a change of state.
+func (l *Limiter) steer(class quicclass.Class, s backlog.Sample, st decide.Stats, log *stateLog, limited, eased string) {
+	s.Passed = 0
+	for fam := range decide.Families {
+		s.Passed += st.Passed[class][fam]
+	}
+	l.mu.Lock()
+	ctl := l.totals[class]
+	if ctl == nil {
 		l.mu.Unlock()
-		limited := cap != backlog.Unlimited
-		if !total.changed(limited, time.Now()) {
-			continue
+		return
+	}
+	was := ctl.Cap()
+	cap, changed := ctl.Step(s)
+	if changed {
+		if err := l.eng.Configure(l.applied()); err != nil {
+			l.put.Logger.Error("moving the total", zap.String("limiter", l.name), zap.String("class", class.String()),
+				zap.Error(err))
 		}
-		fields := []zap.Field{zap.String("limiter", l.name), zap.Float64("receive_queue_fill", last.Fill),
-			zap.Uint64("receive_queue_drops", last.Overflows), zap.Float64("opening_pps", last.OpenedPPS)}
-		if limited {
-			logger.Warn("quic-go falls behind its receive queue: the opening total caps connection-opening packets",
-				append(fields, zap.Uint32("opening_total_pps", cap))...)
-		} else {
-			logger.Info("quic-go keeps up with its receive queue: the opening total is lifted", fields...)
-		}
+	}
+	logger, last := l.put.Logger, ctl.Last()
+	l.mu.Unlock()
+	// The total is limited by the load once the queue made it fall (from
+	// lifted, or from higher), until it is lifted again: a total that
+	// starts limited and rises is not.
+	fell := was == backlog.Unlimited || cap < was
+	on := cap != backlog.Unlimited && (fell || log.was)
+	if !log.changed(on, time.Now()) {
+		return
+	}
+	fields := []zap.Field{zap.String("limiter", l.name), zap.Float64("receive_queue_fill", last.Fill),
+		zap.Uint64("receive_queue_drops", last.Overflows), zap.Float64(class.String()+"_pps", last.PassedPPS)}
+	if on {
+		logger.Warn(limited, append(fields, zap.Uint32(class.String()+"_total_pps", cap))...)
+	} else {
+		logger.Info(eased, fields...)
 	}
 }
 
@@ -198,7 +283,6 @@ func (l *Limiter) sample(at int64) (backlog.Sample, decide.Stats, error) {
 	s := backlog.Sample{At: at, Queued: queued, Capacity: capacity}
 	var refused uint64
 	for fam := range decide.Families {
-		s.Opened += st.Passed[0][fam]
 		for class := range st.Dropped {
 			s.Received += st.Passed[class][fam]
 			for _, n := range st.Dropped[class][fam] {

@@ -5,11 +5,13 @@ package engine
 import (
 	"net"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
@@ -117,4 +119,132 @@ func TestTotalFollowsQueue(t *testing.T) {
 		time.Sleep(backlog.Period)
 	}
 	stopReader()
+}
+
+// TestIdleTotalsLogNothing: on an idle socket, the adaptive totals rise
+// from where they start (the opening total at its level limit) to lifted
+// without a line: the start is not a sign of load, and an operator's first
+// sight of the module is no false alarm.
+func TestIdleTotalsLogNothing(t *testing.T) {
+	c := testutil.QUICLimits(1000, 200_000)
+	c.AdaptiveTotal, c.AdaptiveEstablished = true, true
+	c.Limiter.LevelLimits = map[int]uint32{c.Limiter.WithDefaults().Levels() - 1: 20_000}
+	core, logs := observer.New(zap.InfoLevel)
+	l, err := New("idle", c, ModeBPF, zap.New(core))
+	testutil.RequireBPF(t, err)
+	if err != nil {
+		t.Fatalf("loading the filter: %v", err)
+	}
+	defer l.Close()
+	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
+	if _, _, err := l.Attach(rx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); l.OpeningTotal().Cap != backlog.Unlimited; time.Sleep(backlog.Period) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle opening total is still %+v after 20 s", l.OpeningTotal())
+		}
+	}
+	if et := l.EstablishedTotal(); !et.Adaptive || et.Cap != backlog.Unlimited {
+		t.Fatalf("the established total is %+v, want adaptive and lifted", et)
+	}
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message, "total") {
+			t.Errorf("an idle socket logged %q (%v)", e.Message, e.ContextMap())
+		}
+	}
+}
+
+// TestTotalKeepsVerificationOff: once the server's connection IDs of
+// another length turned verification off, a move of the adaptive total
+// keeps it off (it configures the engine from the effective settings, not
+// the raw ones), and so does the configuration a fallback starts from.
+func TestTotalKeepsVerificationOff(t *testing.T) {
+	c := testutil.QUICLimits(1000, 200_000)
+	c.VerifyIDs, c.AdaptiveTotal = true, true
+	c.Limiter.LevelLimits = map[int]uint32{c.Limiter.WithDefaults().Levels() - 1: 20_000}
+	k := newFake(t, ModeBPF, nil)
+	l, err := start("odd", k, Setting{Config: c, Mode: ModeBPF, Logger: zap.NewNop()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.oddID(8)
+	if k.configured().VerifyIDs {
+		t.Fatal("verification stayed on after odd IDs")
+	}
+	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
+	if _, _, err := l.Attach(rx); err != nil {
+		t.Fatal(err)
+	}
+	// An idle socket lifts the total within seconds: each step
+	// reconfigures the engine.
+	for deadline := time.Now().Add(20 * time.Second); l.OpeningTotal().Cap != backlog.Unlimited; time.Sleep(backlog.Period) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle opening total is still %+v after 20 s", l.OpeningTotal())
+		}
+	}
+	if k.configured().VerifyIDs {
+		t.Fatal("a move of the total turned verification on again")
+	}
+	l.mu.Lock()
+	applied := l.applied()
+	l.mu.Unlock()
+	if applied.VerifyIDs {
+		t.Fatal("the configuration a fallback starts from verifies again")
+	}
+}
+
+// TestEstablishedTotalFollowsQueue: the established class's total starts
+// lifted and stays so while the reader keeps up; a flood of short headers
+// from many sources, each under its limit, that overflows a slow reader
+// brings it down (no class is unbounded), and it is lifted again once the
+// flood is over.
+func TestEstablishedTotalFollowsQueue(t *testing.T) {
+	c := testutil.QUICLimits(1000, 200_000)
+	c.AdaptiveEstablished = true
+	l, err := New("established", c, ModeBPF, zap.NewNop())
+	testutil.RequireBPF(t, err)
+	if err != nil {
+		t.Fatalf("loading the filter: %v", err)
+	}
+	defer l.Close()
+	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
+	if err := rx.SetReadBuffer(256 << 10); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.Attach(rx); err != nil {
+		t.Fatal(err)
+	}
+	if et := l.EstablishedTotal(); !et.Adaptive || et.Cap != backlog.Unlimited {
+		t.Fatalf("the established total starts at %+v, want adaptive and lifted", et)
+	}
+	stopReader := slowReader(rx, 500*time.Microsecond, func([]byte) {})
+	defer stopReader()
+	dst := netip.MustParseAddrPort(rx.LocalAddr().String())
+	short := quicclass.ShortHeader(1200)
+	// 3 s at 40,000 a second from 16 addresses: twenty times what the
+	// reader takes; bounded in count.
+	const senders = 16
+	done := make(chan error, senders)
+	var fell atomic.Bool
+	for i := range senders {
+		s := testutil.Sender(t, netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 9, byte(1 + i)}), 0))
+		go func() {
+			done <- testutil.Pace(s, dst, 40_000/senders, 3*40_000/senders, func() []byte { return short })
+		}()
+	}
+	waitSent(t, done, senders, 5*time.Second, func() {
+		if et := l.EstablishedTotal(); et.Cap != backlog.Unlimited {
+			fell.Store(true)
+		}
+	})
+	if !fell.Load() {
+		t.Fatal("the established total stayed lifted while the queue overflowed")
+	}
+	for deadline := time.Now().Add(20 * time.Second); l.EstablishedTotal().Cap != backlog.Unlimited; time.Sleep(backlog.Period) {
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after the flood the established total is still %+v", l.EstablishedTotal())
+		}
+	}
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"maps"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 )
@@ -37,7 +38,7 @@ func newServerModel(s *Scenario, lim *sketch.Limiter) (*serverModel, error) {
 	if !ok {
 		start = c.Limit
 	}
-	m := &serverModel{srv: *s.Server, lim: lim, config: c, top: top, ctl: backlog.NewController(backlog.LawFor(c), start),
+	m := &serverModel{srv: *s.Server, lim: lim, config: c, top: top, ctl: backlog.NewController(backlog.LawFor(c, int(quicclass.Opening)), start),
 		next: backlog.Period, seconds: s.Seconds}
 	m.totals = make([]Total, s.Seconds)
 	for i := range m.totals {
@@ -55,7 +56,7 @@ func (m *serverModel) advance(t int64) error {
 	for m.next <= t {
 		m.serve(m.next)
 		m.sample = backlog.Sample{At: m.next, Queued: uint64(m.queue), Capacity: uint64(m.srv.Queue),
-			Overflows: m.overflows, Opened: m.opened}
+			Overflows: m.overflows, Passed: m.opened}
 		if cap, changed := m.ctl.Step(m.sample); changed {
 			c := m.config
 			c.LevelLimits = maps.Clone(c.LevelLimits)

@@ -38,9 +38,9 @@ type Sample struct {
 	// Overflows counts datagrams the kernel dropped for want of room in
 	// the queues (the socket's drops less the filter's own).
 	Overflows uint64
-	// Opened counts the connection-opening datagrams the filter let
-	// through.
-	Opened uint64
+	// Passed counts the datagrams of the controller's class the filter
+	// let through (the connection-opening ones for the opening total).
+	Passed uint64
 	// Received counts the datagrams the userspace limiter received, and
 	// Long those of them with a long header of a known version (the
 	// opening class), for its Shedder; the kernel filter leaves them 0.
@@ -76,12 +76,13 @@ type Law struct {
 // about 6 periods (0.3 s).
 var DefaultLaw = Law{Min: 1000, Max: 10_000_000, High: 0.25, Low: 0.0625, Decrease: 0.75, Increase: 1.0625, Overflows: 8}
 
-// LawFor is DefaultLaw for a limiter configured with c: the total never
-// falls below the limit of a stream, and past what the counters hold for
-// c's window (sketch.MaxBurst) it is lifted.
-func LawFor(c sketch.Config) Law {
+// LawFor is DefaultLaw for the total of class of a limiter configured with
+// c: the total never falls below the limit of one of the class's streams
+// (one client's transfer passes whatever the load), and past what the
+// counters hold for c's window (sketch.MaxBurst) it is lifted.
+func LawFor(c sketch.Config, class int) Law {
 	law := DefaultLaw
-	law.Min = max(law.Min, c.Limit)
+	law.Min = max(law.Min, c.Class(class).Limit)
 	law.Max = uint32(min(float64(law.Max), float64(sketch.MaxBurst)/c.Window.Seconds()))
 	return law
 }
@@ -109,8 +110,9 @@ type Reading struct {
 	Fill float64
 	// Overflows are the datagrams dropped for want of room in the period.
 	Overflows uint64
-	// OpenedPPS is the rate of openings the filter let through.
-	OpenedPPS float64
+	// PassedPPS is the rate of the class's datagrams the filter let
+	// through.
+	PassedPPS float64
 }
 
 // NewController returns a controller whose total starts at start packets
@@ -132,7 +134,7 @@ func (c *Controller) Step(s Sample) (uint32, bool) {
 		return c.cap, false
 	}
 	dt := float64(s.At-c.prev.At) / 1e9
-	r := Reading{OpenedPPS: float64(sub(s.Opened, c.prev.Opened)) / dt, Overflows: sub(s.Overflows, c.prev.Overflows)}
+	r := Reading{PassedPPS: float64(sub(s.Passed, c.prev.Passed)) / dt, Overflows: sub(s.Overflows, c.prev.Overflows)}
 	if s.Capacity > 0 {
 		r.Fill = float64(s.Queued) / float64(s.Capacity)
 	}
@@ -144,7 +146,7 @@ func (c *Controller) Step(s Sample) (uint32, bool) {
 	// lower total: falling on it again would take the total to the floor
 	// while the backlog drains.
 	case r.Overflows >= max(c.law.Overflows, 1) || (r.Fill >= c.law.High && growing):
-		target := uint32(min(math.Max(float64(c.law.Min), r.OpenedPPS*c.law.Decrease), float64(c.law.Max)))
+		target := uint32(min(math.Max(float64(c.law.Min), r.PassedPPS*c.law.Decrease), float64(c.law.Max)))
 		if c.cap == Unlimited || target < c.cap {
 			c.cap = target
 		}

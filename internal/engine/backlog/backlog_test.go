@@ -17,17 +17,17 @@ func TestStep(t *testing.T) {
 		want        uint32
 		wantChanged bool
 	}{
-		{"overflow from lifted", Unlimited, Sample{At: sec, Capacity: 100, Overflows: 50, Opened: 40_000}, 30_000, true},
-		{"full queue from lifted", Unlimited, Sample{At: sec, Queued: 60, Capacity: 100, Opened: 40_000}, 30_000, true},
-		{"overflow below the cap", 20_000, Sample{At: sec, Capacity: 100, Overflows: 50, Opened: 20_000}, 15_000, true},
-		{"overflow never raises", 10_000, Sample{At: sec, Capacity: 100, Overflows: 50, Opened: 40_000}, 10_000, false},
-		{"floor", 2_000, Sample{At: sec, Capacity: 100, Overflows: 50, Opened: 10}, 1_000, true},
-		{"a few drops are noise", 20_000, Sample{At: sec, Capacity: 100, Overflows: 7, Opened: 20_000}, 20_000, false},
-		{"short queue rises", 20_000, Sample{At: sec, Queued: 5, Capacity: 100, Opened: 20_000}, 22_501, true},
+		{"overflow from lifted", Unlimited, Sample{At: sec, Capacity: 100, Overflows: 50, Passed: 40_000}, 30_000, true},
+		{"full queue from lifted", Unlimited, Sample{At: sec, Queued: 60, Capacity: 100, Passed: 40_000}, 30_000, true},
+		{"overflow below the cap", 20_000, Sample{At: sec, Capacity: 100, Overflows: 50, Passed: 20_000}, 15_000, true},
+		{"overflow never raises", 10_000, Sample{At: sec, Capacity: 100, Overflows: 50, Passed: 40_000}, 10_000, false},
+		{"floor", 2_000, Sample{At: sec, Capacity: 100, Overflows: 50, Passed: 10}, 1_000, true},
+		{"a few drops are noise", 20_000, Sample{At: sec, Capacity: 100, Overflows: 7, Passed: 20_000}, 20_000, false},
+		{"short queue rises", 20_000, Sample{At: sec, Queued: 5, Capacity: 100, Passed: 20_000}, 22_501, true},
 		{"short queue lifts past Max", 95_000, Sample{At: sec, Queued: 0, Capacity: 100}, Unlimited, true},
-		{"lifted stays lifted", Unlimited, Sample{At: sec, Queued: 0, Capacity: 100, Opened: 500_000}, Unlimited, false},
-		{"in between holds", 20_000, Sample{At: sec, Queued: 15, Capacity: 100, Opened: 20_000}, 20_000, false},
-		{"a full queue draining holds", 20_000, Sample{At: sec, Queued: 60, Capacity: 100, Opened: 20_000}, 20_000, false},
+		{"lifted stays lifted", Unlimited, Sample{At: sec, Queued: 0, Capacity: 100, Passed: 500_000}, Unlimited, false},
+		{"in between holds", 20_000, Sample{At: sec, Queued: 15, Capacity: 100, Passed: 20_000}, 20_000, false},
+		{"a full queue draining holds", 20_000, Sample{At: sec, Queued: 60, Capacity: 100, Passed: 20_000}, 20_000, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewController(law, tt.start)
@@ -121,7 +121,7 @@ func (q *modelQueue) period(s Sample, offered float64, total uint32, dt int64) S
 	}
 	q.len = max(q.len, 0)
 	s.At += dt
-	s.Opened += uint64(in * sec)
+	s.Passed += uint64(in * sec)
 	s.Queued, s.Capacity = uint64(q.len), uint64(q.size)
 	s.Overflows = uint64(q.overflows)
 	return s

@@ -47,7 +47,7 @@ func TestReadSockets(t *testing.T) {
 	if q1 == 0 || d1-d0 == 0 || q1 > capacity+capacity/2 {
 		t.Fatalf("after %d datagrams: queued %d of %d, drops +%d", sent, q1, capacity, d1-d0)
 	}
-	got, changed := c.Step(Sample{At: 1 + Period, Queued: q1, Capacity: capacity, Overflows: d1 - d0, Opened: sent})
+	got, changed := c.Step(Sample{At: 1 + Period, Queued: q1, Capacity: capacity, Overflows: d1 - d0, Passed: sent})
 	if !changed || got == Unlimited {
 		t.Fatalf("the controller kept the total at %d with the queue full", got)
 	}

@@ -61,7 +61,10 @@ type Limiter struct {
 	UntrackedDrops uint64 `json:"untracked_drops"`
 	// OpeningTotal is the cap in force on the socket's connection-opening
 	// packets.
-	OpeningTotal OpeningTotal `json:"opening_total"`
+	OpeningTotal Total `json:"opening_total"`
+	// EstablishedTotal is the cap in force on the socket's packets of
+	// established connections.
+	EstablishedTotal Total `json:"established_total"`
 	// Verification says whether the limiter verifies what clients send
 	// against what the server sent, and what it learned.
 	Verification Verification `json:"verification"`
@@ -106,19 +109,28 @@ type Verification struct {
 	ServerIDs uint64 `json:"server_ids"`
 	Peers     uint64 `json:"peers"`
 	OddIDs    uint64 `json:"odd_ids"`
+	// Proofs counts the addresses that proved themselves: by sending back
+	// a server ID bound to them (the filter saw it), or shown by the
+	// server's own packets (the learner saw them).
+	Proofs uint64 `json:"proofs"`
+	// Held counts what the learned sets hold now, by set: server_ids,
+	// proven_peers, answered_peers.
+	Held map[string]int `json:"held"`
 }
 
-// OpeningTotal is the opening total in force and, when it follows the
-// receive queue, what its last period saw.
-type OpeningTotal struct {
+// Total is a class's total in force (the opening or the established
+// class's) and, when it follows the receive queue, what its last period
+// saw.
+type Total struct {
 	Adaptive bool `json:"adaptive"`
 	// CapPPS is the cap in packets per second, 0 when lifted.
 	CapPPS    uint32  `json:"cap_pps"`
 	QueueFill float64 `json:"receive_queue_fill,omitempty"`
 	// QueueDrops are the datagrams the socket dropped for want of room
 	// in the last period (50 ms).
-	QueueDrops uint64  `json:"receive_queue_drops,omitempty"`
-	OpenedPPS  float64 `json:"opening_pps,omitempty"`
+	QueueDrops uint64 `json:"receive_queue_drops,omitempty"`
+	// PassedPPS is the rate of the class's packets that passed.
+	PassedPPS float64 `json:"passed_pps,omitempty"`
 }
 
 // Config is a limiter's configuration in force.
@@ -240,3 +252,7 @@ func (d *Duration) UnmarshalText(b []byte) error {
 	*d = Duration(v)
 	return nil
 }
+
+// LearnedSets names the learned sets in Verification.Held, indexed as
+// package decide indexes them.
+var LearnedSets = [3]string{"server_ids", "proven_peers", "answered_peers"}
