@@ -29,26 +29,41 @@
 // What only the server knows is the connection IDs it issued: quic-go's are
 // ServerIDLen (4) random bytes, a cookie that a spoofer cannot guess. The
 // server's Initial, Handshake and Retry packets carry the ID it chose as
-// their source connection ID; a client's Handshake and short-header packets,
-// its Initials after a Retry or after the server's first Initial, and its
-// later 0-RTT packets carry such an ID as their destination connection ID.
-// IDs issued later in encrypted NEW_CONNECTION_ID frames cannot be seen, and
-// a client may move to one, so the addresses the server sends to (its
-// peers) are learned too. Inspect, asked to verify, returns with the class
-// what the caller must look up (Header.Check, Header.ID); Resolve finishes
-// the classification from the answers:
+// their source connection ID, sent to one address; a client's Handshake and
+// short-header packets, and its Initials after a Retry or after the
+// server's first Initial, carry such an ID as their destination connection
+// ID. The filter learns each ID with the address it was sent to (package
+// decide, from package egress), and an ID verifies only a datagram from
+// that address: an ID is not a bearer token, and a real connection's ID
+// sprayed from anywhere else verifies nothing. A datagram from the address
+// that carries it proves that the address receives what the server sends
+// there (the return routability of RFC 9000 section 8): the address becomes
+// a proven peer. IDs issued later in encrypted NEW_CONNECTION_ID frames
+// cannot be seen, and a client may move to one (quic-go's does within the
+// server's first flight), so a proven peer's datagrams are verified
+// whatever their ID; a client that never sends back a visible ID proves its
+// address by the server's own packets instead (see package egress). An
+// address the server merely answered (a spoofed Initial's source gets a
+// whole first flight) is an answered peer, a lower tier. Inspect, asked to
+// verify, returns with the class what the caller must look up
+// (Header.Check, Header.ID); Resolve finishes the classification from the
+// answers:
 //
-//   - a short header whose destination ID is a server ID, or from a peer,
-//     is Established (verified); any other is Unverified;
-//   - an Initial, 0-RTT or Handshake packet whose destination ID is a server
-//     ID is Established too: a verified opening, which the server asked for;
-//   - any other Initial or 0-RTT packet is Opening; from a peer (a returning
-//     user) it goes before strangers at the opening class's fair total;
-//   - any other Handshake packet from a peer is Established: a quic-go
-//     client moves to an ID it was given encrypted before its Handshake
-//     Finished, and the server has answered its address;
+//   - a short header whose destination ID is a server ID bound to its
+//     source, or from a proven peer, is Established (verified); from an
+//     answered peer it is Unverified, ranked first at that class's fair
+//     total; any other is Unverified;
+//   - an Initial, 0-RTT or Handshake packet whose destination ID is a
+//     server ID bound to its source is Established too: a verified
+//     opening, which the server asked for;
+//   - any other Initial or 0-RTT packet is Opening; from a proven peer (a
+//     returning user) it goes before strangers at the opening class's fair
+//     total;
+//   - any other Handshake packet from a proven peer is Established, and
+//     from an answered peer Unverified, ranked first (a client that moved
+//     to an ID it was given encrypted before its address is proven);
 //   - any other Handshake packet is Invalid (UnknownConnectionID): the
-//     server neither issued its ID nor answered its source.
+//     server neither issued its ID to that address nor answered it.
 //
 // Verifying also checks the lengths of every long header of a known version
 // (RFC 9000 section 17.2): the Length field must cover a packet number and
