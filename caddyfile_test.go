@@ -119,8 +119,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		},
 		{
 			name:  "window upper bound",
-			input: "rakelimit {\n\twindow 1h\n}",
-			want:  RakeLimit{Window: caddy.Duration(time.Hour)},
+			input: "rakelimit {\n\twindow 1h\n\testablished_limit 2000\n}",
+			want:  RakeLimit{Window: caddy.Duration(time.Hour), EstablishedLimit: 2000},
 		},
 		{
 			name: "full block",
@@ -214,6 +214,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"window missing", block("window"), []string{"window", "got 0"}},
 		{"window two values", block("window 1s 2s"), []string{"window", "got 2"}},
 		{"window twice", block("window 1s", "window 2s"), []string{"window already specified"}},
+		{"window too long for the default established limit", block("window 10m"),
+			[]string{"window 10m0s", "default established_limit", "set established_limit (at most 13981"}},
 		{"burst below one packet", block("limit 50", "window 10ms"), []string{"limit 50", "window 10ms", "less than one packet"}},
 
 		// dry_run and allow
@@ -327,7 +329,9 @@ func TestUnmarshalJSON(t *testing.T) {
 			wantConfig(t, r, 10_000_000, 500*time.Millisecond)
 		}},
 		{name: "window bounds", json: `{"limit":100,"window":"10ms"}`},
-		{name: "window upper bound", json: `{"window":"1h"}`},
+		{name: "window upper bound", json: `{"window":"1h","established_limit":2000}`},
+		{name: "window too long for the default established limit", json: `{"window":"1h"}`,
+			want: []string{"window 1h0m0s", "default established_limit of 200000", "at most 2330", "at most 41.943s"}},
 		{
 			name: "full",
 			json: `{"name":"edge","limit":500,"window":"2s","level_limits":{"1":200,"3":50000},"unlimited_levels":[5],

@@ -241,7 +241,16 @@ func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
 	}
 	c.Established = sketch.Limits{Limit: r.EstablishedLimit}
 	if c.Established.Limit == 0 {
-		c.Established.Limit = min(DefaultEstablishedLimit, burstCap)
+		// The default is not lowered to fit a long window, which would
+		// cut one client's transfer without a word: a window too long
+		// for it needs an established_limit of the operator's.
+		if sketch.CheckLimit(DefaultEstablishedLimit, c.Window) != nil {
+			longest := time.Duration(float64(sketch.MaxBurst) / DefaultEstablishedLimit * float64(time.Second))
+			return c, fmt.Errorf("window %v is too long for the default established_limit of %d packets per second "+
+				"(limit x window must stay under %d): set established_limit (at most %d with this window), or a "+
+				"window of at most %v", c.Window, DefaultEstablishedLimit, sketch.MaxBurst, burstCap, longest.Truncate(time.Millisecond))
+		}
+		c.Established.Limit = DefaultEstablishedLimit
 	} else if err := sketch.CheckLimit(c.Established.Limit, c.Window); err != nil {
 		return c, fmt.Errorf("established_limit %d %w", c.Established.Limit, err)
 	}

@@ -96,10 +96,12 @@ type RakeLimit struct {
 
 	// EstablishedLimit is the rate, in packets per second, of packets of
 	// established connections (short headers) allowed to every stream at
-	// every level but the last, which is unlimited (unless
+	// every level but the last, whose total starts lifted and follows
+	// quic-go's receive queue, never under this limit (unless
 	// established_level_limits or established_unlimited_levels say
-	// otherwise). From 1 to 10,000,000. Default: 200,000, about 2.4 Gbit/s
-	// of full-size datagrams from one source.
+	// otherwise). From 1 to 10,000,000; a window over 41.9 s needs one
+	// set. Default: 200,000, about 2.4 Gbit/s of full-size datagrams from
+	// one source.
 	EstablishedLimit uint32 `json:"established_limit,omitempty"`
 
 	// EstablishedLevelLimits and EstablishedUnlimitedLevels are
@@ -150,18 +152,20 @@ type RakeLimit struct {
 	Allow []string `json:"allow,omitempty"`
 
 	// VerifyConnectionIDs checks what clients send against what only the
-	// server knows: the connection IDs it chose and the addresses it
-	// answers, learned from the datagrams quic-go sends. A short header
-	// that carries a server ID or comes from such an address is
-	// established; any other is unverified, held by a small total of its
-	// own (1,000 per second per stream, 2,000 for the socket); a Handshake
-	// packet neither carries nor comes from one is invalid, and so is a
-	// long header whose lengths do not add up (RFC 9000 section 17.2). An
-	// Initial that carries a server ID (the answer to a Retry) passes at
-	// the established limits, and one from an address the server answers
-	// goes before strangers' at the opening total. Needs classify. Off,
-	// short headers are established on their first byte, as before.
-	// Default: on.
+	// server knows: the connection IDs it chose, each with the address it
+	// sent it to, learned from the datagrams quic-go sends, and the
+	// addresses that proved they receive what it sends there. A short
+	// header that carries a server ID sent to its source, or comes from a
+	// proven address, is established; any other is unverified, held by a
+	// small total of its own (1,000 per second per stream, 500 for the
+	// socket, addresses the server answered first); a Handshake packet that
+	// neither carries one nor comes from an address the server answered is
+	// invalid, and so is a long header whose lengths do not add up (RFC
+	// 9000 section 17.2). An Initial that carries a server ID sent to its
+	// source (the answer to a Retry) passes at the established limits, and
+	// one from a proven address goes before strangers' at the opening
+	// total. Needs classify. Off, short headers are established on their
+	// first byte. Default: on.
 	VerifyConnectionIDs *bool `json:"verify_connection_ids,omitempty"`
 
 	// Mode chooses where datagrams are decided: "bpf" in the kernel, by a

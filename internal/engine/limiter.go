@@ -396,26 +396,34 @@ func (l *Limiter) fallBack(to Mode, why error) error {
 	// What the old engine learned and what its clients proved carry over:
 	// a client verified by its proven address would not prove it again.
 	u.AdoptLearned(l.eng.Learned())
-	for conn, read := range l.reads {
-		if err := u.Protect(conn, read); err != nil {
-			u.Close()
-			return err
-		}
-	}
 	events, err := u.Events()
 	if err != nil {
 		u.Close()
 		return err
 	}
 	old, oldEvents := l.eng, l.events
-	moved := l.addrs()
+	// A socket has one kernel filter, the old engine's BPF program or the
+	// new one's classic pre-filter: the old engine leaves each socket
+	// before the new one protects it, since taking a filter away takes
+	// whatever the socket has.
 	for _, conn := range l.conns {
-		// The new engine protects the socket already: the old one
-		// leaves it.
 		if _, err := old.Unprotect(conn); err != nil {
 			l.put.Logger.Debug("taking the filter away", zap.String("limiter", l.name), zap.Error(err))
 		}
 	}
+	for conn, read := range l.reads {
+		if err := u.Protect(conn, read); err != nil {
+			for _, c := range l.conns { // put the old engine back
+				if perr := old.Protect(c, l.reads[c]); perr != nil {
+					l.put.Logger.Error("listener NOT protected", zap.String("limiter", l.name),
+						zap.String("listener", c.LocalAddr().String()), zap.Error(perr))
+				}
+			}
+			u.Close()
+			return err
+		}
+	}
+	moved := l.addrs()
 	l.eng, l.events = u, events
 	l.learner.SetSink(u)
 	oldEvents.Close() // readEvents moves on to the new reader

@@ -36,6 +36,25 @@ type fakeEngine struct {
 	// over from the engine before it.
 	learned decide.Learned
 	adopted *decide.Learned
+	// filters, shared by the fakes of a test, is each socket's one kernel
+	// filter, as the kernel keeps it: Protect puts the engine's there (a
+	// BPF program, or the userspace mode's classic pre-filter), Unprotect
+	// detaches whatever is there, whoever put it.
+	filters *socketFilters
+}
+
+// socketFilters is the kernel filter of each socket, as the fakes attach
+// and detach them.
+type socketFilters struct {
+	mu sync.Mutex
+	of map[*net.UDPConn]*fakeEngine
+}
+
+// filterOf returns the engine whose filter conn has, or nil.
+func (f *socketFilters) filterOf(conn *net.UDPConn) *fakeEngine {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.of[conn]
 }
 
 func newFake(t *testing.T, mode string, protectErr error) *fakeEngine {
@@ -79,12 +98,22 @@ func (e *fakeEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 		return errors.New("the read conn is not the socket's")
 	}
 	e.protected = append(e.protected, conn)
+	if e.filters != nil {
+		e.filters.mu.Lock()
+		e.filters.of[conn] = e
+		e.filters.mu.Unlock()
+	}
 	return nil
 }
 func (e *fakeEngine) Unprotect(conn *net.UDPConn) (bool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.protected = slices.DeleteFunc(e.protected, func(c *net.UDPConn) bool { return c == conn })
+	if e.filters != nil {
+		e.filters.mu.Lock()
+		delete(e.filters.of, conn)
+		e.filters.mu.Unlock()
+	}
 	return !IsClosed(conn), nil
 }
 func (e *fakeEngine) setProtectErr(err error) {
@@ -217,6 +246,36 @@ func TestFallBack(t *testing.T) {
 				t.Fatalf("no fallback wanted: %d warnings, BPF closed %v", warned, k.isClosed())
 			}
 		})
+	}
+}
+
+// TestFallBackKeepsThePrefilter: a socket has one kernel filter. When a
+// BPF filter that protects a socket cannot attach to a later one, the
+// limiter moves to userspace, whose engine attaches its classic pre-filter
+// to every socket: the BPF filter leaves the earlier socket before that, so
+// that taking it away does not take the pre-filter with it.
+func TestFallBackKeepsThePrefilter(t *testing.T) {
+	filters := &socketFilters{of: map[*net.UDPConn]*fakeEngine{}}
+	k, u := newFake(t, ModeBPF, nil), newFake(t, ModeUserspace, nil)
+	k.filters, u.filters = filters, filters
+	l, err := start("test", k, Setting{Config: testConfig(100), Mode: ModeAuto, Logger: zap.NewNop()},
+		func(_ Mode, c decide.Config) (Engine, error) { return u, u.Configure(c) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	first, second := listen(t), listen(t)
+	if _, _, err := l.Attach(first); err != nil || filters.filterOf(first) != k {
+		t.Fatalf("the BPF filter did not protect the first socket: %v", err)
+	}
+	k.setProtectErr(errors.New("attaching: operation not permitted"))
+	if _, _, err := l.Attach(second); err != nil || l.Mode() != ModeUserspace {
+		t.Fatalf("the second socket did not move the limiter to userspace: %v, mode %s", err, l.Mode())
+	}
+	for i, c := range []*net.UDPConn{first, second} {
+		if got := filters.filterOf(c); got != u {
+			t.Errorf("socket %d has the filter of %v, want the userspace engine's pre-filter", i, got)
+		}
 	}
 }
 
