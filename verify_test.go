@@ -116,3 +116,37 @@ func engineStats(t *testing.T, l *engine.Limiter) decide.Stats {
 	}
 	return st
 }
+
+// TestNoStatelessReset pins an assumption the learner rests on: a short
+// header the server writes belongs to a connection (its destination becomes
+// a peer, answered). quic-go writes one to an unknown connection ID only as
+// a stateless reset, and only with a StatelessResetKey, which Caddy does
+// not set: a Caddy that set one would answer every spoofed short header
+// with a packet, and make its forged source a peer. This sends short
+// headers with unknown IDs to a running Caddy and expects no reply, and
+// checks that the learner learned no peer from them.
+func TestNoStatelessReset(t *testing.T) {
+	c := startCaddy(t, fmt.Sprintf(siteWithLimit, 1000))
+	src := netip.MustParseAddr("127.0.0.19")
+	s, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(c.port)))
+	before := limiterNamed(DefaultName).Learned()
+	for i := range 20 {
+		if _, err := s.WriteToUDP(quicclass.ShortPacket(decide.ServerID{0xee, 0xee, 0xee, byte(i)}, 1200), dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.SetReadDeadline(time.Now().Add(time.Second))
+	buf := make([]byte, 2048)
+	if n, _, err := s.ReadFromUDP(buf); err == nil {
+		t.Fatalf("Caddy answered a short header to an unknown connection ID with %d bytes (%x): a stateless reset, "+
+			"which makes a forged source a peer; the learner's rules must change with it", n, buf[:min(n, 16)])
+	}
+	if after := limiterNamed(DefaultName).Learned(); after.Peers != before.Peers {
+		t.Fatalf("the learner taught %d peers from short headers to unknown IDs", after.Peers-before.Peers)
+	}
+}
