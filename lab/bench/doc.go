@@ -24,8 +24,21 @@
 //   - clients.go: the legitimate HTTP/3 clients and gtlsclient
 //   - transfers.go: the downloads, the upload and its backend
 //   - stats.go: medians and ratios (percentiles: internal/testutil)
-//   - run.go: the run of every scenario, variant and repetition
-//   - report.go, charts.go: results.json, results.md and the SVG charts
+//   - run.go: the run of every scenario, variant and repetition, and
+//     Rerender
+//   - setup.go: Caddy's binary, the machine, ports and the files served
+//   - runone.go: one scenario and variant on a fresh Caddy, and the
+//     server's side of the measured window
+//   - measure.go: what runs in the window: the flood with the attacker's
+//     connection and the warm-up, the clients, gtlsclient, the transfers
+//   - report.go: the figures, their medians and ratios, and the outputs
+//     (results.json)
+//   - markdown.go: results.md
+//   - readme.go: the README's bench section
+//   - charts.go: the SVG charts
+//   - summary.go: what the terminal shows: the time left, and the table
+//     printed at the end of a run
+//   - dashboard.go: the Grafana dashboard rendered from a scenario's scrapes
 //
 // Network rule: every datagram goes to a loopback address (127.0.0.0/8 or
 // ::1), from sockets bound to the loopback address they claim or, for a

@@ -1,0 +1,186 @@
+package prefilter
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+
+	"golang.org/x/net/bpf"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+)
+
+// familyVersion is the IP version nibble of a family.
+func familyVersion(f sketch.Family) uint32 {
+	if f == sketch.IPv6 {
+		return 6
+	}
+	return 4
+}
+
+// prefixMask returns word i's mask of a prefix of bits (IPv4 in word 0).
+func prefixMask(bits, i int) uint32 {
+	b := bits - 32*i
+	switch {
+	case b <= 0:
+		return 0
+	case b >= 32:
+		return math.MaxUint32
+	}
+	return ^uint32(0) << (32 - b)
+}
+
+// matchLen is the length of matchPrefix's code.
+func matchLen(bits int) int {
+	n := 2
+	for i := range 4 {
+		switch m := prefixMask(bits, i); m {
+		case 0:
+		case math.MaxUint32:
+			n += 2
+		default:
+			n += 3
+		}
+	}
+	return n
+}
+
+// matchPrefix goes on when the source is in the prefix, else to miss.
+func (a *asm) matchPrefix(f sketch.Family, words [4]uint32, bits int, miss label) {
+	a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mIPVer})
+	a.jump(bpf.JumpEqual, familyVersion(f), next, miss)
+	for i := range 4 {
+		m := prefixMask(bits, i)
+		if m == 0 {
+			continue
+		}
+		a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mSrc0 + i})
+		if m != math.MaxUint32 {
+			a.emit(bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: m})
+		}
+		a.jump(bpf.JumpEqual, words[i]&m, next, miss)
+	}
+}
+
+// allow accepts the allowlisted sources, and returns the instructions it
+// took.
+func (a *asm) allow(prefixes []netip.Prefix, acceptL label) (int, error) {
+	start := len(a.ins)
+	for _, p := range prefixes {
+		p = p.Masked()
+		f, words, bits := sketch.IPv4, [4]uint32{}, p.Bits()
+		b := p.Addr().As16()
+		if p.Addr().Is4() {
+			b4 := p.Addr().As4()
+			words[0] = be32(b4[:])
+		} else {
+			f = sketch.IPv6
+			for i := range words {
+				words[i] = be32(b[4*i:])
+			}
+		}
+		if bits < 0 {
+			return 0, fmt.Errorf("compiling the pre-filter: allowlisted prefix %v is not valid", p)
+		}
+		miss := a.newLabel()
+		a.matchPrefix(f, words, bits, miss)
+		a.ja(acceptL)
+		a.mark(miss)
+	}
+	return len(a.ins) - start, nil
+}
+
+func be32(b []byte) uint32 {
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
+
+// shedRules applies the shed of long headers to the rules of the opening
+// class: a packet of a limited stream or network passes both its rule and
+// the shed, 1 - (1-Drop)(1-shed).
+func shedRules(rules []Rule, shed float64) []Rule {
+	if shed <= 0 {
+		return rules
+	}
+	out := slices.Clone(rules)
+	for i := range out {
+		if out[i].Form == LongForm {
+			out[i].Drop = 1 - (1-out[i].Drop)*(1-min(shed, 1))
+		}
+	}
+	return out
+}
+
+// ruleLen is the length of rule's code.
+func ruleLen(r *Rule) int {
+	n := matchLen(r.Bits) + 3
+	if r.MatchSrcPort {
+		n += 2
+	}
+	if r.MatchDstPort {
+		n += 2
+	}
+	if r.Form != AnyForm {
+		n += 2
+	}
+	return n
+}
+
+// groupGuards bounds the instructions of the groups' checks of the form.
+const groupGuards = 3 * 3
+
+// rules emits rs grouped by header form, each group in the order of rs and
+// the groups in the order of their first rule, behind one check of the
+// form: a datagram walks only the rules of its form (a short header, most
+// of an established connection's traffic, skips the opening class's rules
+// of a flood from many networks). The form is checked once per group
+// rather than per rule, so the program is no longer than ruleLen counts.
+func (a *asm) rules(rs []Rule) {
+	var forms []Form
+	for i := range rs {
+		if !slices.Contains(forms, rs[i].Form) {
+			forms = append(forms, rs[i].Form)
+		}
+	}
+	for _, f := range forms {
+		end := a.newLabel()
+		if f != AnyForm {
+			in := a.newLabel()
+			a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mForm})
+			a.jump(bpf.JumpEqual, uint32(f), in, next)
+			a.ja(end) // the group may be beyond a conditional jump's reach
+			a.mark(in)
+		}
+		for i := range rs {
+			if rs[i].Form == f {
+				r := rs[i]
+				r.Form = AnyForm // checked for the group
+				a.rule(&r)
+			}
+		}
+		a.mark(end)
+	}
+}
+
+// rule drops a datagram of r's stream with probability r.Drop; any other
+// goes on to the next rule.
+func (a *asm) rule(r *Rule) {
+	miss := a.newLabel()
+	a.matchPrefix(r.Family, r.Words, r.Bits, miss)
+	if r.MatchSrcPort {
+		a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mSport})
+		a.jump(bpf.JumpEqual, uint32(r.SrcPort), next, miss)
+	}
+	if r.MatchDstPort {
+		a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mDport})
+		a.jump(bpf.JumpEqual, uint32(r.DstPort), next, miss)
+	}
+	if r.Form != AnyForm {
+		a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mForm})
+		a.jump(bpf.JumpEqual, uint32(r.Form), next, miss)
+	}
+	a.emit(bpf.LoadExtension{Num: bpf.ExtRand})
+	a.jump(bpf.JumpLessThan, dropThreshold(r.Drop), next, miss)
+	a.emit(bpf.RetConstant{Val: 0})
+	a.mark(miss)
+}
