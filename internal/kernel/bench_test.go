@@ -28,7 +28,7 @@ func floorProgram(tb testing.TB) *ebpf.Program {
 // ns/op is nanoseconds per packet; x-floor is the kernel-measured time per
 // packet divided by that of the floor program in the same sub-benchmark.
 //
-//	go test ./bpf/... -run '^$' -bench BenchmarkFilter
+//	go test ./internal/kernel -run '^$' -bench BenchmarkFilter
 func BenchmarkFilter(b *testing.B) {
 	v4 := udp("198.51.100.7", 5000).Bytes()
 	v6 := udp("2001:db8:1:2::7", 5000).Bytes()
@@ -49,9 +49,11 @@ func BenchmarkFilter(b *testing.B) {
 			netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, byte(i)}), 48))
 	}
 	withAllow := func(c decide.Config) decide.Config { c.Allow = allow; return c }
-	// Verifying: short headers to a server ID the filter learned (the
-	// established path of a real connection), and to an unknown one from
-	// a stranger (the unverified class, junk).
+	// Verifying: short headers to a server ID the filter learned bound to
+	// their source (the established path of a real connection), to an
+	// unknown one from a proven peer (a client that moved to an ID it was
+	// given encrypted), and to an unknown one from a stranger (the
+	// unverified class, junk).
 	sid := decide.ServerID{0x5e, 0x17, 0xa2, 0x09}
 	verified := withData(udp("198.51.100.7", 50000), quicclass.ShortPacket(sid, 1200))
 	stranger := withData(udp("198.51.100.7", 50000), quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100))
@@ -79,6 +81,7 @@ func BenchmarkFilter(b *testing.B) {
 		{"ipv6-pass-allowlist", withAllow(pass), v6, loadOptions{}},
 		{"verified-pass", verify(quicPass), verified, loadOptions{}},
 		{"verified-drop", verify(quicDrop), verified, loadOptions{}},
+		{"verified-peer-pass", verify(quicPass), stranger, loadOptions{}},
 		{"unverified-drop", verify(quicPass), stranger, loadOptions{}},
 		{"unverified-random-sources", verify(quicPass), stranger, loadOptions{benchRandomSource: true}},
 	} {
@@ -86,7 +89,11 @@ func BenchmarkFilter(b *testing.B) {
 			prog := floor
 			if bc.name != "floor" {
 				f := loadTest(b, bc.cfg, bc.opts)
-				if err := f.LearnServerID(sid, netip.MustParseAddr("198.51.100.7")); err != nil {
+				src := netip.MustParseAddr("198.51.100.7")
+				if err := f.LearnServerID(sid, src); err != nil {
+					b.Fatal(err)
+				}
+				if err := f.LearnPeer(src, bc.name == "verified-peer-pass"); err != nil {
 					b.Fatal(err)
 				}
 				prog = f.objs.Rakelimit
