@@ -37,7 +37,8 @@ func full() View {
 }
 
 // paths lists the object keys of a JSON value, as dotted paths; the keys
-// of maps keyed by family, class, level, reason or verdict are left out.
+// of maps keyed by family, class, level, reason, verdict or learned set are
+// left out.
 func paths(prefix string, v any, out *[]string) {
 	switch v := v.(type) {
 	case map[string]any:
@@ -52,7 +53,8 @@ func paths(prefix string, v any, out *[]string) {
 			case strings.HasSuffix(prefix, "estimated") || strings.HasSuffix(prefix, ".limited") ||
 				strings.HasSuffix(prefix, ".dropped") || strings.HasSuffix(prefix, ".dry_run") ||
 				strings.HasSuffix(prefix, "negotiation") || strings.HasSuffix(prefix, "invalid") ||
-				strings.HasSuffix(prefix, "invalid_dry_run") || strings.HasSuffix(prefix, "verified"):
+				strings.HasSuffix(prefix, "invalid_dry_run") || strings.HasSuffix(prefix, "verified") ||
+				strings.HasSuffix(prefix, ".held"):
 				continue
 			}
 			*out = append(*out, p)
