@@ -23,9 +23,10 @@ endif
 # Debian packages the tests use: ip (network namespaces), setpriv (dropping
 # privileges), setcap (granting capabilities to a copy of the test binary),
 # gtlsclient (an independent HTTP/3 client), gcc (the race detector needs cgo),
-# tmux (a real terminal for `caddy rakelimit top`).
-DEB_PACKAGES = iproute2 util-linux libcap2-bin ngtcp2-client gcc tmux
-DEB_COMMANDS = ip setpriv setcap gtlsclient gcc tmux
+# tmux (a real terminal for `caddy rakelimit top`), chromium (a browser as an
+# HTTP/3 client, headless; about 350 MB installed).
+DEB_PACKAGES = iproute2 util-linux libcap2-bin ngtcp2-client gcc tmux chromium
+DEB_COMMANDS = ip setpriv setcap gtlsclient gcc tmux chromium
 
 .PHONY: deps generate run test fuzz bench bench-quick bench-filter
 deps:

@@ -39,18 +39,25 @@ const stopBound = 3 * time.Second
 // /24s (127.84.x.1 to 127.84.x.4), in turn, at rate for d.
 func floodSpread(t *testing.T, dst netip.AddrPort, rate int, d time.Duration) int {
 	t.Helper()
+	g := testutil.NewInitials(uint64(rate))
+	n, err := testutil.Flood{From: spreadSenders(t), To: dst, Rate: rate, Count: int(float64(rate) * d.Seconds()), For: d, Next: g.Next}.Send()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// spreadSenders are sockets on 256 loopback addresses over 64 /24s
+// (127.84.x.1 to 127.84.x.4), closed when t ends.
+func spreadSenders(t *testing.T) []*net.UDPConn {
+	t.Helper()
 	var from []*net.UDPConn
 	for x := range 64 {
 		for h := 1; h <= 4; h++ {
 			from = append(from, testutil.Sender(t, netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 84, byte(x), byte(h)}), 0)))
 		}
 	}
-	g := testutil.NewInitials(uint64(rate))
-	n, err := testutil.Flood{From: from, To: dst, Rate: rate, Count: int(float64(rate) * d.Seconds()), For: d, Next: g.Next}.Send()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return from
 }
 
 // TestStopsAfterFlood runs Caddy, floods it with Initials from many

@@ -76,7 +76,8 @@ func LoopbackFor(src netip.Addr, port uint16) netip.AddrPort {
 // PortOf is the local port of a socket.
 func PortOf(c *net.UDPConn) uint16 { return c.LocalAddr().(*net.UDPAddr).AddrPort().Port() }
 
-// burst is how many datagrams a Flood sends between two pauses.
+// burst is how many datagrams a Flood sends between two pauses unless its
+// Burst says otherwise.
 const burst = 50
 
 // Flood is a paced, bounded stream of datagrams to one destination.
@@ -86,8 +87,11 @@ type Flood struct {
 	// To is the destination: a loopback address, or fd00::/8.
 	To netip.AddrPort
 	// Rate is how many datagrams per second all the sockets send together,
-	// in bursts of 50.
+	// in bursts of Burst.
 	Rate int
+	// Burst is how many datagrams are sent between two pauses; 0 means 50.
+	// A small burst spreads the datagrams evenly, at more wake-ups.
+	Burst int
 	// Count is how many datagrams to send at the most.
 	Count int
 	// For, when not 0, is how long to send at the most.
@@ -164,7 +168,11 @@ func (f Flood) Run() (Sent, error) {
 	case f.Next == nil:
 		return Sent{}, errors.New("flood: no payload (Next is nil)")
 	}
-	tick := time.Duration(float64(time.Second) * burst / float64(f.Rate))
+	size := f.Burst
+	if size <= 0 {
+		size = burst
+	}
+	tick := time.Duration(float64(time.Second) * float64(size) / float64(f.Rate))
 	start := time.Now()
 	epoch := f.Epoch
 	if epoch.IsZero() {
@@ -173,7 +181,7 @@ func (f Flood) Run() (Sent, error) {
 	at := start
 	var s Sent
 	for s.Total < f.Count && (f.For == 0 || time.Since(start) < f.For) {
-		for i := 0; i < burst && s.Total < f.Count; i++ {
+		for i := 0; i < size && s.Total < f.Count; i++ {
 			b := f.Next()
 			since := max(time.Since(epoch), 0)
 			if f.Stamp {
