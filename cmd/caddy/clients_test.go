@@ -30,7 +30,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
-	rakelimit "github.com/rakelimit/caddy-rakelimit"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -299,7 +299,7 @@ func TestClients(t *testing.T) {
 		{"flood/chromium 256 sources", floodChromiumSpread},
 	}
 	bin := clientsCaddy(t)
-	for _, mode := range []string{rakelimit.ModeBPF, rakelimit.ModeUserspace} {
+	for _, mode := range []string{engine.ModeBPF, engine.ModeUserspace} {
 		t.Run(mode, func(t *testing.T) {
 			t.Run("site", func(t *testing.T) {
 				ns := testutil.NewNetNS(t)
