@@ -37,10 +37,7 @@ func TestShedKeepsShortHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
-	if err := rx.SetReadBuffer(256 << 10); err != nil {
-		t.Fatal(err)
-	}
+	rx := smallQueue(t)
 	out, attached, err := l.Attach(rx)
 	if err != nil || !attached {
 		t.Fatalf("attaching: %v (attached %v)", err, attached)

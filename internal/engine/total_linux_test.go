@@ -62,6 +62,34 @@ func slowReader(pc net.PacketConn, pause time.Duration, got func([]byte)) (stop 
 	}
 }
 
+// smallQueue listens on a loopback UDP socket with a receive buffer of
+// 256 KiB, which a flood overflows quickly.
+func smallQueue(t *testing.T) *net.UDPConn {
+	t.Helper()
+	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
+	if err := rx.SetReadBuffer(256 << 10); err != nil {
+		t.Fatal(err)
+	}
+	return rx
+}
+
+// attachedBPF loads the kernel filter with c and attaches it to a
+// smallQueue socket.
+func attachedBPF(t *testing.T, name string, c decide.Config) (*Limiter, *net.UDPConn) {
+	t.Helper()
+	l, err := New(name, c, ModeBPF, zap.NewNop())
+	testutil.RequireBPF(t, err)
+	if err != nil {
+		t.Fatalf("loading the filter: %v", err)
+	}
+	rx := smallQueue(t)
+	if _, _, err := l.Attach(rx); err != nil {
+		l.Close()
+		t.Fatal(err)
+	}
+	return l, rx
+}
+
 // TestTotalFollowsQueue: on a real socket read by a slow reader (a quic-go
 // that falls behind), a flood of Initials from many ports makes the
 // adaptive opening total fall from where it starts, and once the flood is
@@ -70,19 +98,8 @@ func TestTotalFollowsQueue(t *testing.T) {
 	c := decide.Config{Classify: true, AdaptiveTotal: true, Limiter: sketch.Config{Limit: 1000, Window: time.Second,
 		// Only the total limits: the flood is one address.
 		LevelLimits: map[int]uint32{0: sketch.Unlimited, 1: sketch.Unlimited, 2: sketch.Unlimited, 3: 20_000}}}
-	l, err := New("total", c, ModeBPF, zap.NewNop())
-	testutil.RequireBPF(t, err)
-	if err != nil {
-		t.Fatalf("loading the filter: %v", err)
-	}
+	l, rx := attachedBPF(t, "total", c)
 	defer l.Close()
-	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
-	if err := rx.SetReadBuffer(256 << 10); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := l.Attach(rx); err != nil {
-		t.Fatal(err)
-	}
 	// The reader takes 2,000 datagrams a second at most.
 	stopReader := slowReader(rx, 500*time.Microsecond, func([]byte) {})
 	dst := netip.MustParseAddrPort(rx.LocalAddr().String())
@@ -203,19 +220,8 @@ func TestTotalKeepsVerificationOff(t *testing.T) {
 func TestEstablishedTotalFollowsQueue(t *testing.T) {
 	c := testutil.QUICLimits(1000, 200_000)
 	c.AdaptiveEstablished = true
-	l, err := New("established", c, ModeBPF, zap.NewNop())
-	testutil.RequireBPF(t, err)
-	if err != nil {
-		t.Fatalf("loading the filter: %v", err)
-	}
+	l, rx := attachedBPF(t, "established", c)
 	defer l.Close()
-	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
-	if err := rx.SetReadBuffer(256 << 10); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := l.Attach(rx); err != nil {
-		t.Fatal(err)
-	}
 	if et := l.EstablishedTotal(); !et.Adaptive || et.Cap != backlog.Unlimited {
 		t.Fatalf("the established total starts at %+v, want adaptive and lifted", et)
 	}

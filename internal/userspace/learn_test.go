@@ -48,11 +48,7 @@ func TestWritesTeach(t *testing.T) {
 			c := wrap(t, testutil.Listen(t, "udp", "[::]:0"), nil)
 			rx := sender(t, "127.0.0.1:0")
 			to := netip.AddrPortFrom(netip.MustParseAddr("::ffff:127.0.0.1"), testutil.PortOf(rx))
-			sink := egresstest.NewSink()
-			l, err := egress.NewLearner(sink, egress.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			sink, l := egresstest.NewLearner(t)
 			if err := w.write(c, quicclass.ShortHeader(100), to); err != nil {
 				t.Fatal(err)
 			}

@@ -101,11 +101,7 @@ func TestStatelessRepliesTeachNoPeer(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			serverTLS, clientTLS := egresstest.TLSConfigs(t)
-			sink := egresstest.NewSink()
-			l, err := egress.NewLearner(sink, egress.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			sink, l := egresstest.NewLearner(t)
 			conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
 			c, err := egress.NewConn(conn, l)
 			if err != nil {
@@ -239,11 +235,7 @@ func TestRefusalsTeachNothing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			serverTLS, clientTLS := egresstest.TLSConfigs(t)
-			sink := egresstest.NewSink()
-			l, err := egress.NewLearner(sink, egress.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			sink, l := egresstest.NewLearner(t)
 			conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
 			c, err := egress.NewConn(conn, l)
 			if err != nil {

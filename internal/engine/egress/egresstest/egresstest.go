@@ -115,6 +115,18 @@ func (s *Sink) Counts() (ids, peers int) {
 	return len(s.ids), len(s.peers)
 }
 
+// NewLearner returns a learner with the default options that teaches a
+// new Sink.
+func NewLearner(t testing.TB) (*Sink, *egress.Learner) {
+	t.Helper()
+	sink := NewSink()
+	l, err := egress.NewLearner(sink, egress.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sink, l
+}
+
 // TLSConfigs returns a server configuration with a fresh self-signed
 // certificate for localhost, and a client configuration that trusts it.
 func TLSConfigs(t testing.TB) (server, client *tls.Config) {
@@ -212,11 +224,7 @@ type Report struct {
 func Check(t *testing.T, wrap Wrap, s Setup) Report {
 	t.Helper()
 	serverTLS, clientTLS := TLSConfigs(t)
-	sink := NewSink()
-	l, err := egress.NewLearner(sink, egress.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sink, l := NewLearner(t)
 	conn := testutil.Listen(t, "udp", "[::]:0")
 	port := uint16(conn.LocalAddr().(*net.UDPAddr).Port)
 	tr := &quic.Transport{Conn: wrap(t, conn, l)}
