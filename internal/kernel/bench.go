@@ -18,19 +18,40 @@ type BenchOptions struct {
 	// program's bench_random_source switch), so that one packet repeated
 	// by BPF_PROG_TEST_RUN is a packet from a new source every time.
 	RandomSource bool
+	// XDP loads the XDP program too (XDPProgram).
+	XDP bool
 }
 
 // LoadBench loads the filter as Load does, with the benchmark switches of
 // o. A filter loaded with RandomSource must never be attached to a socket:
 // it limits no one.
 func LoadBench(c decide.Config, o BenchOptions) (*Filter, error) {
-	return load(c, loadOptions{benchRandomSource: o.RandomSource})
+	return load(c, loadOptions{benchRandomSource: o.RandomSource, xdp: o.XDP})
 }
 
 // Program returns the filter's socket filter program, for
 // BPF_PROG_TEST_RUN. It stays owned by the filter: Close closes it.
 func (f *Filter) Program() *ebpf.Program {
 	return f.objs.Rakelimit
+}
+
+// XDPFloorProgram loads a trivial XDP program that passes every frame: the
+// cost of BPF_PROG_TEST_RUN of an XDP program, against which the XDP
+// program is measured. The caller closes it.
+func XDPFloorProgram() (*ebpf.Program, error) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:    "xdp_floor",
+		Type:    ebpf.XDP,
+		License: "MIT",
+		Instructions: asm.Instructions{
+			asm.LoadImm(asm.R0, 2, asm.DWord), // XDP_PASS
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading the XDP floor program: %w", err)
+	}
+	return prog, nil
 }
 
 // FloorProgram loads a trivial socket filter that returns the packet

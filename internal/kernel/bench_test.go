@@ -4,6 +4,8 @@ package kernel
 
 import (
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -24,9 +26,23 @@ func floorProgram(tb testing.TB) *ebpf.Program {
 	return prog
 }
 
+// xdpFloorProgram loads XDPFloorProgram for a benchmark.
+func xdpFloorProgram(tb testing.TB) *ebpf.Program {
+	tb.Helper()
+	prog, err := XDPFloorProgram()
+	if err != nil {
+		testutil.SkipOrFail(tb, "%v", err)
+	}
+	tb.Cleanup(func() { prog.Close() })
+	return prog
+}
+
 // BenchmarkFilter measures the filter per packet through BPF_PROG_TEST_RUN.
 // ns/op is nanoseconds per packet; x-floor is the kernel-measured time per
 // packet divided by that of the floor program in the same sub-benchmark.
+// Each case runs the socket filter, and, as xdp-<case>, the XDP program on
+// the same frames, listening on their port (against a floor XDP program);
+// xdp-other-port is a frame to another port, which it passes untouched.
 //
 //	go test ./internal/kernel -run '^$' -bench BenchmarkFilter
 func BenchmarkFilter(b *testing.B) {
@@ -39,7 +55,7 @@ func BenchmarkFilter(b *testing.B) {
 	// Every datagram alike (the filter before it knew QUIC), and by class.
 	pass, drop := testutil.Limits(1_000_000), testutil.Limits(25)
 	quicPass, quicDrop := testutil.QUICLimits(1_000_000, 1_000_000), testutil.QUICLimits(25, 25)
-	floor := floorProgram(b)
+	floor, xdpFloor := floorProgram(b), xdpFloorProgram(b)
 	// The operations features on: an allowlist of 64 prefixes that the
 	// packets are not in (so that each is looked up), and stream tracking,
 	// which is on by default.
@@ -58,12 +74,13 @@ func BenchmarkFilter(b *testing.B) {
 	verified := withData(udp("198.51.100.7", 50000), quicclass.ShortPacket(sid, 1200))
 	stranger := withData(udp("198.51.100.7", 50000), quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100))
 	verify := func(c decide.Config) decide.Config { c.VerifyIDs = true; return c }
-	for _, bc := range []struct {
+	type benchCase struct {
 		name  string
 		cfg   decide.Config
 		frame []byte
 		opts  loadOptions
-	}{
+	}
+	cases := []benchCase{
 		{"floor", decide.Config{}, v4, loadOptions{}},
 		{"ipv4-pass", pass, v4, loadOptions{}},
 		{"ipv4-drop", drop, v4, loadOptions{}},
@@ -84,10 +101,26 @@ func BenchmarkFilter(b *testing.B) {
 		{"verified-peer-pass", verify(quicPass), stranger, loadOptions{}},
 		{"unverified-drop", verify(quicPass), stranger, loadOptions{}},
 		{"unverified-random-sources", verify(quicPass), stranger, loadOptions{benchRandomSource: true}},
-	} {
+	}
+	for _, bc := range slices.Clone(cases) {
+		bc.name = "xdp-" + bc.name
+		cases = append(cases, bc)
+	}
+	otherPort := udp("198.51.100.7", 50000)
+	otherPort.DstPort, otherPort.Data = 8080, quicclass.ShortHeader(1200)
+	cases = append(cases, benchCase{"xdp-other-port", quicPass, otherPort.Bytes(), loadOptions{}})
+	for _, bc := range cases {
 		b.Run(bc.name, func(b *testing.B) {
-			prog := floor
-			if bc.name != "floor" {
+			xdp := strings.HasPrefix(bc.name, "xdp-")
+			base := floor
+			if xdp {
+				base = xdpFloor
+			}
+			prog := base
+			if !strings.HasSuffix(bc.name, "floor") {
+				if xdp {
+					bc.opts.xdp = true
+				}
 				f := loadTest(b, bc.cfg, bc.opts)
 				src := netip.MustParseAddr("198.51.100.7")
 				if err := f.LearnServerID(sid, src); err != nil {
@@ -99,6 +132,14 @@ func BenchmarkFilter(b *testing.B) {
 					}
 				}
 				prog = f.objs.Rakelimit
+				if xdp {
+					// The frames' listener: port 443, any address.
+					if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443"),
+						netip.MustParseAddrPort("[::]:443")}); err != nil {
+						b.Fatal(err)
+					}
+					prog = f.objs.RakelimitXdp
+				}
 				// Warm up: a flood must be over its limit before timing.
 				if _, _, err := prog.Benchmark(bc.frame, 100000, nil); err != nil {
 					b.Fatal(err)
@@ -112,14 +153,14 @@ func BenchmarkFilter(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.StopTimer()
-			_, base, err := floor.Benchmark(bc.frame, max(b.N, 1000000), nil)
+			_, floorPer, err := base.Benchmark(bc.frame, max(b.N, 1000000), nil)
 			if err != nil {
 				b.Fatal(err)
 			}
 			// The kernel's own per-run time leaves out time spent
 			// rescheduled; report it as ns/op.
 			b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
-			b.ReportMetric(float64(per)/float64(base), "x-floor")
+			b.ReportMetric(float64(per)/float64(floorPer), "x-floor")
 		})
 	}
 }

@@ -73,6 +73,10 @@ type Filter struct {
 	params *sketch.Params
 	allow  allowSet
 	active uint32
+	// listening are the XDP program's listener addresses (SetListeners);
+	// xdpOn the interfaces it runs on (AttachXDP).
+	listening map[rakelimitListenKey]bool
+	xdpOn     map[uint32]bool
 }
 
 // loadOptions are switches for tests; the zero value is production.
@@ -87,13 +91,23 @@ type loadOptions struct {
 	// trackShift, when set, replaces decide.DefaultTrackShift (0 tracks every
 	// drop).
 	trackShift *uint8
+	// xdp loads the XDP program too (LoadXDP).
+	xdp bool
 }
 
-// Load loads the program and its maps into the kernel with a fresh random
-// hash key, and writes the configuration. The filter does nothing until it
-// is attached.
+// Load loads the socket filter and its maps into the kernel with a fresh
+// random hash key, and writes the configuration. The filter does nothing
+// until it is attached.
 func Load(c decide.Config) (*Filter, error) {
 	return load(c, loadOptions{})
+}
+
+// LoadXDP loads the filter as Load does, with its XDP program (mode xdp),
+// which shares its maps. The XDP program is left out of Load: it needs
+// Linux 5.18 (bpf_xdp_load_bytes), and its verification costs the start
+// of a limiter that never attaches it another second or more.
+func LoadXDP(c decide.Config) (*Filter, error) {
+	return load(c, loadOptions{xdp: true})
 }
 
 func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
@@ -133,7 +147,7 @@ func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
 			return nil, fmt.Errorf("setting %s: %w", name, err)
 		}
 	}
-	if err := spec.LoadAndAssign(&f.objs, nil); err != nil {
+	if err := f.loadObjects(spec, o.xdp); err != nil {
 		return nil, explainLoad(err)
 	}
 	defer func() {
@@ -158,6 +172,25 @@ func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// loadObjects loads the maps, the variables and the socket filter of spec,
+// and with xdp the XDP program: a program left out of the objects assigned
+// is not loaded.
+func (f *Filter) loadObjects(spec *ebpf.CollectionSpec, xdp bool) error {
+	if xdp {
+		return spec.LoadAndAssign(&f.objs, nil)
+	}
+	var objs struct {
+		rakelimitMaps
+		rakelimitVariables
+		Rakelimit *ebpf.Program `ebpf:"rakelimit"`
+	}
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return err
+	}
+	f.objs.rakelimitMaps, f.objs.rakelimitVariables, f.objs.Rakelimit = objs.rakelimitMaps, objs.rakelimitVariables, objs.Rakelimit
+	return nil
 }
 
 // compile validates a configuration and compiles its limiter.

@@ -25,10 +25,14 @@ import (
 
 // twin runs the BPF program (in test mode) and the Go twin (decide.Filter)
 // side by side on the same packets, time and random numbers, and fails the
-// test at the first difference.
+// test at the first difference. The program runs twice, in two filters: f
+// runs the socket filter alone (mode bpf), x the path of mode xdp, the XDP
+// program and then, unless it dropped the datagram, the socket filter
+// (runPath), with the XDP program listening on every port of both
+// families. Both must agree with the Go twin, and so with each other.
 type twin struct {
 	t      testing.TB
-	f      *Filter
+	f, x   *Filter
 	d      *decide.Filter
 	packet int
 }
@@ -37,18 +41,33 @@ func newTwin(t testing.TB, c decide.Config) *twin {
 	t.Helper()
 	hk := sketch.SeededHashKey(7)
 	f := loadTest(t, c, loadOptions{testMode: true, hashKey: &hk})
+	x := loadTest(t, c, loadOptions{testMode: true, hashKey: &hk, xdp: true})
+	listenEverywhere(t, x)
 	d, err := decide.New(c, hk)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &twin{t: t, f: f, d: d}
+	return &twin{t: t, f: f, x: x, d: d}
+}
+
+// filters are the twin's two filters, with the names of what they run.
+func (w *twin) filters() []struct {
+	name string
+	f    *Filter
+} {
+	return []struct {
+		name string
+		f    *Filter
+	}{{"the socket filter", w.f}, {"XDP and the socket filter", w.x}}
 }
 
 // configure applies c to both.
 func (w *twin) configure(c decide.Config) {
 	w.t.Helper()
-	if err := w.f.Configure(c); err != nil {
-		w.t.Fatal(err)
+	for _, f := range w.filters() {
+		if err := f.f.Configure(c); err != nil {
+			w.t.Fatal(err)
+		}
 	}
 	if err := w.d.Update(c); err != nil {
 		w.t.Fatal(err)
@@ -78,9 +97,13 @@ func (w *twin) stepFrame(frame []byte, d decide.Datagram, now int64, rnd uint32)
 	w.t.Helper()
 	w.packet++
 	got := w.f.run(w.t, frame, now, rnd)
+	viaXDP := w.x.runPath(w.t, frame, now, rnd)
 	want := w.d.Decide(&d, now, rnd)
 	if !sameVerdict(got, want) {
 		return want, fmt.Errorf("BPF %+v, Go %+v", got, want)
+	}
+	if !sameVerdict(viaXDP.v, want) {
+		return want, fmt.Errorf("mode xdp (decided by %s): BPF %+v, Go %+v", viaXDP.by, viaXDP.v, want)
 	}
 	return want, nil
 }
@@ -99,8 +122,10 @@ func sameVerdict(got rakelimitVerdict, want decide.Outcome) bool {
 // learnID learns a server ID bound to to in both at time at.
 func (w *twin) learnID(id decide.ServerID, to netip.Addr, at int64) {
 	w.t.Helper()
-	if err := w.f.learned.LearnServerID(&w.f.hk, id, to, at); err != nil {
-		w.t.Fatal(err)
+	for _, f := range w.filters() {
+		if err := f.f.learned.LearnServerID(&f.f.hk, id, to, at); err != nil {
+			w.t.Fatal(err)
+		}
 	}
 	if err := w.d.LearnServerID(id, to, at); err != nil {
 		w.t.Fatal(err)
@@ -110,8 +135,10 @@ func (w *twin) learnID(id decide.ServerID, to netip.Addr, at int64) {
 // learnPeer learns a peer in both at time at.
 func (w *twin) learnPeer(addr netip.Addr, at int64) {
 	w.t.Helper()
-	if err := w.f.learned.LearnPeer(&w.f.hk, addr, false, at); err != nil {
-		w.t.Fatal(err)
+	for _, f := range w.filters() {
+		if err := f.f.learned.LearnPeer(&f.f.hk, addr, false, at); err != nil {
+			w.t.Fatal(err)
+		}
 	}
 	if err := w.d.LearnPeer(addr, false, at); err != nil {
 		w.t.Fatal(err)
@@ -122,9 +149,11 @@ func (w *twin) learnPeer(addr netip.Addr, at int64) {
 // before now, and checks that they forget as much.
 func (w *twin) expire(now, lifetime int64) {
 	w.t.Helper()
-	got := w.f.learned.Expire(now, decide.LifetimeStamps(lifetime))
-	if want := w.d.ExpireLearned(now, lifetime); got != want {
-		w.t.Fatalf("expiry at %d: BPF forgot %v of each learned set, Go %v", now, got, want)
+	want := w.d.ExpireLearned(now, lifetime)
+	for _, f := range w.filters() {
+		if got := f.f.learned.Expire(now, decide.LifetimeStamps(lifetime)); got != want {
+			w.t.Fatalf("expiry at %d: BPF (%s) forgot %v of each learned set, Go %v", now, f.name, got, want)
+		}
 	}
 }
 
@@ -132,55 +161,67 @@ func (w *twin) expire(now, lifetime int64) {
 // hold the same slots and quick-reject filters.
 func (w *twin) compareLearned() {
 	w.t.Helper()
-	got, want := w.f.learned.Sets(), w.d.Learned().Sets()
-	for i := range got {
-		gs, gq := got[i].Snapshot()
-		ws, wq := want[i].Snapshot()
-		for j := range ws {
-			if gs[j] != ws[j] {
-				w.t.Fatalf("after packet %d: learned set %d, slot %d: BPF %#x, Go %#x", w.packet, i, j, gs[j], ws[j])
+	want := w.d.Learned().Sets()
+	for _, f := range w.filters() {
+		got := f.f.learned.Sets()
+		for i := range got {
+			gs, gq := got[i].Snapshot()
+			ws, wq := want[i].Snapshot()
+			for j := range ws {
+				if gs[j] != ws[j] {
+					w.t.Fatalf("after packet %d: %s: learned set %d, slot %d: BPF %#x, Go %#x", w.packet, f.name, i, j, gs[j], ws[j])
+				}
 			}
-		}
-		if !slices.Equal(gq, wq) {
-			w.t.Fatalf("after packet %d: learned set %d: the quick-reject filters differ", w.packet, i)
+			if !slices.Equal(gq, wq) {
+				w.t.Fatalf("after packet %d: %s: learned set %d: the quick-reject filters differ", w.packet, f.name, i)
+			}
 		}
 	}
 }
 
 // compareState checks every sketch cell, the fair shares and the total's
 // pending counts (of the CPU the test runs the program on), the pacer, the
-// learned server IDs and peers with their times, and the counters.
+// learned server IDs and peers with their times, and the counters, of both
+// filters.
 func (w *twin) compareState() {
 	w.t.Helper()
 	w.compareLearned()
-	got, want := w.f.lines(w.t), w.d.Limiter().Lines()
+	for _, f := range w.filters() {
+		w.compareFilter(f.name, f.f)
+	}
+}
+
+// compareFilter checks the state of one filter against the Go twin's.
+func (w *twin) compareFilter(name string, f *Filter) {
+	w.t.Helper()
+	got, want := f.lines(w.t), w.d.Limiter().Lines()
 	if len(got) != len(want) {
-		w.t.Fatalf("BPF has %d lines, Go %d", len(got), len(want))
+		w.t.Fatalf("%s: BPF has %d lines, Go %d", name, len(got), len(want))
 	}
 	for i := range want {
 		if got[i] != want[i] {
-			w.t.Fatalf("after packet %d: line %d differs: BPF %+v, Go %+v", w.packet, i, got[i], want[i])
+			w.t.Fatalf("after packet %d: %s: line %d differs: BPF %+v, Go %+v", w.packet, name, i, got[i], want[i])
 		}
 	}
-	if fs := w.f.fairShares(w.t); fs != w.d.Limiter().FairShares() {
-		w.t.Fatalf("after packet %d: fair shares BPF %v, Go %v", w.packet, fs, w.d.Limiter().FairShares())
+	if fs := f.fairShares(w.t); fs != w.d.Limiter().FairShares() {
+		w.t.Fatalf("after packet %d: %s: fair shares BPF %v, Go %v", w.packet, name, fs, w.d.Limiter().FairShares())
 	}
-	if p := w.f.pending(w.t); p != w.d.Limiter().Pending() {
-		w.t.Fatalf("after packet %d: the total's pending counts BPF %+v, Go %+v", w.packet, p, w.d.Limiter().Pending())
+	if p := f.pending(w.t); p != w.d.Limiter().Pending() {
+		w.t.Fatalf("after packet %d: %s: the total's pending counts BPF %+v, Go %+v", w.packet, name, p, w.d.Limiter().Pending())
 	}
 	var tat uint64
-	if err := w.f.objs.Pacer.Lookup(uint32(pacerNegotiation), &tat); err != nil {
+	if err := f.objs.Pacer.Lookup(uint32(pacerNegotiation), &tat); err != nil {
 		w.t.Fatal(err)
 	}
 	if tat != w.d.PacerTAT() {
-		w.t.Fatalf("after packet %d: pacer BPF %d, Go %d", w.packet, tat, w.d.PacerTAT())
+		w.t.Fatalf("after packet %d: %s: pacer BPF %d, Go %d", w.packet, name, tat, w.d.PacerTAT())
 	}
-	st, err := w.f.Stats()
+	st, err := f.Stats()
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	if st != w.d.Stats() {
-		w.t.Fatalf("after packet %d: counters %+v, want %+v", w.packet, st, w.d.Stats())
+		w.t.Fatalf("after packet %d: %s: counters %+v, want %+v", w.packet, name, st, w.d.Stats())
 	}
 }
 
@@ -743,7 +784,7 @@ func TestDimensions(t *testing.T) {
 	}
 }
 
-// TestVerifierBudget keeps the program's verification well under the
+// TestVerifierBudget keeps each program's verification well under the
 // kernel's limit of a million instructions: a change that makes the node
 // loop's paths multiply shows up here before it breaks loading on a kernel
 // whose verifier prunes less.
@@ -760,19 +801,21 @@ func TestVerifierBudget(t *testing.T) {
 		t.Fatalf("%+v", err)
 	}
 	defer coll.Close()
-	log := coll.Programs[rakelimitProgRakelimit].VerifierLog
-	_, after, ok := strings.Cut(log, "processed ")
-	if !ok {
-		t.Fatalf("no statistics in the verifier log:\n%s", log)
+	for _, name := range []string{rakelimitProgRakelimit, rakelimitProgRakelimitXdp} {
+		log := coll.Programs[name].VerifierLog
+		_, after, ok := strings.Cut(log, "processed ")
+		if !ok {
+			t.Fatalf("%s: no statistics in the verifier log:\n%s", name, log)
+		}
+		var processed int
+		if _, err := fmt.Sscanf(after, "%d insns", &processed); err != nil {
+			t.Fatalf("%s: parsing %q: %v", name, after, err)
+		}
+		if processed > 250_000 {
+			t.Fatalf("%s: the verifier processed %d instructions, want at most 250,000 (a quarter of its limit)", name, processed)
+		}
+		t.Logf("%s: verifier processed %d instructions", name, processed)
 	}
-	var processed int
-	if _, err := fmt.Sscanf(after, "%d insns", &processed); err != nil {
-		t.Fatalf("parsing %q: %v", after, err)
-	}
-	if processed > 250_000 {
-		t.Fatalf("the verifier processed %d instructions, want at most 250,000 (a quarter of its limit)", processed)
-	}
-	t.Logf("verifier processed %d instructions", processed)
 }
 
 // TestDifferentialVerify runs a long random trace with connection ID

@@ -73,8 +73,9 @@ func fuzzSeeds() []testutil.Frame {
 	return append(seeds, tcp)
 }
 
-// FuzzDecision runs the BPF program under BPF_PROG_TEST_RUN and the Go
-// twin on network-layer packets of any bytes and length, read as IPv4 or
+// FuzzDecision runs the BPF program under BPF_PROG_TEST_RUN (the socket
+// filter, and the path of mode xdp: see twin) and the Go twin on
+// network-layer packets of any bytes and length, read as IPv4 or
 // IPv6 (the frame's ethertype), and fails at the first divergence of
 // verdict, class, reason, verification, allowlisting, pacing or limiter
 // verdict; every 500 inputs the counters, sketches, fair shares, pacer and
@@ -121,6 +122,10 @@ func FuzzDecision(f *testing.F) {
 			if !sameVerdict(got, want) || (ret == 0) != (got.Drop == 1) {
 				t.Fatalf("packet %d (%d bytes, ipv6 %v, read %+v): BPF %+v (returned %d), Go %+v", w.packet, len(ip), ipv6,
 					d, got, ret, want)
+			}
+			if x := w.x.runPath(t, frame, now, rnd); !sameVerdict(x.v, want) {
+				t.Fatalf("packet %d (%d bytes, ipv6 %v, read %+v): mode xdp (decided by %s): BPF %+v, Go %+v",
+					w.packet, len(ip), ipv6, d, x.by, x.v, want)
 			}
 			if w.packet%500 == 0 {
 				w.compareState()

@@ -7,4 +7,4 @@ package kernel
 // marked "C: NAME" in the packages listed (internal/cgen).
 // Headers come from Debian's libbpf-dev and linux-libc-dev.
 //go:generate go run ./internal/cgen -o c/contract.h ../decide/quicclass ../decide/sketch ../decide .
-//go:generate go tool bpf2go -cc ${BPF_CLANG} -cflags ${BPF_CFLAGS} -tags linux -type line -type config -type stats -type fair -type verdict -type stream_key -type stream_state -type allow4_key -type allow6_key -type learned_set rakelimit rakelimit.c -- -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu
+//go:generate go tool bpf2go -cc ${BPF_CLANG} -cflags ${BPF_CFLAGS} -tags linux -type line -type config -type stats -type fair -type verdict -type stream_key -type stream_state -type allow4_key -type allow6_key -type learned_set -type listen_table -type listen_key rakelimit rakelimit.c -- -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu

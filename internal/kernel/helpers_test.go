@@ -3,6 +3,7 @@
 package kernel
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -61,6 +62,134 @@ func (f *Filter) run(t testing.TB, frame []byte, now int64, rnd uint32) rakelimi
 		t.Fatalf("program returned %d but recorded drop=%d", ret, v.Drop)
 	}
 	return v
+}
+
+// xdpMD is struct xdp_md as BPF_PROG_TEST_RUN takes it: data is the
+// length of the metadata before the frame, data_end the length of both.
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// xdpTestMeta is struct xdp_test_meta, the metadata a test-mode XDP
+// program reads its time and random number from.
+type xdpTestMeta struct {
+	NowLo, NowHi, Random uint32
+}
+
+// xdpRun runs a test-mode filter's XDP program once on frame at time now
+// with random number rnd, and returns what the program returned.
+func (f *Filter) xdpRun(frame []byte, now int64, rnd uint32) (uint32, error) {
+	meta := xdpTestMeta{NowLo: uint32(now), NowHi: uint32(uint64(now) >> 32), Random: rnd}
+	data := binary.NativeEndian.AppendUint32(nil, meta.NowLo)
+	data = binary.NativeEndian.AppendUint32(data, meta.NowHi)
+	data = binary.NativeEndian.AppendUint32(data, meta.Random)
+	n := uint32(len(data))
+	data = append(data, frame...)
+	return runOnTestCPU(f.objs.RakelimitXdp, &ebpf.RunOptions{Data: data,
+		Context: xdpMD{Data: n, DataEnd: uint32(len(data))}})
+}
+
+// unwritten is the verdict a test writes to test_verdict before a run, to
+// tell whether the program decided: the program writes every field.
+var unwritten = rakelimitVerdict{Pad: [7]uint8{0xee}}
+
+// resetVerdict writes unwritten to test_verdict; verdict reads it back, and
+// whether the program wrote it.
+func (f *Filter) resetVerdict(t testing.TB) {
+	t.Helper()
+	if err := f.objs.TestVerdict.Put(uint32(0), unwritten); err != nil {
+		t.Fatalf("resetting the verdict: %v", err)
+	}
+}
+
+func (f *Filter) verdict(t testing.TB) (rakelimitVerdict, bool) {
+	t.Helper()
+	var v rakelimitVerdict
+	if err := f.objs.TestVerdict.Lookup(uint32(0), &v); err != nil {
+		t.Fatalf("reading verdict: %v", err)
+	}
+	return v, v != unwritten
+}
+
+// The XDP program's verdicts.
+const (
+	xdpDrop = 1 // XDP_DROP
+	xdpPass = 2 // XDP_PASS
+)
+
+// loopbackIndex is the interface BPF_PROG_TEST_RUN puts a socket filter's
+// packets on (skb->dev): the loopback device, interface 1.
+const loopbackIndex = 1
+
+// listenEverywhere makes a test-mode filter's XDP program decide every
+// UDP datagram (a listener on every port, any address of both families),
+// and marks the interface BPF_PROG_TEST_RUN gives the socket filter's
+// packets as one the XDP program runs on, so that runPath is the path of a
+// datagram in mode xdp.
+func listenEverywhere(t testing.TB, f *Filter) {
+	t.Helper()
+	var all []netip.AddrPort
+	for port := range 1 << 16 {
+		all = append(all, netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(port)),
+			netip.AddrPortFrom(netip.IPv6Unspecified(), uint16(port)))
+	}
+	if err := f.SetListeners(all); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.markXDP(loopbackIndex, true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pathVerdict is what runPath found: the verdict of the program that
+// decided the datagram, which by.
+type pathVerdict struct {
+	v  rakelimitVerdict
+	by string
+}
+
+// runPath feeds one frame through the path of mode xdp: the XDP program,
+// and, unless it dropped the frame, the socket filter on an interface the
+// XDP program runs on (listenEverywhere). It fails the test unless exactly
+// one of them decided the datagram, each returned what it recorded, and the
+// socket filter passed what the XDP program decided.
+func (f *Filter) runPath(t testing.TB, frame []byte, now int64, rnd uint32) pathVerdict {
+	t.Helper()
+	f.resetVerdict(t)
+	ret, err := f.xdpRun(frame, now, rnd)
+	if err != nil {
+		t.Fatalf("XDP test run: %v", err)
+	}
+	v, atXDP := f.verdict(t)
+	if atXDP && (ret == xdpDrop) != (v.Drop == 1 && !f.Config().DryRun) {
+		t.Fatalf("the XDP program returned %d but recorded drop=%d", ret, v.Drop)
+	}
+	if !atXDP && ret != xdpPass {
+		t.Fatalf("the XDP program returned %d without deciding", ret)
+	}
+	if ret == xdpDrop {
+		return pathVerdict{v, "the XDP program"}
+	}
+	f.resetVerdict(t)
+	sret, err := runOnTestCPU(f.objs.Rakelimit, &ebpf.RunOptions{Data: frame,
+		Context: skbContext{CB: [5]uint32{uint32(now), uint32(uint64(now) >> 32), rnd}}})
+	if err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	sv, atSocket := f.verdict(t)
+	switch {
+	case atXDP && atSocket:
+		t.Fatalf("decided twice: by the XDP program (%+v) and the socket filter (%+v)", v, sv)
+	case atXDP && sret == 0:
+		t.Fatal("the socket filter dropped a datagram the XDP program passed, without deciding it")
+	case atXDP:
+		return pathVerdict{v, "the XDP program"}
+	case !atSocket:
+		t.Fatal("neither the XDP program nor the socket filter decided")
+	case (sret == 0) != (sv.Drop == 1 && !f.Config().DryRun):
+		t.Fatalf("the socket filter returned %d but recorded drop=%d", sret, sv.Drop)
+	}
+	return pathVerdict{sv, "the socket filter"}
 }
 
 // testCPU is the CPU the tests run the program on: the first this process

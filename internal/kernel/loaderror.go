@@ -72,13 +72,7 @@ func explain(err error, missing []string) error {
 // missingCapabilities names the capabilities the process lacks to load the
 // filter: CAP_BPF and CAP_PERFMON, both implied by CAP_SYS_ADMIN.
 func missingCapabilities() []string {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return nil
-	}
-	has := func(c int) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
-	if has(unix.CAP_SYS_ADMIN) {
+	if hasCapability(unix.CAP_SYS_ADMIN) {
 		return nil
 	}
 	var out []string
@@ -86,11 +80,22 @@ func missingCapabilities() []string {
 		bit  int
 		name string
 	}{{unix.CAP_BPF, "CAP_BPF"}, {unix.CAP_PERFMON, "CAP_PERFMON"}} {
-		if !has(c.bit) {
+		if !hasCapability(c.bit) {
 			out = append(out, c.name)
 		}
 	}
 	return out
+}
+
+// hasCapability reports whether the process has the capability c in its
+// effective set; true when it cannot tell (the kernel then says).
+func hasCapability(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return true
+	}
+	return data[c/32].Effective&(1<<(c%32)) != 0
 }
 
 // executable is the path of the running binary, for the setcap hint.

@@ -1,7 +1,9 @@
 //go:build ignore
 
 // rakelimit.c: the hierarchical fair-share rate limiter as a BPF socket filter,
-// for the UDP socket of an HTTP/3 server.
+// for the UDP socket of an HTTP/3 server, and as an XDP program, for the
+// interfaces that carry its traffic: one decision, two entries, one object
+// whose maps both share.
 //
 // The program performs, operation for operation, what Filter.Decide in
 // internal/decide does: the QUIC class of the datagram (internal/decide/quicclass),
@@ -18,11 +20,15 @@
 // The program is split as its Go twin is, a header in c/ for each Go file
 // (each header names its twin). The constants the two share are generated
 // from the Go source into c/contract.h (`make generate`), and the packet is
-// read only through the functions of c/pkt_skb.h, the socket filter's.
+// read only through the functions of c/pkt.h, which each entry implements
+// for its hook (c/pkt_skb.h, c/pkt_xdp.h).
 //
 //   c/contract.h   generated: the constants shared with Go
 //   c/maps.h       the maps and the structures shared with userspace
-//   c/pkt_skb.h    the packet, as a socket filter reads it
+//   c/pkt.h        the packet, whichever hook reads it
+//   c/pkt_skb.h    the packet, as the socket filter reads it
+//   c/pkt_xdp.h    the packet, as the XDP program reads it
+//   c/listen.h     what the XDP program decides, and the socket filter not
 //   c/parse.h      the datagram's key, from its headers (decide/parse.go)
 //   c/quicclass.h  its QUIC class (decide/quicclass/quicclass.go)
 //   c/learned.h    the learned server IDs and peers (decide/learned.go)
@@ -45,13 +51,14 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #include "c/contract.h"
 #include "c/maps.h"
-#include "c/pkt_skb.h"
+#include "c/pkt.h"
 #include "c/parse.h"
 #include "c/quicclass.h"
 #include "c/learned.h"
 #include "c/allow.h"
 #include "c/walk.h"
 #include "c/stream.h"
+#include "c/listen.h"
 
 // next_random: xorshift64* (Vigna). The number only dithers which packet
 // takes a freed slot, so speed matters more than unpredictability:
@@ -115,22 +122,22 @@ static __always_inline int family_slot(__u8 family)
 	return family == FAMILY_IPV4 ? 1 : family == FAMILY_IPV6 ? 2 : 0;
 }
 
-SEC("socket")
-int rakelimit(struct __sk_buff *skb)
+// decide_datagram decides the datagram of ctx, whose key parse filled (k),
+// and returns the hook's verdict: Filter.Decide in internal/decide. Both
+// entries inline it.
+static __always_inline int decide_datagram(pkt_ctx *ctx, struct key *k)
 {
 	__u32 zero = 0;
 	__u32 *sel = bpf_map_lookup_elem(&active_config, &zero);
 	struct stats *st = bpf_map_lookup_elem(&counters, &zero);
 	struct cpu_state *cs = bpf_map_lookup_elem(&cpu_state, &zero);
 	if (!sel || !st || !cs)
-		return pkt_pass(skb);
+		return pkt_pass(ctx);
 	__u32 which = *sel & 1;
 	const struct config *cfg = bpf_map_lookup_elem(&configs, &which);
 	if (!cfg)
-		return pkt_pass(skb);
+		return pkt_pass(ctx);
 
-	struct key k = {};
-	parse(skb, &k);
 	struct verdict v = {.paced = 1};
 	// The family's counter index is computed where it is used: kept live
 	// across the node loop, each of its three values would make the
@@ -140,7 +147,7 @@ int rakelimit(struct __sk_buff *skb)
 	int check = CHECK_NONE;
 	int has_id = 0;
 	if (cfg->classify) {
-		int c = classify(skb, &k, cfg);
+		int c = classify(ctx, k, cfg);
 		class = c & HDR_FIELD_MASK;
 		v.reason = c >> HDR_REASON_SHIFT;
 		check = (c >> HDR_CHECK_SHIFT) & HDR_FIELD_MASK;
@@ -152,17 +159,17 @@ int rakelimit(struct __sk_buff *skb)
 	// ones then. id_slot is the slot of the ID that verified it.
 	__u64 *id_slot = NULL;
 	if (check != CHECK_NONE) {
-		int known = known_family(&k);
+		int known = known_family(k);
 		if (has_id && known) {
 			struct server_id id;
-			server_id_of(&k, check, &id);
-			__u64 h = bound_hash(cfg, id_word(&id), &k);
+			server_id_of(k, check, &id);
+			__u64 h = bound_hash(cfg, id_word(&id), k);
 			if (maybe_in(LEARNED_IDS, h))
 				id_slot = find_slot(&server_ids, h);
 		}
 		int proven = 0, answered = 0;
 		if (needs_peer(check, id_slot != NULL) && known) {
-			__u64 h = peer_hash(cfg, &k);
+			__u64 h = peer_hash(cfg, k);
 			proven = maybe_in(LEARNED_PROVEN, h) && find_slot(&proven_peers, h);
 			answered = !proven && needs_answered(check) && maybe_in(LEARNED_ANSWERED, h) &&
 				   find_slot(&answered_peers, h);
@@ -177,11 +184,11 @@ int rakelimit(struct __sk_buff *skb)
 		__u32 how = v.verified;
 		if (how >= NUM_VERIFICATIONS) // cannot happen; bounds the index for the verifier
 			how = VERIFIED_NONE;
-		st->verified[family_slot(k.family)][how]++;
+		st->verified[family_slot(k->family)][how]++;
 	}
 	// One random number dithers the limiter (its top bits) and samples
 	// drops for tracking (its low bits).
-	__u32 rnd = test_mode ? pkt_test_random(skb) : next_random(&cs->rng);
+	__u32 rnd = test_mode ? pkt_test_random(ctx) : next_random(&cs->rng);
 	int sampled = (rnd & cfg->track_mask) == 0;
 	int dry = cfg->dry_run != 0;
 	if (class == CLASS_INVALID) {
@@ -194,30 +201,30 @@ int rakelimit(struct __sk_buff *skb)
 		barrier_var(reason);
 		if (reason >= NUM_REASONS) // cannot happen; bounds the index for the verifier
 			reason = REASON_UNPARSED;
-		st->invalid[dry][family_slot(k.family)][reason]++;
+		st->invalid[dry][family_slot(k->family)][reason]++;
 		if (sampled)
-			track_invalid(cfg, &k, reason, clock(cfg, cs, skb));
+			track_invalid(cfg, k, reason, clock(cfg, cs, ctx));
 		v.drop = 1;
 		if (test_mode)
 			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
-		return dry ? pkt_pass(skb) : pkt_drop(skb);
+		return dry ? pkt_pass(ctx) : pkt_drop(ctx);
 	}
-	__u64 now = clock(cfg, cs, skb);
+	__u64 now = clock(cfg, cs, ctx);
 	if (class == CLASS_NEGOTIATION) {
 		v.paced = pace(cfg, now);
 		int neg = v.paced ? NEG_PASSED : dry ? NEG_WOULD_DROP : NEG_DROPPED;
-		st->negotiation[family_slot(k.family)][neg]++;
+		st->negotiation[family_slot(k->family)][neg]++;
 		v.drop = !v.paced;
 		if (test_mode)
 			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
-		return neg == NEG_DROPPED ? pkt_drop(skb) : pkt_pass(skb);
+		return neg == NEG_DROPPED ? pkt_drop(ctx) : pkt_pass(ctx);
 	}
 	if (id_slot) {
 		__u32 stamp = stamp_of(now);
 
 		refresh_slot(id_slot, stamp);
 		__u64 e = *id_slot;
-		if (!(e & SLOT_MARK) && prove(cfg, &k, stamp)) {
+		if (!(e & SLOT_MARK) && prove(cfg, k, stamp)) {
 			__sync_val_compare_and_swap(id_slot, e, e | SLOT_MARK);
 			st->proofs++;
 		}
@@ -226,32 +233,32 @@ int rakelimit(struct __sk_buff *skb)
 	// allowlisted source's invalid datagrams (its blocked ports among
 	// them) and unknown versions were decided above, as anyone's, since a
 	// spoofer can send from an allowlisted address.
-	if (cfg->allow_any && allow_candidate(cfg, &k) && allowlisted(&k)) {
-		st->allowed[family_slot(k.family)]++;
+	if (cfg->allow_any && allow_candidate(cfg, k) && allowlisted(k)) {
+		st->allowed[family_slot(k->family)]++;
 		if (test_mode) {
 			v.allowlisted = 1;
 			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
 		}
-		return pkt_pass(skb);
+		return pkt_pass(ctx);
 	}
-	k.rank_first = rank_first(v.verified);
+	k->rank_first = rank_first(v.verified);
 	if (bench_random_source) {
 		__u32 r = next_random(&cs->rng);
 
-		k.words[0] ^= r;
-		if (k.has_ports)
-			k.sport ^= r >> 16;
+		k->words[0] ^= r;
+		if (k->has_ports)
+			k->sport ^= r >> 16;
 	}
 
 	// The opening, established or unverified class here; bounds the
 	// index for the verifier.
 	class = limiter_class(class);
-	int drop = decide(cfg, class, &k, now, rnd, &v);
+	int drop = decide(cfg, class, k, now, rnd, &v);
 	if (drop < 0) {
 		st->errors++;
 		drop = 0;
 	}
-	int fam = family_slot(k.family);
+	int fam = family_slot(k->family);
 	__u32 lvl = v.level;
 	if (lvl >= MAX_LEVELS) // cannot happen; bounds the index for the verifier
 		lvl = MAX_LEVELS - 1;
@@ -259,16 +266,49 @@ int rakelimit(struct __sk_buff *skb)
 		bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
 	if (drop) {
 		if (sampled)
-			track(cfg, class, &k, &v, now);
+			track(cfg, class, k, &v, now);
 		if (dry) {
 			st->would_drop[class][fam][lvl]++;
-			return pkt_pass(skb);
+			return pkt_pass(ctx);
 		}
 		st->dropped[class][fam][lvl]++;
-		return pkt_drop(skb);
+		return pkt_drop(ctx);
 	}
 	st->passed[class][fam]++;
 	if (v.limited)
 		st->limited[class][fam][lvl]++;
-	return pkt_pass(skb);
+	return pkt_pass(ctx);
+}
+
+// rakelimit: the socket filter, on every socket the limiter protects. It
+// leaves alone, uncounted, what the XDP program decided already
+// (decided_at_xdp).
+SEC("socket")
+int rakelimit(struct __sk_buff *skb)
+{
+	pkt_ctx p = {};
+	struct key k = {};
+
+	skb_packet(&p, skb);
+	parse(&p, &k);
+	if (decided_at_xdp(&p, &k))
+		return pkt_pass(&p);
+	return decide_datagram(&p, &k);
+}
+
+// rakelimit_xdp: the XDP program, on the interfaces that carry the
+// listeners' traffic in mode xdp. It decides the datagrams to a listener
+// and passes everything else untouched (c/listen.h).
+SEC("xdp")
+int rakelimit_xdp(struct xdp_md *xdp)
+{
+	pkt_ctx p = {};
+	struct key k = {};
+
+	if (!xdp_packet(&p, xdp))
+		return XDP_PASS;
+	parse(&p, &k);
+	if (!listened(&p, &k))
+		return XDP_PASS;
+	return decide_datagram(&p, &k);
 }

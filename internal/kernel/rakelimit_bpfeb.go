@@ -102,6 +102,19 @@ type rakelimitLine struct {
 	Pad uint32
 }
 
+type rakelimitListenKey struct {
+	_      structs.HostLayout
+	Addr   [4]uint32
+	Port   uint16
+	Family uint8
+	Pad    uint8
+}
+
+type rakelimitListenTable struct {
+	_     structs.HostLayout
+	Kinds [65536]uint8
+}
+
 type rakelimitNodeWork struct {
 	_         structs.HostLayout
 	Now       uint64
@@ -213,6 +226,8 @@ const (
 	rakelimitMapCpuState          = "cpu_state"
 	rakelimitMapEvents            = "events"
 	rakelimitMapFairShares        = "fair_shares"
+	rakelimitMapListenAddrs       = "listen_addrs"
+	rakelimitMapListenPorts       = "listen_ports"
 	rakelimitMapNodeScratch       = "node_scratch"
 	rakelimitMapPacer             = "pacer"
 	rakelimitMapProvenPeers       = "proven_peers"
@@ -222,9 +237,12 @@ const (
 	rakelimitMapTestVerdict       = "test_verdict"
 	rakelimitMapTotals            = "totals"
 	rakelimitMapUntracked         = "untracked"
+	rakelimitMapXdpIfaces         = "xdp_ifaces"
 	rakelimitProgRakelimit        = "rakelimit"
+	rakelimitProgRakelimitXdp     = "rakelimit_xdp"
 	rakelimitVarBenchRandomSource = "bench_random_source"
 	rakelimitVarTestMode          = "test_mode"
+	rakelimitVarXdpInterfaces     = "xdp_interfaces"
 )
 
 // loadRakelimit returns the embedded CollectionSpec for rakelimit.
@@ -269,7 +287,8 @@ type rakelimitSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type rakelimitProgramSpecs struct {
-	Rakelimit *ebpf.ProgramSpec `ebpf:"rakelimit"`
+	Rakelimit    *ebpf.ProgramSpec `ebpf:"rakelimit"`
+	RakelimitXdp *ebpf.ProgramSpec `ebpf:"rakelimit_xdp"`
 }
 
 // rakelimitMapSpecs contains maps before they are loaded into the kernel.
@@ -286,6 +305,8 @@ type rakelimitMapSpecs struct {
 	CpuState      *ebpf.MapSpec `ebpf:"cpu_state"`
 	Events        *ebpf.MapSpec `ebpf:"events"`
 	FairShares    *ebpf.MapSpec `ebpf:"fair_shares"`
+	ListenAddrs   *ebpf.MapSpec `ebpf:"listen_addrs"`
+	ListenPorts   *ebpf.MapSpec `ebpf:"listen_ports"`
 	NodeScratch   *ebpf.MapSpec `ebpf:"node_scratch"`
 	Pacer         *ebpf.MapSpec `ebpf:"pacer"`
 	ProvenPeers   *ebpf.MapSpec `ebpf:"proven_peers"`
@@ -295,6 +316,7 @@ type rakelimitMapSpecs struct {
 	TestVerdict   *ebpf.MapSpec `ebpf:"test_verdict"`
 	Totals        *ebpf.MapSpec `ebpf:"totals"`
 	Untracked     *ebpf.MapSpec `ebpf:"untracked"`
+	XdpIfaces     *ebpf.MapSpec `ebpf:"xdp_ifaces"`
 }
 
 // rakelimitVariableSpecs contains global variables before they are loaded into the kernel.
@@ -303,6 +325,7 @@ type rakelimitMapSpecs struct {
 type rakelimitVariableSpecs struct {
 	BenchRandomSource *ebpf.VariableSpec `ebpf:"bench_random_source"`
 	TestMode          *ebpf.VariableSpec `ebpf:"test_mode"`
+	XdpInterfaces     *ebpf.VariableSpec `ebpf:"xdp_interfaces"`
 }
 
 // rakelimitObjects contains all objects after they have been loaded into the kernel.
@@ -335,6 +358,8 @@ type rakelimitMaps struct {
 	CpuState      *ebpf.Map `ebpf:"cpu_state"`
 	Events        *ebpf.Map `ebpf:"events"`
 	FairShares    *ebpf.Map `ebpf:"fair_shares"`
+	ListenAddrs   *ebpf.Map `ebpf:"listen_addrs"`
+	ListenPorts   *ebpf.Map `ebpf:"listen_ports"`
 	NodeScratch   *ebpf.Map `ebpf:"node_scratch"`
 	Pacer         *ebpf.Map `ebpf:"pacer"`
 	ProvenPeers   *ebpf.Map `ebpf:"proven_peers"`
@@ -344,6 +369,7 @@ type rakelimitMaps struct {
 	TestVerdict   *ebpf.Map `ebpf:"test_verdict"`
 	Totals        *ebpf.Map `ebpf:"totals"`
 	Untracked     *ebpf.Map `ebpf:"untracked"`
+	XdpIfaces     *ebpf.Map `ebpf:"xdp_ifaces"`
 }
 
 func (m *rakelimitMaps) Close() error {
@@ -358,6 +384,8 @@ func (m *rakelimitMaps) Close() error {
 		m.CpuState,
 		m.Events,
 		m.FairShares,
+		m.ListenAddrs,
+		m.ListenPorts,
 		m.NodeScratch,
 		m.Pacer,
 		m.ProvenPeers,
@@ -367,6 +395,7 @@ func (m *rakelimitMaps) Close() error {
 		m.TestVerdict,
 		m.Totals,
 		m.Untracked,
+		m.XdpIfaces,
 	)
 }
 
@@ -376,18 +405,21 @@ func (m *rakelimitMaps) Close() error {
 type rakelimitVariables struct {
 	BenchRandomSource *ebpf.Variable `ebpf:"bench_random_source"`
 	TestMode          *ebpf.Variable `ebpf:"test_mode"`
+	XdpInterfaces     *ebpf.Variable `ebpf:"xdp_interfaces"`
 }
 
 // rakelimitPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadRakelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type rakelimitPrograms struct {
-	Rakelimit *ebpf.Program `ebpf:"rakelimit"`
+	Rakelimit    *ebpf.Program `ebpf:"rakelimit"`
+	RakelimitXdp *ebpf.Program `ebpf:"rakelimit_xdp"`
 }
 
 func (p *rakelimitPrograms) Close() error {
 	return _RakelimitClose(
 		p.Rakelimit,
+		p.RakelimitXdp,
 	)
 }
 

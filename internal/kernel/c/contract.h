@@ -147,5 +147,11 @@
 #define PACER_NEGOTIATION 0 // kernel.pacerNegotiation
 #define PACER_TRACKING 1 // kernel.pacerTracking
 #define NUM_PACERS 2 // kernel.numPacers
+#define LISTEN_ANY4 1 // kernel.listenAny4
+#define LISTEN_ANY6 2 // kernel.listenAny6
+#define LISTEN_SOME4 4 // kernel.listenSome4
+#define LISTEN_SOME6 8 // kernel.listenSome6
+#define MAX_LISTEN_ADDRS 256 // kernel.MaxListenAddrs
+#define MAX_XDP_INTERFACES 256 // kernel.MaxXDPInterfaces
 
 #endif

@@ -400,12 +400,56 @@ struct {
 	__uint(max_entries, 1);
 } cpu_state SEC(".maps");
 
+// The XDP program's listeners (c/listen.h), written by userspace
+// (internal/kernel/xdp.go) as it attaches the program: by destination port,
+// the kinds of address the limiter listens on there (LISTEN_* bits: any
+// address of a family, or some, listed in listen_addrs).
+struct listen_table {
+	__u8 kinds[65536];
+};
+
+// A listener's address: its family, port and address in network byte order
+// (an IPv4 address in addr[0], the rest zero).
+struct listen_key {
+	__u32 addr[4];
+	__u16 port;
+	__u8 family;
+	__u8 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct listen_table);
+	__uint(max_entries, 1);
+} listen_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct listen_key);
+	__type(value, __u8);
+	__uint(max_entries, MAX_LISTEN_ADDRS);
+} listen_addrs SEC(".maps");
+
+// The interfaces the XDP program runs on, by index: the socket filter
+// leaves what arrives there to it (decided_at_xdp).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(max_entries, MAX_XDP_INTERFACES);
+} xdp_ifaces SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct verdict);
 	__uint(max_entries, 1);
 } test_verdict SEC(".maps");
+
+// xdp_interfaces: how many interfaces the XDP program runs on (entries of
+// xdp_ifaces), set by userspace; 0 spares the socket filter the lookup.
+volatile __u32 xdp_interfaces = 0;
 
 // Load-time switches. The verifier knows their values and removes the
 // branches they disable, so production pays nothing for them.

@@ -15,7 +15,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "contract.h"
-#include "pkt_skb.h"
+#include "pkt.h"
 
 // A mask that keeps a probe index inside struct key (see probe_byte).
 #define PROBE_MASK 31

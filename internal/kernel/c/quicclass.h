@@ -10,7 +10,7 @@
 #include "contract.h"
 #include "maps.h"
 #include "parse.h"
-#include "pkt_skb.h"
+#include "pkt.h"
 
 // classify's result: the class in bits 0-7, the reason in 8-15, the check
 // in 16-23 and whether the destination ID can be a server's in bit 24;

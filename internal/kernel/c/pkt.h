@@ -1,0 +1,107 @@
+// pkt.h: the packet, whichever hook reads it. No Go twin: the Go twin's
+// parser (internal/decide/parse.go) reads a byte slice.
+//
+// The program has two entries over one decision: the socket filter
+// (SEC("socket"), c/pkt_skb.h) and the XDP program (SEC("xdp"),
+// c/pkt_xdp.h), in one object, so that they share every map. The code that
+// decides (parse.h, quicclass.h and rakelimit.c's decide_datagram) reads the
+// packet only through the functions below, over one context type, pkt_ctx,
+// which each entry fills for its hook:
+//
+//   pkt_protocol(ctx)                 the network protocol, an ETH_P_* value
+//                                     in network byte order
+//   pkt_load_net(ctx, off, dst, len)  len bytes at offset off of the network
+//                                     header, < 0 when the packet does not
+//                                     hold them
+//   pkt_len(ctx)                      the bytes from the packet's start, where
+//                                     pkt_load reads
+//   pkt_load(ctx, off, dst, len)      len bytes at offset off from the
+//                                     packet's start, wherever they lie
+//   pkt_payload_at(ctx, off, ip_len)  the offset, from the packet's start, of
+//                                     the payload of the UDP header at offset
+//                                     off of the network header, in an IP
+//                                     datagram of ip_len bytes
+//   pkt_pass(ctx), pkt_drop(ctx)      the program's verdicts
+//   pkt_test_now(ctx),                the time and the random number a test
+//   pkt_test_random(ctx)              gives the program (test_mode)
+//
+// A hook implements each as skb_<name> (pkt_skb.h) or xdp_<name>
+// (pkt_xdp.h); pkt_<name> picks the hook's by ctx->xdp, which each entry
+// sets to a constant. Every function is inlined into the entries, so the
+// compiler removes the other hook's code from each program, and the
+// verifier never sees an XDP helper in the socket filter or the other way
+// round (llvm-objdump -d shows it).
+#ifndef RAKELIMIT_PKT_H
+#define RAKELIMIT_PKT_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+// A packet as a hook gives it to the program.
+struct pkt {
+	// The hook's context: struct __sk_buff or struct xdp_md.
+	void *ctx;
+	// XDP: the network header and the end of the frame (data_end).
+	void *net;
+	void *end;
+	// test_mode: the time and the random number the test gave.
+	__u64 test_now;
+	__u32 test_random;
+	// XDP: the Ethernet header's protocol, in network byte order.
+	__u16 proto;
+	// 1 in the XDP program, 0 in the socket filter: a constant in each.
+	__u8 xdp;
+};
+typedef struct pkt pkt_ctx;
+
+#include "pkt_skb.h"
+#include "pkt_xdp.h"
+
+static __always_inline __u32 pkt_protocol(const pkt_ctx *ctx)
+{
+	return ctx->xdp ? xdp_protocol(ctx) : skb_protocol(ctx);
+}
+
+static __always_inline long pkt_load_net(const pkt_ctx *ctx, __u32 off, void *dst, __u32 len)
+{
+	return ctx->xdp ? xdp_load_net(ctx, off, dst, len) : skb_load_net(ctx, off, dst, len);
+}
+
+static __always_inline __u32 pkt_len(const pkt_ctx *ctx)
+{
+	return ctx->xdp ? xdp_len(ctx) : skb_len(ctx);
+}
+
+static __always_inline long pkt_load(const pkt_ctx *ctx, __u32 off, void *dst, __u32 len)
+{
+	return ctx->xdp ? xdp_load(ctx, off, dst, len) : skb_load(ctx, off, dst, len);
+}
+
+static __always_inline __u32 pkt_payload_at(const pkt_ctx *ctx, __u32 off, __u32 ip_len)
+{
+	return ctx->xdp ? xdp_payload_at(ctx, off, ip_len) : skb_payload_at(ctx, off, ip_len);
+}
+
+static __always_inline int pkt_pass(const pkt_ctx *ctx)
+{
+	return ctx->xdp ? xdp_pass(ctx) : skb_pass(ctx);
+}
+
+static __always_inline int pkt_drop(const pkt_ctx *ctx)
+{
+	return ctx->xdp ? xdp_drop(ctx) : skb_drop(ctx);
+}
+
+// The entries read the test's time and random number where their hook puts
+// them (skb->cb, XDP metadata) into ctx.
+static __always_inline __u64 pkt_test_now(const pkt_ctx *ctx)
+{
+	return ctx->test_now;
+}
+
+static __always_inline __u32 pkt_test_random(const pkt_ctx *ctx)
+{
+	return ctx->test_random;
+}
+
+#endif

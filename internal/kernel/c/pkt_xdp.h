@@ -1,0 +1,123 @@
+// pkt_xdp.h: the packet as the XDP program reads it, the xdp_ half of the
+// functions pkt.h lists. No Go twin: the Go twin's parser
+// (internal/decide/parse.go) reads a byte slice.
+//
+// The XDP program sees an Ethernet frame, whole in memory (a program
+// without BPF_F_XDP_HAS_FRAGS is never given a multi-buffer frame), as a
+// socket filter sees one under BPF_PROG_TEST_RUN: the packet's start, where
+// pkt_load reads, is the network header, after the Ethernet header. Loads
+// of a constant size read the frame directly (no helper call), with the
+// bounds checks the verifier wants; loads of a variable size, rarer (a
+// payload shorter than the probe), go through bpf_xdp_load_bytes.
+#ifndef RAKELIMIT_PKT_XDP_H
+#define RAKELIMIT_PKT_XDP_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <bpf/bpf_helpers.h>
+
+#include "contract.h"
+#include "maps.h"
+
+// The largest offset a direct load starts at. The verifier gives a packet
+// pointer a readable range only when its offset, at most, plus the bytes
+// read stays within 64 KiB (MAX_PACKET_OFF), the Ethernet header included;
+// a frame long enough to hold a header past it (jumbo frames on 64 KiB
+// pages) is read with the helper.
+#define XDP_DIRECT_MAX 0xf000
+
+// The time and the random number a test gives the XDP program, in the
+// frame's metadata (BPF_PROG_TEST_RUN's xdp_md.data bytes before the
+// frame): the time's low and high halves, then the random number.
+struct xdp_test_meta {
+	__u32 now_lo;
+	__u32 now_hi;
+	__u32 random;
+};
+
+static __always_inline struct xdp_md *xdp_of(const struct pkt *p)
+{
+	return p->ctx;
+}
+
+static __always_inline __u32 xdp_protocol(const struct pkt *p)
+{
+	return p->proto;
+}
+
+// xdp_load_net reads len bytes at offset off of the network header.
+static __always_inline long xdp_load_net(const struct pkt *p, __u32 off, void *dst, __u32 len)
+{
+	if (!__builtin_constant_p(len) || off > XDP_DIRECT_MAX)
+		return bpf_xdp_load_bytes(xdp_of(p), ETH_HLEN + off, dst, len);
+	const __u8 *src = (const __u8 *)p->net + off;
+	// The verifier lets the program read the len bytes at src once it
+	// compared their end with the frame's.
+	if ((const void *)(src + len) > p->end)
+		return -1;
+// The headers lie at any alignment, read with loads of their fields'
+	// sizes: unaligned loads from a packet are allowed on every
+	// architecture with efficient unaligned access (x86, arm64), unless
+	// the program is loaded with BPF_F_STRICT_ALIGNMENT, which it is not.
+	__builtin_memcpy(dst, __builtin_assume_aligned(src, 4), len);
+	return 0;
+}
+
+// xdp_len: the bytes from the network header to the frame's end (their
+// difference is a scalar for a program loaded with CAP_PERFMON, which
+// loading the program needs anyway).
+static __always_inline __u32 xdp_len(const struct pkt *p)
+{
+	return (const __u8 *)p->end - (const __u8 *)p->net;
+}
+
+static __always_inline long xdp_load(const struct pkt *p, __u32 off, void *dst, __u32 len)
+{
+	return xdp_load_net(p, off, dst, len);
+}
+
+// xdp_payload_at: the frame is whole, the packet's start its network
+// header.
+static __always_inline __u32 xdp_payload_at(const struct pkt *p, __u32 off, __u32 ip_len)
+{
+	return off + UDP_HDR_LEN;
+}
+
+static __always_inline int xdp_pass(const struct pkt *p)
+{
+	return XDP_PASS;
+}
+
+static __always_inline int xdp_drop(const struct pkt *p)
+{
+	return XDP_DROP;
+}
+
+// xdp_packet fills p for the XDP program; 0 when the frame has no whole
+// Ethernet header. In test mode the time and the random number come from
+// the metadata (struct xdp_test_meta), or are 0 without it.
+static __always_inline int xdp_packet(struct pkt *p, struct xdp_md *xdp)
+{
+	void *data = (void *)(long)xdp->data;
+	void *end = (void *)(long)xdp->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > end)
+		return 0;
+	p->ctx = xdp;
+	p->net = eth + 1;
+	p->end = end;
+	p->proto = eth->h_proto;
+	p->xdp = 1;
+	if (test_mode) {
+		struct xdp_test_meta *m = (void *)(long)xdp->data_meta;
+
+		if ((void *)(m + 1) <= data) {
+			p->test_now = (__u64)m->now_hi << 32 | m->now_lo;
+			p->test_random = m->random;
+		}
+	}
+	return 1;
+}
+
+#endif

@@ -1,0 +1,223 @@
+//go:build linux
+
+package kernel
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// The kinds of listener address on a port (struct listen_table in
+// c/maps.h): any address of a family (a wildcard listener; a dual-stack
+// one sets both), or some addresses, listed in listen_addrs.
+const (
+	listenAny4  = 1 // C: LISTEN_ANY4
+	listenAny6  = 2 // C: LISTEN_ANY6
+	listenSome4 = 4 // C: LISTEN_SOME4
+	listenSome6 = 8 // C: LISTEN_SOME6
+)
+
+// The capacities of the XDP program's tables: the addresses of listeners
+// that are not wildcards, and the interfaces it runs on.
+const (
+	MaxListenAddrs   = 256 // C: MAX_LISTEN_ADDRS
+	MaxXDPInterfaces = 256 // C: MAX_XDP_INTERFACES
+)
+
+// XDPProgram returns the filter's XDP program (nil unless LoadXDP or
+// LoadBench with XDP loaded it), for BPF_PROG_TEST_RUN. It stays owned by
+// the filter: Close closes it.
+func (f *Filter) XDPProgram() *ebpf.Program {
+	return f.objs.RakelimitXdp
+}
+
+// SetListeners makes the XDP program decide the datagrams to addrs, and
+// pass every other frame untouched (c/listen.h). An unspecified address
+// (0.0.0.0, ::) stands for every address of its family, an IPv4-mapped one
+// for the IPv4 address. New addresses are listed before the ports that
+// send the program to them, and old ones removed after.
+func (f *Filter) SetListeners(addrs []netip.AddrPort) error {
+	var table rakelimitListenTable
+	want := map[rakelimitListenKey]bool{}
+	for _, ap := range addrs {
+		a, port := ap.Addr().Unmap(), ap.Port()
+		switch {
+		case a.IsUnspecified() && a.Is4():
+			table.Kinds[port] |= listenAny4
+		case a.IsUnspecified():
+			table.Kinds[port] |= listenAny6
+		case a.Is4():
+			table.Kinds[port] |= listenSome4
+			want[listenKey(a, port)] = true
+		default:
+			table.Kinds[port] |= listenSome6
+			want[listenKey(a, port)] = true
+		}
+	}
+	if len(want) > MaxListenAddrs {
+		return fmt.Errorf("the XDP program decides for at most %d listener addresses, and %d are asked", MaxListenAddrs, len(want))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k := range want {
+		if err := f.objs.ListenAddrs.Put(k, uint8(1)); err != nil {
+			return fmt.Errorf("listing a listener for the XDP program: %w", err)
+		}
+	}
+	if err := f.objs.ListenPorts.Put(uint32(0), &table); err != nil {
+		return fmt.Errorf("writing the XDP program's listener ports: %w", err)
+	}
+	for k := range f.listening {
+		if !want[k] {
+			if err := f.objs.ListenAddrs.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("removing a listener of the XDP program: %w", err)
+			}
+		}
+	}
+	f.listening = want
+	return nil
+}
+
+// listenKey is the key of listen_addrs for an address (unmapped) and port:
+// the address's bytes as the program loads them from the IP header.
+func listenKey(a netip.Addr, port uint16) rakelimitListenKey {
+	k := rakelimitListenKey{Port: port}
+	if a.Is4() {
+		b := a.As4()
+		k.Family = 4
+		k.Addr[0] = binary.NativeEndian.Uint32(b[:])
+		return k
+	}
+	b := a.As16()
+	k.Family = 6
+	for i := range k.Addr {
+		k.Addr[i] = binary.NativeEndian.Uint32(b[4*i:])
+	}
+	return k
+}
+
+// XDPLink is the filter's XDP program on one interface, attached by a BPF
+// link: the kernel detaches it when the link's last file descriptor
+// closes, at Close or when the process exits, however it exits.
+type XDPLink struct {
+	f       *Filter
+	link    link.Link
+	ifindex int
+}
+
+// AttachXDP attaches the filter's XDP program to the interface of index
+// ifindex and name (for errors), in the driver (native XDP) or, with
+// generic, after the kernel has allocated the skb (generic XDP, for
+// drivers without native XDP). The socket filter then leaves what the XDP
+// program decided on that interface alone.
+func (f *Filter) AttachXDP(ifindex int, name string, generic bool) (*XDPLink, error) {
+	if f.objs.RakelimitXdp == nil {
+		return nil, errors.New("the filter was loaded without its XDP program (LoadXDP loads it)")
+	}
+	flags := link.XDPDriverMode
+	if generic {
+		flags = link.XDPGenericMode
+	}
+	l, err := link.AttachXDP(link.XDPOptions{Program: f.objs.RakelimitXdp, Interface: ifindex, Flags: flags})
+	if err != nil {
+		return nil, explainXDP(err, name, generic, missingXDPCapabilities())
+	}
+	// The interface is marked after the program runs there: in between
+	// both decide a datagram, which is better than neither.
+	if err := f.markXDP(uint32(ifindex), true); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return &XDPLink{f: f, link: l, ifindex: ifindex}, nil
+}
+
+// Close detaches the program from the interface; the socket filter
+// decides again what arrives there (from a moment before, so that no
+// datagram goes undecided).
+func (x *XDPLink) Close() error {
+	merr := x.f.markXDP(uint32(x.ifindex), false)
+	if err := x.link.Close(); err != nil {
+		return fmt.Errorf("detaching the XDP program: %w", err)
+	}
+	return merr
+}
+
+// markXDP adds an interface to the XDP program's (xdp_ifaces), or removes
+// it, and counts them for the socket filter (xdp_interfaces).
+func (f *Filter) markXDP(ifindex uint32, on bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.xdpOn == nil {
+		f.xdpOn = map[uint32]bool{}
+	}
+	if on {
+		if err := f.objs.XdpIfaces.Put(ifindex, uint8(1)); err != nil {
+			return fmt.Errorf("marking interface %d for the socket filter: %w", ifindex, err)
+		}
+		f.xdpOn[ifindex] = true
+	} else {
+		if err := f.objs.XdpIfaces.Delete(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("unmarking interface %d for the socket filter: %w", ifindex, err)
+		}
+		delete(f.xdpOn, ifindex)
+	}
+	if err := f.objs.XdpInterfaces.Set(uint32(len(f.xdpOn))); err != nil {
+		return fmt.Errorf("counting the XDP program's interfaces: %w", err)
+	}
+	return nil
+}
+
+// CheckXDP reports what keeps the process from running the XDP program:
+// the capabilities it lacks (CAP_NET_ADMIN besides CAP_BPF and
+// CAP_PERFMON), or nil.
+func CheckXDP() error {
+	if missing := missingXDPCapabilities(); len(missing) > 0 {
+		return fmt.Errorf("the XDP program needs CAP_NET_ADMIN besides CAP_BPF and CAP_PERFMON, and the process lacks %s; "+
+			"grant them with `setcap cap_bpf,cap_perfmon,cap_net_admin,cap_net_bind_service+ep %s` or, under systemd, "+
+			"AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_ADMIN CAP_NET_BIND_SERVICE (see Privileges in the README)",
+			strings.Join(missing, " and "), executable())
+	}
+	return nil
+}
+
+// missingXDPCapabilities names the capabilities the process lacks to run
+// the XDP program: those of the socket filter, and CAP_NET_ADMIN.
+func missingXDPCapabilities() []string {
+	missing := missingCapabilities()
+	if !hasCapability(unix.CAP_NET_ADMIN) {
+		missing = append(missing, "CAP_NET_ADMIN")
+	}
+	return missing
+}
+
+// explainXDP turns the kernel's refusal to attach the XDP program to the
+// interface name into a one-line error that says what to do.
+func explainXDP(err error, name string, generic bool, missing []string) error {
+	what := fmt.Sprintf("attaching the rakelimit XDP program to %s", name)
+	if generic {
+		what += " (generic XDP)"
+	}
+	switch {
+	case len(missing) > 0 && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)):
+		return fmt.Errorf("%s: %w: the process lacks %s (mode xdp needs CAP_NET_ADMIN besides CAP_BPF and CAP_PERFMON; "+
+			"see Privileges in the README)", what, err, strings.Join(missing, " and "))
+	case !generic && errors.Is(err, unix.EOPNOTSUPP):
+		return fmt.Errorf("%s: %w: its driver has no native XDP; set xdp_generic to run the program after the kernel "+
+			"allocates the packet (slower), or use mode bpf", what, err)
+	case errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST):
+		return fmt.Errorf("%s: %w: the interface has an XDP program already, another limiter's or another tool's "+
+			"(ip link show %s); an interface runs one, so limiters in mode xdp on one interface must share a name",
+			what, err, name)
+	case errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ERANGE):
+		return fmt.Errorf("%s: %w: the driver refuses it in this configuration (an MTU too large for XDP, or "+
+			"another XDP mode in use on the interface); see the kernel log (dmesg)", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}

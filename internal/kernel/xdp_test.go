@@ -1,0 +1,331 @@
+//go:build linux
+
+package kernel
+
+import (
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
+)
+
+// vlanTagged inserts an 802.1Q tag (VLAN 7) after the frame's addresses.
+func vlanTagged(frame []byte) []byte {
+	out := append([]byte{}, frame[:12]...)
+	out = binary.BigEndian.AppendUint16(out, 0x8100)
+	out = binary.BigEndian.AppendUint16(out, 7)
+	return append(out, frame[12:]...)
+}
+
+// arp is an Ethernet frame of an ARP request.
+func arp() []byte {
+	b := make([]byte, testutil.EthHdrLen+28)
+	copy(b, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 2})
+	binary.BigEndian.PutUint16(b[12:], unix.ETH_P_ARP)
+	return b
+}
+
+// TestXDPListeners: the XDP program decides the UDP datagrams to a
+// listener (a wildcard of a family, or an address, on its port) and passes
+// every other frame untouched and uncounted: other ports and addresses,
+// the other family, another protocol to the port, ARP, VLAN-tagged frames,
+// non-first fragments. A first fragment, which carries the port, is
+// decided as its datagram (here: invalid, too short for an Initial).
+func TestXDPListeners(t *testing.T) {
+	f := loadTest(t, testutil.QUICLimits(1000, 1000), loadOptions{testMode: true, xdp: true})
+	if err := f.SetListeners([]netip.AddrPort{
+		netip.MustParseAddrPort("0.0.0.0:443"),
+		netip.MustParseAddrPort("[2001:db8::fe]:8443"),
+		netip.MustParseAddrPort("[::ffff:192.0.2.254]:9443"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	to := func(src string, dst string, port uint16) testutil.Frame {
+		p := udp(src, 50000)
+		p.Dst, p.DstPort = netip.MustParseAddr(dst), port
+		p.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+		return p
+	}
+	tcp := to("198.51.100.7", "192.0.2.254", 443)
+	tcp.Proto = unix.IPPROTO_TCP
+	later := to("198.51.100.7", "192.0.2.254", 443)
+	later.IPv4FragOffset = 100
+	later6 := to("2001:db8:1::7", "2001:db8::fe", 8443)
+	later6.IPv6Ext = []testutil.IPv6Ext{{Kind: unix.IPPROTO_FRAGMENT, FragOffset: 100}}
+	first := to("198.51.100.7", "192.0.2.254", 443)
+	first.IPv4FragOffset = 0x2000 // more fragments, offset 0
+	first.Data = first.Data[:600]
+	tests := []struct {
+		name    string
+		frame   []byte
+		decides bool
+	}{
+		{"ipv4 wildcard", to("198.51.100.7", "192.0.2.1", 443).Bytes(), true},
+		{"ipv4 listener address", to("198.51.100.7", "192.0.2.254", 9443).Bytes(), true},
+		{"ipv4 other address", to("198.51.100.7", "192.0.2.1", 9443).Bytes(), false},
+		{"ipv6 listener address", to("2001:db8:1::7", "2001:db8::fe", 8443).Bytes(), true},
+		{"ipv6 other address", to("2001:db8:1::7", "2001:db8::1", 8443).Bytes(), false},
+		{"ipv6 to an ipv4 wildcard's port", to("2001:db8:1::7", "2001:db8::fe", 443).Bytes(), false},
+		{"ipv4 to an ipv6 listener's port", to("198.51.100.7", "192.0.2.254", 8443).Bytes(), false},
+		{"other port", to("198.51.100.7", "192.0.2.254", 444).Bytes(), false},
+		{"tcp to the port", tcp.Bytes(), false},
+		{"arp", arp(), false},
+		{"vlan", vlanTagged(to("198.51.100.7", "192.0.2.1", 443).Bytes()), false},
+		{"ipv4 non-first fragment", later.Bytes(), false},
+		{"ipv6 non-first fragment", later6.Bytes(), false},
+		{"ipv4 first fragment", first.Bytes(), true},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before, err := f.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.resetVerdict(t)
+			ret, err := f.xdpRun(tt.frame, start+int64(i)*1000, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, decided := f.verdict(t)
+			after, err := f.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if decided != tt.decides {
+				t.Fatalf("decided %v (%+v), want %v", decided, v, tt.decides)
+			}
+			if !tt.decides && (ret != xdpPass || after != before) {
+				t.Fatalf("returned %d and counted %v, want XDP_PASS and nothing counted", ret, after != before)
+			}
+			if tt.decides && after == before {
+				t.Fatal("decided and counted nothing")
+			}
+		})
+	}
+}
+
+// TestSetListeners: the listener tables follow the listeners, those of a
+// reload that removes one among them.
+func TestSetListeners(t *testing.T) {
+	f := loadTest(t, testutil.Limits(1000), loadOptions{})
+	a, b := netip.MustParseAddrPort("192.0.2.1:443"), netip.MustParseAddrPort("[2001:db8::1]:443")
+	count := func() int {
+		n := 0
+		it := f.objs.ListenAddrs.Iterate()
+		var k rakelimitListenKey
+		var v uint8
+		for it.Next(&k, &v) {
+			n++
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	kinds := func(port uint16) uint8 {
+		var table rakelimitListenTable
+		if err := f.objs.ListenPorts.Lookup(uint32(0), &table); err != nil {
+			t.Fatal(err)
+		}
+		return table.Kinds[port]
+	}
+	for _, step := range []struct {
+		addrs []netip.AddrPort
+		n     int
+		kinds uint8
+	}{
+		{[]netip.AddrPort{a, b}, 2, listenSome4 | listenSome6},
+		{[]netip.AddrPort{b}, 1, listenSome6},
+		{[]netip.AddrPort{b, netip.MustParseAddrPort("[::]:443")}, 1, listenSome6 | listenAny6},
+		{nil, 0, 0},
+	} {
+		if err := f.SetListeners(step.addrs); err != nil {
+			t.Fatal(err)
+		}
+		if got := count(); got != step.n {
+			t.Fatalf("%v: %d listener addresses, want %d", step.addrs, got, step.n)
+		}
+		if got := kinds(443); got != step.kinds {
+			t.Fatalf("%v: port 443 kinds %#x, want %#x", step.addrs, got, step.kinds)
+		}
+	}
+	var many []netip.AddrPort
+	for i := range MaxListenAddrs + 1 {
+		many = append(many, netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(443+i/256)))
+	}
+	if err := f.SetListeners(many); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Fatalf("%d listener addresses: got %v, want an error", len(many), err)
+	}
+}
+
+// TestSocketFilterLeavesXDP: on an interface the XDP program runs on, the
+// socket filter passes uncounted a datagram to one of its listeners (the
+// XDP program decided it), and decides one to another port; on another
+// interface, it decides both.
+func TestSocketFilterLeavesXDP(t *testing.T) {
+	f := loadTest(t, testutil.QUICLimits(1000, 1000), loadOptions{testMode: true, xdp: true})
+	// A dual-stack wildcard listener.
+	if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443"), netip.MustParseAddrPort("[::]:443")}); err != nil {
+		t.Fatal(err)
+	}
+	listened, other := udp("198.51.100.7", 50000), udp("198.51.100.7", 50000)
+	listened.Dst = netip.MustParseAddr("192.0.2.254")
+	other.DstPort = 444
+	listened.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	other.Data = listened.Data
+	socket := func(p testutil.Frame) bool {
+		t.Helper()
+		f.resetVerdict(t)
+		ret, err := runOnTestCPU(f.objs.Rakelimit, &ebpf.RunOptions{Data: p.Bytes(),
+			Context: skbContext{CB: [5]uint32{uint32(start & 0xffffffff), uint32(uint64(start) >> 32), 0}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ret == 0 {
+			t.Fatal("dropped a datagram of an allowed Initial")
+		}
+		_, decided := f.verdict(t)
+		return decided
+	}
+	for _, step := range []struct {
+		name        string
+		mark        uint32
+		listenedToo bool
+	}{
+		{"no XDP anywhere", 0, true},
+		{"XDP on another interface", 7, true},
+		{"XDP on this interface", loopbackIndex, false},
+	} {
+		if step.mark != 0 {
+			if err := f.markXDP(step.mark, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := socket(listened); got != step.listenedToo {
+			t.Errorf("%s: the socket filter decided a datagram to a listener: %v, want %v", step.name, got, step.listenedToo)
+		}
+		if !socket(other) {
+			t.Errorf("%s: the socket filter left a datagram to another port undecided", step.name)
+		}
+		if step.mark == 7 {
+			if err := f.markXDP(7, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := f.markXDP(loopbackIndex, false); err != nil {
+		t.Fatal(err)
+	}
+	if !socket(listened) {
+		t.Error("unmarked again: the socket filter left a datagram to a listener undecided")
+	}
+}
+
+// xdpAttached reports whether ip link shows an XDP program on the
+// interface name of namespace ns.
+func xdpAttached(t testing.TB, ns *testutil.NetNS, name string) bool {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", ns.Name(), "link", "show", "dev", name).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip link show %s: %v: %s", name, err, out)
+	}
+	return strings.Contains(string(out), "xdp")
+}
+
+// TestXDPVeth runs the XDP program natively on a veth between two
+// namespaces the test makes, in front of a socket with the socket filter:
+// a client across the veth and one on the server's loopback each send
+// datagrams to the socket, valid Initials and junk. Every datagram is
+// decided once (the counters add up to what was sent), the junk from
+// across the veth is dropped by the XDP program (the counts show it with
+// the socket's drop counter unmoved by it), and the loopback's by the
+// socket filter. Closing the link leaves the interface without a program.
+func TestXDPVeth(t *testing.T) {
+	server := testutil.NewNetNS(t, "fd00:38::1/128")
+	client := testutil.NewNetNS(t)
+	client.Link(t, server, "rl38", []string{"fd00:38:1::2/64"}, []string{"fd00:38:1::1/64"})
+	f := loadTest(t, testutil.QUICLimits(100_000, 100_000), loadOptions{xdp: true})
+	var conn, local, remote *net.UDPConn
+	var x *XDPLink
+	server.Do(t, func() {
+		conn = testutil.Listen(t, "udp6", "[::]:0")
+		local = testutil.Sender(t, netip.MustParseAddrPort("[fd00:38::1]:0"))
+		iface, err := net.InterfaceByName("rl38")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Attach(conn); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.SetListeners([]netip.AddrPort{netip.AddrPortFrom(netip.IPv6Unspecified(), testutil.PortOf(conn))}); err != nil {
+			t.Fatal(err)
+		}
+		if x, err = f.AttachXDP(iface.Index, iface.Name, false); err != nil {
+			testutil.SkipOrFail(t, "native XDP on a veth: %v", err)
+		}
+	})
+	client.Do(t, func() {
+		remote = testutil.Sender(t, netip.MustParseAddrPort("[fd00:38:1::2]:0"))
+	})
+	if !xdpAttached(t, server, "rl38") {
+		t.Fatal("ip link shows no XDP program on the veth")
+	}
+	port := testutil.PortOf(conn)
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	junk := []byte{0, 1, 2, 3, 4, 5, 6, 7}
+	const each = 50
+	r := testutil.Receive(conn)
+	for _, s := range []struct {
+		from *net.UDPConn
+		to   netip.AddrPort
+	}{{remote, netip.AddrPortFrom(netip.MustParseAddr("fd00:38:1::1"), port)},
+		{local, netip.AddrPortFrom(netip.MustParseAddr("fd00:38::1"), port)}} {
+		for _, data := range [][]byte{initial, junk} {
+			if err := testutil.Pace(s.from, s.to, 2000, each, func() []byte { return data }); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	var st decide.Stats
+	for {
+		var err error
+		if st, err = f.Stats(); err != nil {
+			t.Fatal(err)
+		}
+		passed, invalid := st.Passed[0][2], uint64(0)
+		for _, n := range st.Invalid[0][2] {
+			invalid += n
+		}
+		if passed+invalid >= 4*each || time.Now().After(deadline) {
+			if passed != 2*each || invalid != 2*each {
+				t.Fatalf("counted %d passed and %d invalid IPv6 datagrams, want %d each: each sent datagram once", passed, invalid, 2*each)
+			}
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.Stop(t)
+	if got := r.ReceivedFrom(netip.MustParseAddr("fd00:38:1::2")); got != each {
+		t.Errorf("the socket received %d datagrams from across the veth, want the %d Initials", got, each)
+	}
+	if got := r.ReceivedFrom(netip.MustParseAddr("fd00:38::1")); got != each {
+		t.Errorf("the socket received %d datagrams from its loopback, want the %d Initials", got, each)
+	}
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if xdpAttached(t, server, "rl38") {
+		t.Fatal("ip link shows an XDP program on the veth after its link closed")
+	}
+}
