@@ -70,9 +70,9 @@ func (a *App) claim(server string, listen []string, name string) (first bool, er
 	return false, nil
 }
 
-// govern checks that c, in mode, can govern the running limiter l and queues
-// the change for Start.
-func (a *App) govern(l *engine.Limiter, c decide.Config, mode string, logger *zap.Logger) error {
+// govern checks that c, in mode with opts, can govern the running limiter l
+// and queues the change for Start.
+func (a *App) govern(l *engine.Limiter, c decide.Config, mode string, opts engine.Options, logger *zap.Logger) error {
 	name := l.Name()
 	if prev, ok := a.configs[name]; ok && !engine.Equal(prev, c) {
 		return fmt.Errorf("rakelimit %q is configured twice in this configuration with different settings "+
@@ -92,6 +92,11 @@ func (a *App) govern(l *engine.Limiter, c decide.Config, mode string, logger *za
 	if running := eng.Mode(); !engine.Runs(mode, running) {
 		return fmt.Errorf("rakelimit %q runs in %s mode, and mode %s cannot take over its running listeners; "+
 			"restart Caddy to change the mode (mode auto keeps the one running)", name, running, mode)
+	}
+	if running := l.Setting().Options; !running.Equal(opts) {
+		return fmt.Errorf("rakelimit %q runs with xdp_interfaces %v and xdp_generic %v, which cannot change while its "+
+			"listeners run (asked: %v and %v); restart Caddy to change them", name, running.XDPInterfaces,
+			running.XDPGeneric, opts.XDPInterfaces, opts.XDPGeneric)
 	}
 	if a.configs == nil {
 		a.configs = map[string]decide.Config{}

@@ -37,7 +37,9 @@ func init() {
 //	    name                    <name>
 //	    dry_run
 //	    allow                   <cidr|address> ...
-//	    mode                    auto|bpf|userspace
+//	    mode                    auto|xdp|bpf|userspace
+//	    xdp_interfaces          <interface> ...
+//	    xdp_generic
 //	    verify_connection_ids   on|off
 //	}
 //
@@ -120,6 +122,11 @@ func caddyfileOptions() []option {
 		}},
 		{name: "allow", repeatable: true, parse: parseAllowOption},
 		{name: "mode", parse: parseModeOption},
+		{name: "xdp_interfaces", repeatable: true, parse: parseXDPInterfacesOption},
+		{name: "xdp_generic", flag: true, parse: func(r *RakeLimit, _ *caddyfile.Dispenser, _ string, _ []string) error {
+			r.XDPGeneric = true
+			return nil
+		}},
 		{name: "verify_connection_ids", parse: parseOnOffOption(func(r *RakeLimit) **bool { return &r.VerifyConnectionIDs })},
 	}
 }
@@ -305,6 +312,19 @@ func parseModeOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []s
 		return d.Errf("%s: want %s, got %q", name, engine.ModeChoices(), strings.Join(args, " "))
 	}
 	r.Mode = args[0]
+	return nil
+}
+
+func parseXDPInterfacesOption(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error {
+	if len(args) == 0 {
+		return d.Errf("%s: want one or more interface names", name)
+	}
+	for _, a := range args {
+		if err := checkInterfaceName(a); err != nil {
+			return d.Errf("%s: %v", name, err)
+		}
+	}
+	r.XDPInterfaces = append(r.XDPInterfaces, args...)
 	return nil
 }
 

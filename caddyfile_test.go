@@ -156,6 +156,11 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			input: "rakelimit {\n\tlevel_limit 3 off\n\tlevel_limit 0 off\n}",
 			want:  RakeLimit{UnlimitedLevels: []int{3, 0}},
 		},
+		{
+			name:  "xdp on named interfaces, generic",
+			input: "rakelimit {\n\tmode xdp\n\txdp_interfaces eth0 eth1\n\txdp_interfaces ens5\n\txdp_generic\n}",
+			want:  RakeLimit{Mode: "xdp", XDPInterfaces: []string{"eth0", "eth1", "ens5"}, XDPGeneric: true},
+		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got := new(RakeLimit)
@@ -272,6 +277,14 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"prefix lists of different lengths", block("ipv4_prefixes 32 24 16 0", "ipv6_prefixes 64 48 0"),
 			[]string{"ipv4_prefixes [32 24 16 0]", "ipv6_prefixes [64 48 0]", "same length"}},
 		{"ipv4_prefixes twice", block("ipv4_prefixes 32 0", "ipv4_prefixes 24 0"), []string{"ipv4_prefixes already specified"}},
+
+		// xdp
+		{"xdp_interfaces no value", block("mode xdp", "xdp_interfaces"), []string{"xdp_interfaces: want one or more interface names"}},
+		{"xdp_interfaces bad name", block("mode xdp", "xdp_interfaces eth0 a:b"), []string{"xdp_interfaces", `invalid interface name "a:b"`}},
+		{"xdp_interfaces twice the same", block("mode xdp", "xdp_interfaces eth0", "xdp_interfaces eth0"), []string{`xdp_interfaces: "eth0" listed twice`}},
+		{"xdp_interfaces in mode bpf", block("mode bpf", "xdp_interfaces eth0"), []string{"need mode xdp (or auto), and mode is bpf"}},
+		{"xdp_generic with a value", block("mode xdp", "xdp_generic on"), []string{"xdp_generic takes no value", `"on"`}},
+		{"xdp_generic in mode auto alone", block("xdp_generic"), []string{"xdp_generic in mode auto needs xdp_interfaces"}},
 
 		{"per_destination_port with an argument", block("per_destination_port yes"), []string{"per_destination_port takes no value", `"yes"`}},
 		{"per_destination_port twice", block("per_destination_port", "per_destination_port"), []string{"per_destination_port already specified"}},

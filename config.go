@@ -56,6 +56,9 @@ func (r *RakeLimit) convert() (decide.Config, error) {
 	if !engine.ValidMode(r.mode()) {
 		return decide.Config{}, fmt.Errorf("mode %q: want %s", r.Mode, engine.ModeChoices())
 	}
+	if _, err := r.options(); err != nil {
+		return decide.Config{}, err
+	}
 	c, err := r.limiterConfig()
 	if err != nil {
 		return decide.Config{}, err
@@ -104,6 +107,41 @@ func (r *RakeLimit) convert() (decide.Config, error) {
 		return decide.Config{}, err
 	}
 	return s, nil
+}
+
+// options checks and returns the engine's options: xdp_interfaces and
+// xdp_generic, for mode xdp, or mode auto with interfaces named.
+func (r *RakeLimit) options() (engine.Options, error) {
+	o := engine.Options{XDPGeneric: r.XDPGeneric}
+	seen := map[string]bool{}
+	for _, name := range r.XDPInterfaces {
+		if err := checkInterfaceName(name); err != nil {
+			return o, fmt.Errorf("xdp_interfaces: %w", err)
+		}
+		if seen[name] {
+			return o, fmt.Errorf("xdp_interfaces: %q listed twice", name)
+		}
+		seen[name] = true
+		o.XDPInterfaces = append(o.XDPInterfaces, name)
+	}
+	switch mode := r.mode(); {
+	case mode != engine.ModeXDP && mode != engine.ModeAuto && (len(o.XDPInterfaces) > 0 || o.XDPGeneric):
+		return o, fmt.Errorf("xdp_interfaces and xdp_generic need mode %s (or %s), and mode is %s",
+			engine.ModeXDP, engine.ModeAuto, mode)
+	case mode == engine.ModeAuto && o.XDPGeneric && len(o.XDPInterfaces) == 0:
+		return o, fmt.Errorf("xdp_generic in mode %s needs xdp_interfaces: mode %s tries the XDP program only on "+
+			"the interfaces named", engine.ModeAuto, engine.ModeAuto)
+	}
+	return o, nil
+}
+
+// checkInterfaceName checks a network interface's name as Linux does: 1 to
+// 15 bytes, no slash, colon or white space, not "." or "..".
+func checkInterfaceName(name string) error {
+	if name == "" || len(name) > 15 || name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n\r\v\f") {
+		return fmt.Errorf("invalid interface name %q: want 1 to 15 bytes without a slash, colon or space", name)
+	}
+	return nil
 }
 
 // mode returns the mode asked for, or the default.

@@ -37,6 +37,11 @@ var (
 	modeDesc = prometheus.NewDesc("caddy_rakelimit_mode",
 		"1 for the mode each listener's limiter runs in: "+engine.ModesRunning()+".",
 		[]string{"limiter", "listener", "mode"}, nil)
+	xdpDesc = prometheus.NewDesc("caddy_rakelimit_xdp_listeners",
+		"Mode xdp: the listeners whose traffic the XDP program decides on each interface it runs on, with how it runs "+
+			"there: native (in the driver) or generic (after the kernel allocates the packet). What arrives on other "+
+			"interfaces (loopback) the socket filter decides.",
+		[]string{"limiter", "interface", "attach"}, nil)
 	windowDesc = prometheus.NewDesc("caddy_rakelimit_window_seconds",
 		"The configured smoothing window.", []string{"limiter"}, nil)
 	dryRunDesc = prometheus.NewDesc("caddy_rakelimit_dry_run",
@@ -128,7 +133,7 @@ func (c *collector) register(reg *prometheus.Registry) error {
 
 // Describe implements prometheus.Collector.
 func (*collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, modeDesc, windowDesc, dryRunDesc,
+	for _, d := range []*prometheus.Desc{packetsDesc, invalidDesc, limitDesc, negotiationDesc, modeDesc, xdpDesc, windowDesc, dryRunDesc,
 		streamsDesc, untrackedDesc, attachErrorsDesc, openingTotalDesc, queueFillDesc, verifiedDesc, learnedDesc, verifyingDesc,
 		heldDesc, establishedTotalDesc,
 		prefilterDroppedDesc, prefilterDesc, collectionErrorsDesc} {
@@ -157,6 +162,9 @@ func collect(r report.Limiter, ch chan<- prometheus.Metric) {
 	levels := len(cfg.LevelLimits)
 	for _, ln := range r.Listeners {
 		ch <- prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, 1, name, ln, r.Mode)
+	}
+	for _, x := range r.XDP {
+		ch <- prometheus.MustNewConstMetric(xdpDesc, prometheus.GaugeValue, float64(len(x.Listeners)), name, x.Name, x.Attach)
 	}
 	for _, family := range report.Families {
 		fc := r.Counters[family]

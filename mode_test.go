@@ -126,7 +126,8 @@ func TestModesAcceptTheSameConfigurations(t *testing.T) {
 		`"version_negotiation":2000000`,
 	} {
 		var errs []string
-		for _, mode := range []string{engine.ModeAuto, engine.ModeBPF, engine.ModeUserspace} {
+		modes := []string{engine.ModeAuto, engine.ModeXDP, engine.ModeBPF, engine.ModeUserspace}
+		for _, mode := range modes {
 			var r RakeLimit
 			err := json.Unmarshal([]byte(`{`+options+`,"mode":"`+mode+`"}`), &r)
 			if err == nil {
@@ -134,13 +135,45 @@ func TestModesAcceptTheSameConfigurations(t *testing.T) {
 			}
 			errs = append(errs, fmt.Sprint(err))
 		}
-		if errs[0] != errs[1] || errs[0] != errs[2] {
-			t.Errorf("%s: auto %s; bpf %s; userspace %s", options, errs[0], errs[1], errs[2])
+		for i := range errs {
+			if errs[i] != errs[0] {
+				t.Errorf("%s: %s %s; %s %s", options, modes[0], errs[0], modes[i], errs[i])
+			}
 		}
 	}
 	var r RakeLimit
 	if err := json.Unmarshal([]byte(`{"mode":"kernel"}`), &r); err != nil || r.Validate() == nil ||
-		!strings.Contains(r.Validate().Error(), `mode "kernel": want auto, bpf or userspace`) {
+		!strings.Contains(r.Validate().Error(), `mode "kernel": want auto, xdp, bpf or userspace`) {
 		t.Errorf("mode kernel: %v", r.Validate())
+	}
+}
+
+// TestXDPOptions: xdp_interfaces and xdp_generic are checked where they are
+// read, and go with mode xdp, or mode auto with interfaces named.
+func TestXDPOptions(t *testing.T) {
+	for _, tt := range []struct {
+		json, err string
+	}{
+		{`"mode":"xdp"`, ""},
+		{`"mode":"xdp","xdp_interfaces":["eth0","eth1"],"xdp_generic":true`, ""},
+		{`"xdp_interfaces":["eth0"]`, ""},
+		{`"xdp_interfaces":["eth0"],"xdp_generic":true`, ""},
+		{`"mode":"xdp","xdp_interfaces":["eth0","eth0"]`, `xdp_interfaces: "eth0" listed twice`},
+		{`"mode":"xdp","xdp_interfaces":["a/b"]`, `xdp_interfaces: invalid interface name "a/b"`},
+		{`"mode":"xdp","xdp_interfaces":["abcdefghijklmnop"]`, `invalid interface name "abcdefghijklmnop": want 1 to 15 bytes`},
+		{`"mode":"xdp","xdp_interfaces":[""]`, `invalid interface name ""`},
+		{`"mode":"bpf","xdp_interfaces":["eth0"]`, `xdp_interfaces and xdp_generic need mode xdp (or auto), and mode is bpf`},
+		{`"mode":"userspace","xdp_generic":true`, `need mode xdp (or auto), and mode is userspace`},
+		{`"xdp_generic":true`, `xdp_generic in mode auto needs xdp_interfaces`},
+		{`"mode":"xdp","xdp_interfaces":"eth0"`, `xdp_interfaces: invalid value "eth0"`},
+	} {
+		var r RakeLimit
+		err := json.Unmarshal([]byte(`{`+tt.json+`}`), &r)
+		if err == nil {
+			err = r.Validate()
+		}
+		if (err == nil) != (tt.err == "") || (err != nil && !strings.Contains(err.Error(), tt.err)) {
+			t.Errorf("%s: %v, want %q", tt.json, err, tt.err)
+		}
 	}
 }

@@ -168,15 +168,33 @@ type RakeLimit struct {
 	// first byte. Default: on.
 	VerifyConnectionIDs *bool `json:"verify_connection_ids,omitempty"`
 
-	// Mode chooses where datagrams are decided: "bpf" in the kernel, by a
-	// BPF socket filter (Linux; the process needs CAP_BPF and
-	// CAP_PERFMON), or refuse to start; "userspace" in front of quic-go,
-	// on every system and without privileges, at the cost of receiving
-	// every flood datagram (see the README); "auto", the BPF filter when it
-	// loads and attaches, otherwise userspace, with one warning that says
-	// why. The mode of a running limiter changes only with a restart.
+	// Mode chooses where datagrams are decided: "xdp" at the driver, by an
+	// XDP program on the interfaces that carry the listeners' traffic
+	// (see xdp_interfaces), with the BPF socket filter on the sockets for
+	// what arrives elsewhere, such as loopback (Linux; the process needs
+	// CAP_NET_ADMIN besides CAP_BPF and CAP_PERFMON), or refuse to start;
+	// "bpf" in the kernel, by a BPF socket filter (Linux; the process
+	// needs CAP_BPF and CAP_PERFMON), or refuse to start; "userspace" in
+	// front of quic-go, on every system and without privileges, at the
+	// cost of receiving every flood datagram (see the README); "auto", the
+	// XDP program when xdp_interfaces names interfaces, the BPF filter when
+	// it loads and attaches, otherwise userspace, with one warning that
+	// says why. The mode of a running limiter changes only with a restart.
 	// Default: auto.
 	Mode string `json:"mode,omitempty"`
+
+	// XDPInterfaces names the network interfaces the XDP program runs on
+	// in mode xdp; by default those that hold a listener's address (for a
+	// wildcard listener, every interface that is up but loopback). In mode
+	// auto, naming interfaces makes it try XDP first. Changes only with a
+	// restart. Default: none named.
+	XDPInterfaces []string `json:"xdp_interfaces,omitempty"`
+
+	// XDPGeneric runs the XDP program in generic mode, after the kernel has
+	// allocated the packet, for drivers without native XDP: slower than
+	// native XDP, faster than the socket filter. Changes only with a
+	// restart. Default: off (native XDP, in the driver).
+	XDPGeneric bool `json:"xdp_generic,omitempty"`
 
 	// set is the decision configuration the options make; logger and
 	// lim are the provisioned wrapper's.
@@ -238,12 +256,16 @@ func (r *RakeLimit) Provision(ctx caddy.Context) error {
 	if err := limiters.metrics.register(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
-	lim, err := limiters.acquire(r.name(), set, r.mode(), r.logger)
+	opts, err := r.options()
+	if err != nil {
+		return err
+	}
+	lim, err := limiters.acquire(r.name(), engine.Setting{Config: set, Mode: r.mode(), Options: opts, Logger: r.logger})
 	if err != nil {
 		return err
 	}
 	r.lim = lim // from here on, Cleanup releases it
-	return app.govern(lim, set, r.mode(), r.logger)
+	return app.govern(lim, set, r.mode(), opts, r.logger)
 }
 
 // Validate reports the first thing wrong with the configuration, naming the

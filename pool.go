@@ -2,9 +2,7 @@ package rakelimit
 
 import (
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
 
@@ -44,11 +42,13 @@ type pooled struct {
 // open.
 func (pl pooled) Destruct() error { return pl.registry.Close(pl.lim) }
 
-// acquire returns the limiter called name, starting it on c in mode if it
-// does not run yet. The caller must release it.
-func (p *pool) acquire(name string, c decide.Config, mode string, logger *zap.Logger) (*engine.Limiter, error) {
+// acquire returns the limiter called name, starting it with s (its
+// configuration, mode, options and logger) if it does not run yet: a
+// running one keeps its engine, and with it its program, its links to
+// interfaces and its state. The caller must release it.
+func (p *pool) acquire(name string, s engine.Setting) (*engine.Limiter, error) {
 	v, _, err := p.uses.LoadOrNew(name, func() (caddy.Destructor, error) {
-		l, err := p.registry.Start(name, c, mode, logger)
+		l, err := p.registry.StartWith(name, s)
 		if err != nil {
 			return nil, err
 		}

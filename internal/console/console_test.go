@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -281,5 +282,27 @@ func TestTop(t *testing.T) {
 	if err := Top(context.Background(), func(context.Context) (report.View, error) { return report.View{}, fmt.Errorf("down") },
 		&bytes.Buffer{}, Options{Interval: time.Millisecond}); err == nil || err.Error() != "down" {
 		t.Errorf("Top with the endpoint down: %v", err)
+	}
+}
+
+// TestXDPHeader: a limiter in mode xdp says where its XDP program runs,
+// how, and for which listeners; or that it runs nowhere.
+func TestXDPHeader(t *testing.T) {
+	for _, tt := range []struct {
+		xdp  []report.XDPInterface
+		want string
+	}{
+		{[]report.XDPInterface{{Name: "eth0", Attach: report.XDPNative, Listeners: []string{"[::]:443"}},
+			{Name: "eth1", Attach: report.XDPNative, Listeners: []string{"[::]:443"}}},
+			"  xdp on eth0 (native: [::]:443), eth1 (native: [::]:443); elsewhere the socket filter"},
+		{nil, "  xdp on no interface: the socket filter decides everything (loopback listeners)"},
+	} {
+		l := limiter(report.ClassCounters{}, report.ClassCounters{}, nil)
+		l.Mode, l.XDP = "xdp", tt.xdp
+		_, cur := snapshots(l)
+		lines := Lines(Screen{Address: "localhost:2019", Cur: cur})
+		if !strings.Contains(strings.Join(lines, "\n"), "mode xdp") || !slices.Contains(lines, tt.want) {
+			t.Errorf("the screen of a limiter in mode xdp on %v:\n%s\nwant the line %q", tt.xdp, strings.Join(lines, "\n"), tt.want)
+		}
 	}
 }

@@ -99,6 +99,9 @@ func header(l report.Limiter) []string {
 		mode += " (every datagram reaches Caddy)"
 	}
 	out := []string{fmt.Sprintf("limiter %s  mode %s  listeners %s", l.Name, mode, strings.Join(l.Listeners, " "))}
+	if l.Mode == "xdp" {
+		out = append(out, "  "+xdpLine(l.XDP))
+	}
 	flags := []string{}
 	if c.DryRun {
 		flags = append(flags, "DRY RUN: drops nothing")
@@ -125,6 +128,19 @@ func header(l report.Limiter) []string {
 	out = append(out, fmt.Sprintf("  opening total %s (%s)  allowlisted prefixes %d  version negotiation %d/s",
 		total, kind, len(c.Allow), c.VersionNegotiation))
 	return out
+}
+
+// xdpLine says where the XDP program of a limiter in mode xdp runs: each
+// interface, how, and the listeners it serves there.
+func xdpLine(xs []report.XDPInterface) string {
+	if len(xs) == 0 {
+		return "xdp on no interface: the socket filter decides everything (loopback listeners)"
+	}
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%s (%s: %s)", x.Name, x.Attach, strings.Join(x.Listeners, " "))
+	}
+	return "xdp on " + strings.Join(parts, ", ") + "; elsewhere the socket filter"
 }
 
 func joinFlags(f []string) string {

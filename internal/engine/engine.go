@@ -97,24 +97,24 @@ type Skipped struct {
 	Err  error
 }
 
-// Open opens the engine of the mode called mode for c: a concrete mode's
-// own, or the first of a chain's modes (Tries) that opens; skipped are the
-// modes tried before it, each with its error. When none opens, err is the
-// error of the last one tried.
-func Open(mode string, c decide.Config) (e Engine, skipped []Skipped, err error) {
-	tries := Tries(mode)
+// Open opens the engine of the mode called mode for c and o: a concrete
+// mode's own, or the first of a chain's modes (TriesWith) that opens;
+// skipped are the modes tried before it, each with its error. When none
+// opens, err is the error of the last one tried.
+func Open(mode string, c decide.Config, o Options) (e Engine, skipped []Skipped, err error) {
+	tries := TriesWith(mode, o)
 	if len(tries) == 0 {
 		return nil, nil, fmt.Errorf("mode %q: want %s", mode, ModeChoices())
 	}
 	last := len(tries) - 1
 	for _, m := range tries[:last] {
-		e, err := m.Open(c)
+		e, err := m.Open(c, o)
 		if err == nil {
 			return e, skipped, nil
 		}
 		skipped = append(skipped, Skipped{Mode: m, Err: err})
 	}
-	if e, err = tries[last].Open(c); err != nil {
+	if e, err = tries[last].Open(c, o); err != nil {
 		return nil, nil, err
 	}
 	return e, skipped, nil

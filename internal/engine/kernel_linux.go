@@ -15,7 +15,7 @@ import (
 type kernelEngine struct{ *kernel.Filter }
 
 // OpenKernel loads the BPF socket filter for c.
-func OpenKernel(c decide.Config) (Engine, error) {
+func OpenKernel(c decide.Config, _ Options) (Engine, error) {
 	f, err := kernel.Load(c)
 	if err != nil {
 		return nil, err
@@ -23,10 +23,15 @@ func OpenKernel(c decide.Config) (Engine, error) {
 	return kernelEngine{f}, nil
 }
 
-// Kernel returns the BPF filter e runs on, if it is one.
+// Kernel returns the BPF filter e runs on, if it is one (mode bpf or xdp).
 func Kernel(e Engine) (*kernel.Filter, bool) {
-	k, ok := e.(kernelEngine)
-	return k.Filter, ok
+	switch k := e.(type) {
+	case kernelEngine:
+		return k.Filter, true
+	case *xdpEngine:
+		return k.Filter, true
+	}
+	return nil, false
 }
 
 func (kernelEngine) Mode() string { return ModeBPF }

@@ -10,7 +10,7 @@ import (
 )
 
 // OpenKernel fails: BPF socket filters exist on Linux only.
-func OpenKernel(decide.Config) (Engine, error) {
+func OpenKernel(decide.Config, Options) (Engine, error) {
 	return nil, errors.New("the BPF socket filter needs Linux, and this is " + runtime.GOOS)
 }
 

@@ -86,11 +86,15 @@ type Limiter struct {
 // the next mode of a chain (ModeAuto: the BPF filter to userspace) or is
 // served unprotected (a concrete mode, ModeBPF); it does not change the
 // engine in force.
+//
+// Options (where the XDP program runs) are those the limiter started with:
+// like the engine, they change only with a restart, and Put keeps them.
 type Setting struct {
-	Config decide.Config
-	Mode   string
-	Logger *zap.Logger
-	By     any
+	Config  decide.Config
+	Mode    string
+	Options Options
+	Logger  *zap.Logger
+	By      any
 }
 
 // New opens the engine of mode for c and starts the limiter called name,
@@ -98,7 +102,14 @@ type Setting struct {
 // not load (the BPF filter) is replaced by the next (the userspace limiter),
 // with one warning that says why.
 func New(name string, c decide.Config, mode string, logger *zap.Logger) (*Limiter, error) {
-	eng, skipped, err := Open(mode, c)
+	return NewWith(name, Setting{Config: c, Mode: mode, Logger: logger})
+}
+
+// NewWith is New for the setting s: its configuration, mode, options and
+// logger.
+func NewWith(name string, s Setting) (*Limiter, error) {
+	c, mode, logger := s.Config, s.Mode, s.Logger
+	eng, skipped, err := Open(mode, c, s.Options)
 	// The errors are one line; the verifier's log, thousands of lines,
 	// is for those who ask for it.
 	if log := VerifierLog(err); len(log) > 0 {
@@ -120,7 +131,7 @@ func New(name string, c decide.Config, mode string, logger *zap.Logger) (*Limite
 		logger.Warn(fallbackMessage(modeOf(eng), first, "cannot be used here"), zap.String("limiter", name),
 			zap.String("reason", strings.Join(reasons, "; ")))
 	}
-	return start(name, eng, Setting{Config: c, Mode: mode, Logger: logger}, nil)
+	return start(name, eng, Setting{Config: c, Mode: mode, Options: s.Options, Logger: logger}, nil)
 }
 
 // fallbackMessage is the warning of a limiter that runs in mode to, since
@@ -138,7 +149,7 @@ func fallbackMessage(to, from Mode, why string) string {
 // a fallback (nil: the mode's own Open).
 func start(name string, eng Engine, put Setting, open func(Mode, decide.Config) (Engine, error)) (*Limiter, error) {
 	if open == nil {
-		open = func(m Mode, c decide.Config) (Engine, error) { return m.Open(c) }
+		open = func(m Mode, c decide.Config) (Engine, error) { return m.Open(c, put.Options) }
 	}
 	events, err := eng.Events()
 	if err != nil {
@@ -174,7 +185,7 @@ func (l *Limiter) Engine() Engine {
 	return l.eng
 }
 
-// Mode is the concrete mode the limiter runs in now: ModeBPF or
+// Mode is the concrete mode the limiter runs in now: ModeXDP, ModeBPF or
 // ModeUserspace.
 func (l *Limiter) Mode() string { return l.Engine().Mode() }
 
@@ -210,6 +221,16 @@ func (l *Limiter) forgetClosed() {
 	}
 	l.conns = slices.DeleteFunc(l.conns, IsClosed)
 	l.failed = slices.DeleteFunc(l.failed, IsClosed)
+	if f, ok := l.eng.(closedForgetter); ok {
+		f.ForgetClosed()
+	}
+}
+
+// closedForgetter is an engine that holds more than the sockets for them
+// (the XDP program's listener tables and interfaces): ForgetClosed lets
+// go of what it holds for the sockets closed since they were protected.
+type closedForgetter interface {
+	ForgetClosed()
 }
 
 // Unprotected returns the open sockets the limiter was handed and could
@@ -254,6 +275,7 @@ func (l *Limiter) Put(s Setting) (Setting, error) {
 	if s.Mode == "" {
 		s.Mode = prev.Mode
 	}
+	s.Options = prev.Options
 	l.put = s
 	if !Equal(prev.Config, s.Config) {
 		s.Logger.Info("new settings in force", append([]zap.Field{zap.String("limiter", l.name),
@@ -430,7 +452,7 @@ func (l *Limiter) fallBack(to Mode, why error) error {
 	old.Close()
 	l.conns = append(l.conns, l.failed...)
 	l.failed = nil
-	l.put.Logger.Warn(fallbackMessage(to, modeOf(old), "cannot attach to the socket"), zap.String("limiter", l.name),
+	l.put.Logger.Warn(fallbackMessage(to, modeOf(old), "cannot attach to "+modeOf(old).AttachesTo), zap.String("limiter", l.name),
 		zap.String("reason", why.Error()), zap.Strings("moved_listeners", moved))
 	return nil
 }

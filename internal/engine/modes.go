@@ -10,8 +10,13 @@ import (
 // The names of the modes a limiter runs in (the rows of modes).
 const (
 	// ModeAuto runs the first concrete mode that loads and attaches:
-	// the BPF filter, else the userspace limiter.
+	// the XDP program when the options name its interfaces, the BPF
+	// filter, else the userspace limiter.
 	ModeAuto = "auto"
+	// ModeXDP runs the XDP program on the interfaces that carry the
+	// listeners' traffic, with the BPF filter on the sockets, or refuses
+	// to start.
+	ModeXDP = "xdp"
 	// ModeBPF runs the BPF filter, or refuses to start.
 	ModeBPF = "bpf"
 	// ModeUserspace runs the userspace limiter and never tries BPF.
@@ -31,12 +36,19 @@ type Mode struct {
 	// texts list the modes: "bpf (in the kernel)".
 	Doc string
 	// Open opens the mode's engine; nil for a chain.
-	Open func(decide.Config) (Engine, error)
+	Open func(decide.Config, Options) (Engine, error)
 	// Chain marks a mode that has no engine of its own (auto): it runs
 	// the concrete modes in the table's order, the first whose engine
 	// opens, and moves on to the next when that engine cannot attach to
 	// a socket.
 	Chain bool
+	// Asked, when set, says whether a chain tries the mode with the
+	// options given: a mode that takes over more than the process (the
+	// XDP program, a network interface) only when the options ask.
+	Asked func(Options) bool
+	// AttachesTo says what the engine attaches to, as the warning of a
+	// fallback away from it puts it: "cannot attach to <AttachesTo>".
+	AttachesTo string
 	// Filters says how a limiter filters in the mode, as the warning of
 	// a fallback to it puts it: "rakelimit filters <Filters>, because".
 	Filters string
@@ -49,7 +61,10 @@ type Mode struct {
 	// before the socket queues them and the kernel counts those refusals
 	// among the socket's own drop counter (a socket filter does): the
 	// receive queue's overflows are then the socket's drops less the
-	// engine's refusals.
+	// engine's refusals. Not so for the XDP program, whose refusals never
+	// reach the socket, counted with its socket filter's: the socket's
+	// drops are its overflows then, and the socket filter's refusals of
+	// what arrives on loopback, which count as overflows too.
 	RefusalsInSocketDrops bool
 }
 
@@ -60,11 +75,37 @@ type Mode struct {
 var modes = []Mode{
 	{Name: ModeAuto, Chain: true,
 		Doc: "the first of the others that loads and attaches, with one warning that says why when it is not the first"},
+	{Name: ModeXDP, Open: OpenXDP, Doc: "at the driver", Asked: Options.AsksXDP,
+		Filters: "at the driver, with the XDP program", Engine: "the XDP program", Grant: XDPGrant,
+		AttachesTo: "the listener's interfaces"},
 	{Name: ModeBPF, Open: OpenKernel, Doc: "in the kernel",
 		Filters: "in the kernel, with the BPF socket filter", Engine: "the BPF filter", Grant: KernelGrant,
-		RefusalsInSocketDrops: true},
+		AttachesTo: "the socket", RefusalsInSocketDrops: true},
 	{Name: ModeUserspace, Open: OpenUserspace, Doc: "in front of quic-go",
-		Filters: "in userspace, in front of quic-go", Engine: "the userspace limiter"},
+		Filters: "in userspace, in front of quic-go", Engine: "the userspace limiter", AttachesTo: "the socket"},
+}
+
+// Options are what opens a limiter's engine besides its decision
+// configuration: where the XDP program runs. They change only with a
+// restart, as the mode does.
+type Options struct {
+	// XDPInterfaces names the interfaces the XDP program runs on;
+	// empty, those that hold a listener's address (for a wildcard
+	// listener, every interface that is up but loopback). Naming them
+	// makes mode auto try XDP first.
+	XDPInterfaces []string
+	// XDPGeneric runs the XDP program in generic mode, after the kernel
+	// has allocated the packet, for drivers without native XDP.
+	XDPGeneric bool
+}
+
+// AsksXDP reports whether the options ask a chain (mode auto) to try the
+// XDP program: they name its interfaces.
+func (o Options) AsksXDP() bool { return len(o.XDPInterfaces) > 0 }
+
+// Equal reports whether two options open the same engine.
+func (o Options) Equal(p Options) bool {
+	return slices.Equal(o.XDPInterfaces, p.XDPInterfaces) && o.XDPGeneric == p.XDPGeneric
 }
 
 // Modes returns the table of modes, a copy.
@@ -88,7 +129,7 @@ func ValidMode(mode string) bool {
 }
 
 // ModeChoices lists the modes for an error that says what is wanted:
-// "auto, bpf or userspace".
+// "auto, xdp, bpf or userspace".
 func ModeChoices() string {
 	names := make([]string, len(modes))
 	for i, m := range modes {
@@ -98,7 +139,8 @@ func ModeChoices() string {
 }
 
 // ModesRunning lists the concrete modes with where each decides, for a help
-// text: "bpf (in the kernel) or userspace (in front of quic-go)".
+// text: "xdp (at the driver), bpf (in the kernel) or userspace (in front of
+// quic-go)".
 func ModesRunning() string {
 	var out []string
 	for _, m := range modes {
@@ -118,7 +160,8 @@ func orList(items []string) string {
 }
 
 // Tries returns the concrete modes the mode called name runs, in the order
-// it tries them: the mode itself, or a chain's concrete modes.
+// it tries them: the mode itself, or a chain's concrete modes (those it
+// tries only when asked among them: see TriesWith).
 func Tries(name string) []Mode {
 	m, ok := ModeNamed(name)
 	switch {
@@ -134,6 +177,17 @@ func Tries(name string) []Mode {
 		}
 	}
 	return out
+}
+
+// TriesWith returns the concrete modes the mode called name runs with the
+// options o, in the order it tries them: those of Tries, less a chain's
+// modes that o does not ask for (Mode.Asked).
+func TriesWith(name string, o Options) []Mode {
+	tries := Tries(name)
+	if m, ok := ModeNamed(name); !ok || !m.Chain {
+		return tries
+	}
+	return slices.DeleteFunc(tries, func(m Mode) bool { return m.Asked != nil && !m.Asked(o) })
 }
 
 // Runs reports whether a limiter asked for the mode called name may run the

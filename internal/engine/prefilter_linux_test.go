@@ -29,7 +29,7 @@ import (
 // returned conn; the engine's pre-filter (returned) must attach.
 func prefiltered(t *testing.T, c decide.Config) (*net.UDPConn, *userspace.Conn, Prefiltered) {
 	t.Helper()
-	eng, err := OpenUserspace(c)
+	eng, err := OpenUserspace(c, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

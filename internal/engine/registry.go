@@ -31,7 +31,13 @@ func NewRegistry() *Registry {
 
 // Start starts the limiter called name on c in mode (New) and holds it.
 func (r *Registry) Start(name string, c decide.Config, mode string, logger *zap.Logger) (*Limiter, error) {
-	l, err := New(name, c, mode, logger)
+	return r.StartWith(name, Setting{Config: c, Mode: mode, Logger: logger})
+}
+
+// StartWith starts the limiter called name with the setting s (NewWith)
+// and holds it.
+func (r *Registry) StartWith(name string, s Setting) (*Limiter, error) {
+	l, err := NewWith(name, s)
 	if err != nil {
 		return nil, err
 	}

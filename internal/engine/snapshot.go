@@ -60,6 +60,9 @@ func (l *Limiter) Report() (report.Limiter, error) {
 	if pf, ok := eng.(Prefiltered); ok {
 		r.Prefilter = prefilterReport(set, pf.Prefilter())
 	}
+	if x, ok := eng.(interface{ XDPInterfaces() []report.XDPInterface }); ok {
+		r.XDP = x.XDPInterfaces()
+	}
 	st, err := eng.Stats()
 	if err != nil {
 		return r, fmt.Errorf("reading the counters: %w", err)

@@ -35,7 +35,7 @@ type userEngine struct {
 }
 
 // OpenUserspace opens the userspace limiter for c.
-func OpenUserspace(c decide.Config) (Engine, error) {
+func OpenUserspace(c decide.Config, _ Options) (Engine, error) {
 	l, err := userspace.New(c)
 	if err != nil {
 		return nil, err

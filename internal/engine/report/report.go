@@ -42,10 +42,14 @@ const (
 // Limiter is one limiter's report.
 type Limiter struct {
 	Name string `json:"name"`
-	// Mode is the concrete mode the limiter runs in: bpf (in the kernel)
-	// or userspace (in front of quic-go).
+	// Mode is the concrete mode the limiter runs in: xdp (at the driver),
+	// bpf (in the kernel) or userspace (in front of quic-go).
 	Mode      string   `json:"mode"`
 	Listeners []string `json:"listeners"`
+	// XDP are the interfaces the XDP program runs on, in mode xdp (absent
+	// in the others); the sockets' filter decides what arrives elsewhere
+	// (loopback).
+	XDP []XDPInterface `json:"xdp,omitempty"`
 	// Config is the configuration in force, with every default filled in.
 	Config Config `json:"config"`
 	// Counters are packet counts by family (Families).
@@ -75,6 +79,24 @@ type Limiter struct {
 	// bpf mode).
 	Prefilter *Prefilter `json:"prefilter,omitempty"`
 }
+
+// XDPInterface is a network interface the XDP program of a limiter in
+// mode xdp runs on.
+type XDPInterface struct {
+	Name string `json:"name"`
+	// Attach is how it runs there: native (in the driver) or generic
+	// (after the kernel has allocated the packet).
+	Attach string `json:"attach"`
+	// Listeners are the limiter's listeners whose traffic it decides
+	// there.
+	Listeners []string `json:"listeners"`
+}
+
+// How the XDP program runs on an interface (XDPInterface.Attach).
+const (
+	XDPNative  = "native"
+	XDPGeneric = "generic"
+)
 
 // Prefilter is what the kernel pre-filter (classic BPF) of a userspace
 // limiter does. Its drops are estimated: classic BPF cannot count.

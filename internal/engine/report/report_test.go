@@ -13,7 +13,8 @@ import (
 // full is a view with every field set.
 func full() View {
 	return View{Limiters: []Limiter{{
-		Name: "default", Mode: "bpf", Listeners: []string{"[::]:443"},
+		Name: "default", Mode: "xdp", Listeners: []string{"[::]:443"},
+		XDP: []XDPInterface{{Name: "eth0", Attach: XDPNative, Listeners: []string{"[::]:443"}}},
 		Config: Config{Limit: 1000, Window: Duration(1500 * time.Millisecond), Classify: true, LevelLimits: []uint32{1, 2},
 			EstablishedLevelLimits: []uint32{3, 0}, UnverifiedLevelLimits: []uint32{4, 5}, IPv4Prefixes: []int{32, 0},
 			IPv6Prefixes: []int{64, 0}, PerDestinationPort: true, BlockSourcePorts: []string{"0-1023"}, VersionNegotiation: 10,
@@ -100,6 +101,7 @@ func TestSchema(t *testing.T) {
 	l := "limiters[]."
 	want := []string{"limiters",
 		l + "name", l + "mode", l + "listeners", l + "limited_streams_total", l + "untracked_drops", l + "attach_errors",
+		l + "xdp", l + "xdp[].name", l + "xdp[].attach", l + "xdp[].listeners",
 		l + "config", l + "config.limit", l + "config.window", l + "config.classify", l + "config.level_limits",
 		l + "config.established_level_limits", l + "config.unverified_level_limits", l + "config.ipv4_prefixes",
 		l + "config.ipv6_prefixes", l + "config.per_destination_port", l + "config.block_source_ports",
