@@ -73,6 +73,8 @@ type clientSite struct {
 	data string
 	// accessLog is the site's access log (JSON lines).
 	accessLog string
+	// proc is Caddy's process.
+	proc *testutil.CaddyProcess
 }
 
 // startClientSite starts bin as a clientSite in mode, in namespace ns,
@@ -121,7 +123,7 @@ localhost:%d, 127.0.0.1:%d, [::1]:%d, %s {
 		clients.Do(t, func() { _, _, err = testutil.HTTP3Get(ctx, src, url) })
 		return err
 	}
-	testutil.StartCaddy(t, c)
+	s.proc = testutil.StartCaddy(t, c)
 	s.checkMode(t)
 	return s
 }

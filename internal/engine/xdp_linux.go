@@ -59,7 +59,7 @@ func OpenXDP(c decide.Config, o Options) (Engine, error) {
 	}
 	for _, name := range o.XDPInterfaces {
 		if _, err := net.InterfaceByName(name); err != nil {
-			return nil, fmt.Errorf("xdp_interfaces: no interface %q on this host (`ip link` lists them): %w", name, err)
+			return nil, fmt.Errorf("xdp_interfaces: no interface %q on this host (`ip link` lists them)", name)
 		}
 	}
 	f, err := kernel.LoadXDP(c)
@@ -255,7 +255,7 @@ func (e *xdpEngine) interfaces(addr netip.Addr) ([]net.Interface, error) {
 		for _, name := range e.opts.XDPInterfaces {
 			iface, err := net.InterfaceByName(name)
 			if err != nil {
-				return nil, fmt.Errorf("xdp_interfaces: no interface %q on this host: %w", name, err)
+				return nil, fmt.Errorf("xdp_interfaces: no interface %q on this host (`ip link` lists them)", name)
 			}
 			out = append(out, *iface)
 		}
