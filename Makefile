@@ -28,7 +28,7 @@ endif
 DEB_PACKAGES = iproute2 util-linux libcap2-bin ngtcp2-client gcc tmux chromium
 DEB_COMMANDS = ip setpriv setcap gtlsclient gcc tmux chromium
 
-.PHONY: deps generate run test fuzz bench bench-quick bench-filter
+.PHONY: deps generate run test fuzz bench bench-quick bench-filter bench-xdp
 deps:
 	@missing=; for c in $(DEB_COMMANDS); do \
 		PATH="$$PATH:/usr/sbin:/sbin" command -v $$c >/dev/null || missing="$$missing $$c"; \
@@ -104,3 +104,10 @@ bench-quick: deps
 bench-filter:
 	cd lab && go build -o ../rakebench-filter ./cmd/rakebench-filter
 	$(SUDO) ./rakebench-filter -out lab/docs/bench/filter.md $(BENCHFLAGS)
+
+# Mode bpf against mode xdp: Caddy behind a veth between two network
+# namespaces, floods at the sender's maximum (lab/xdpbench).
+bench-xdp:
+	go build -o caddy ./cmd/caddy
+	cd lab && go build -o ../rakebench-xdp ./cmd/rakebench-xdp
+	$(SUDO) ./rakebench-xdp -caddy ./caddy -out lab/docs/bench/xdp $(BENCHFLAGS)

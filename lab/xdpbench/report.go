@@ -1,0 +1,162 @@
+//go:build linux
+
+package xdpbench
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Report is a run's samples and their summary.
+type Report struct {
+	Machine string   `json:"machine"`
+	Options Options  `json:"options"`
+	Samples []Sample `json:"samples"`
+	Rows    []Row    `json:"rows"`
+	Ratios  []Ratio  `json:"ratios"`
+}
+
+// Row is the medians of one mode under one flood at one rate.
+type Row struct {
+	Mode       string  `json:"mode"`
+	Flood      string  `json:"flood"`
+	Rate       int     `json:"rate"`
+	SentPPS    float64 `json:"sent_pps"`
+	DroppedPPS float64 `json:"dropped_pps"`
+	// SoftirqPct and CaddyPct are CPU shares of one core.
+	SoftirqPct float64 `json:"softirq_pct"`
+	CaddyPct   float64 `json:"caddy_pct"`
+	NsPerDrop  float64 `json:"ns_per_drop"`
+	Legit      float64 `json:"legit"`
+}
+
+// Ratio compares the modes under one flood at one rate: medians of the
+// per-repetition ratios of the XDP program's figure to the socket filter's.
+type Ratio struct {
+	Flood string `json:"flood"`
+	Rate  int    `json:"rate"`
+	// NsPerDrop is xdp / bpf of the receiving CPU per dropped datagram;
+	// SentPPS of the rate the sender reached.
+	NsPerDrop float64 `json:"ns_per_drop"`
+	SentPPS   float64 `json:"sent_pps"`
+}
+
+// median is the median of v (the mean of the middle two for an even
+// count); 0 for none.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(v))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// key names a flood at a rate.
+type key struct {
+	flood string
+	rate  int
+}
+
+// summarize computes the rows and the ratios from the samples.
+func (r *Report) summarize() {
+	r.Rows, r.Ratios = nil, nil
+	var keys []key
+	for _, s := range r.Samples {
+		if k := (key{s.Flood, s.Rate}); !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	for _, k := range keys {
+		for _, mode := range Modes {
+			var sent, dropped, soft, cad, ns, legit []float64
+			for _, s := range r.Samples {
+				if s.Flood != k.flood || s.Rate != k.rate || s.Mode != mode || s.Seconds <= 0 {
+					continue
+				}
+				sent, dropped = append(sent, s.SentPPS()), append(dropped, s.DroppedPPS())
+				soft, cad = append(soft, 100*s.SoftirqSeconds/s.Seconds), append(cad, 100*s.CaddySeconds/s.Seconds)
+				ns, legit = append(ns, s.NsPerDrop()), append(legit, s.LegitShare())
+			}
+			if len(sent) == 0 {
+				continue
+			}
+			r.Rows = append(r.Rows, Row{Mode: mode, Flood: k.flood, Rate: k.rate, SentPPS: median(sent), DroppedPPS: median(dropped),
+				SoftirqPct: median(soft), CaddyPct: median(cad), NsPerDrop: median(ns), Legit: median(legit)})
+		}
+		var ns, sent []float64
+		for _, a := range r.Samples {
+			if a.Flood != k.flood || a.Rate != k.rate || a.Mode != Modes[1] {
+				continue
+			}
+			for _, b := range r.Samples {
+				if b.Flood == a.Flood && b.Rate == a.Rate && b.Rep == a.Rep && b.Mode == Modes[0] && b.NsPerDrop() > 0 && b.Sent > 0 {
+					ns, sent = append(ns, a.NsPerDrop()/b.NsPerDrop()), append(sent, a.SentPPS()/b.SentPPS())
+				}
+			}
+		}
+		if len(ns) > 0 {
+			r.Ratios = append(r.Ratios, Ratio{Flood: k.flood, Rate: k.rate, NsPerDrop: median(ns), SentPPS: median(sent)})
+		}
+	}
+}
+
+// line is a sample's progress line.
+func (s Sample) line() string {
+	return fmt.Sprintf("%s flood at %s, mode %s, repetition %d: sent %.0f/s, dropped %.0f/s, softirq %.2f s, caddy %.2f s, "+
+		"%.0f ns per drop, legit %d/%d", s.Flood, rateName(s.Rate), s.Mode, s.Rep, s.SentPPS(), s.DroppedPPS(),
+		s.SoftirqSeconds, s.CaddySeconds, s.NsPerDrop(), s.LegitOK, s.LegitTotal)
+}
+
+// Markdown is the report as results.md.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# The socket filter against the XDP program\n\n")
+	fmt.Fprintf(&b, "%s; %d repetitions of %v floods across a veth, modes interleaved; medians.\n\n", r.Machine,
+		r.Options.Reps, r.Options.For)
+	fmt.Fprintf(&b, "| flood | rate | mode | sent/s | dropped/s | softirq CPU | Caddy CPU | receiving CPU per drop | legit requests |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|\n")
+	for _, row := range r.Rows {
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.1f%% | %.1f%% | %.0f ns | %.1f%% |\n", row.Flood, rateName(row.Rate),
+			row.Mode, row.SentPPS, row.DroppedPPS, row.SoftirqPct, row.CaddyPct, row.NsPerDrop, 100*row.Legit)
+	}
+	if len(r.Ratios) > 0 {
+		fmt.Fprintf(&b, "\nxdp / bpf, medians of the per-repetition ratios:\n\n| flood | rate | receiving CPU per drop | rate sent |\n|---|---|---|---|\n")
+		for _, q := range r.Ratios {
+			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f |\n", q.Flood, rateName(q.Rate), q.NsPerDrop, q.SentPPS)
+		}
+	}
+	fmt.Fprintf(&b, "\nSender: %s. Receiving CPU: the machine's softirq time (the veth's receive path, wherever it ran) and "+
+		"Caddy's, per datagram the limiter dropped. CPU shares are of one core. Sent: what the sender handed the veth, "+
+		"whose receive ring drops what its receiver does not take in time.\n", senderName(r.Options.Sender))
+	return b.String()
+}
+
+// senderName says how the flood was sent.
+func senderName(sender string) string {
+	if sender == SenderSocket {
+		return "UDP sockets (sendmmsg): the veth receives socket buffers the sender allocated"
+	}
+	return "XDP frames redirected into the veth (BPF_PROG_TEST_RUN, live frames), as a NIC's driver hands them over"
+}
+
+// write writes results.md and results.json into dir.
+func (r *Report) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.Markdown()), 0o644)
+}

@@ -1,0 +1,389 @@
+//go:build linux
+
+package xdpbench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
+)
+
+// Sample is one measurement: a mode under one flood at one rate, in one
+// repetition, on a fresh Caddy.
+type Sample struct {
+	Mode  string `json:"mode"`
+	Flood string `json:"flood"`
+	// Rate is the rate asked for, datagrams per second; 0 is the
+	// sender's maximum.
+	Rate int `json:"rate"`
+	Rep  int `json:"rep"`
+	// Seconds is the flood's window.
+	Seconds float64 `json:"seconds"`
+	// Sent is what the sender sent; Dropped what the limiter dropped
+	// (limits and invalid), SocketDrops what the socket's queue dropped
+	// (the socket filter's refusals among them).
+	Sent        int    `json:"sent"`
+	Dropped     uint64 `json:"dropped"`
+	SocketDrops uint64 `json:"socket_drops"`
+	// SoftirqSeconds is the machine's softirq time in the window,
+	// CaddySeconds Caddy's CPU time, SenderSeconds this process's (the
+	// sender and the legit client).
+	SoftirqSeconds float64 `json:"softirq_seconds"`
+	CaddySeconds   float64 `json:"caddy_seconds"`
+	SenderSeconds  float64 `json:"sender_seconds"`
+	// LegitOK of LegitTotal requests of the legit client got the page.
+	LegitOK    int `json:"legit_ok"`
+	LegitTotal int `json:"legit_total"`
+	// XDP are the interfaces the admin view said the XDP program ran on.
+	XDP []string `json:"xdp,omitempty"`
+}
+
+// SentPPS is the flood's rate as sent.
+func (s Sample) SentPPS() float64 { return float64(s.Sent) / s.Seconds }
+
+// DroppedPPS is the limiter's drops per second.
+func (s Sample) DroppedPPS() float64 { return float64(s.Dropped) / s.Seconds }
+
+// ReceiveCPU is the receiving side's CPU time: softirq and Caddy.
+func (s Sample) ReceiveCPU() float64 { return s.SoftirqSeconds + s.CaddySeconds }
+
+// NsPerDrop is the receiving side's CPU per datagram the limiter dropped,
+// in nanoseconds.
+func (s Sample) NsPerDrop() float64 {
+	if s.Dropped == 0 {
+		return 0
+	}
+	return s.ReceiveCPU() * 1e9 / float64(s.Dropped)
+}
+
+// LegitShare is the share of the legit client's requests that got the page.
+func (s Sample) LegitShare() float64 {
+	if s.LegitTotal == 0 {
+		return 0
+	}
+	return float64(s.LegitOK) / float64(s.LegitTotal)
+}
+
+// The site: Caddy's HTTPS port and what its page says.
+const (
+	httpsPort  = 8443
+	httpPort   = 8080
+	pageMarker = "rakebench-xdp-page"
+)
+
+// caddy is a running Caddy of a sample.
+type caddy struct {
+	proc  *testutil.CaddyProcess
+	admin string
+}
+
+// startCaddy starts Caddy in the server's namespace with rakelimit in mode,
+// ready once the legit client gets the page.
+func (r *runner) startCaddy(ctx context.Context, mode string) (*caddy, error) {
+	dir, err := os.MkdirTemp("", "rakebench-xdp-")
+	if err != nil {
+		return nil, err
+	}
+	c := &caddy{admin: filepath.Join(dir, "admin.sock")}
+	cfg := filepath.Join(dir, "Caddyfile")
+	body := fmt.Sprintf(`{
+	admin unix/%s
+	skip_install_trust
+	local_certs
+	http_port %d
+	https_port %d
+}
+localhost:%d, [%s]:%d {
+	tls internal
+	rakelimit {
+		mode %s
+	}
+	respond "%s"
+}
+`, c.admin, httpPort, httpsPort, httpsPort, serverAddr(), httpsPort, mode, pageMarker)
+	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+		return nil, err
+	}
+	tc := testutil.Caddy{Bin: r.o.Caddy, Prefix: r.lab.server.prefix(), Config: cfg, LogFile: filepath.Join(dir, "caddy.log"),
+		Env: append(os.Environ(), "XDG_DATA_HOME="+filepath.Join(dir, "data"), "XDG_CONFIG_HOME="+filepath.Join(dir, "config")),
+		Ready: func(ctx context.Context) error {
+			if _, err := c.get(ctx, "/config/"); err != nil {
+				return err
+			}
+			ok, err := r.legit(ctx)
+			if err == nil && !ok {
+				err = fmt.Errorf("not the page")
+			}
+			return err
+		}}
+	c.proc, err = tc.Start(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("starting caddy in mode %s: %w", mode, err)
+	}
+	return c, nil
+}
+
+// stop stops Caddy and waits for it.
+func (c *caddy) stop() { c.proc.Stop(5 * time.Second) }
+
+// get fetches path from Caddy's admin endpoint.
+func (c *caddy) get(ctx context.Context, path string) ([]byte, error) {
+	client := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", c.admin)
+	}}}
+	defer client.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://localhost"+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("admin %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("admin %s: %s", path, resp.Status)
+	}
+	return b, err
+}
+
+// view is the admin view of Caddy's one limiter.
+func (c *caddy) view(ctx context.Context) (report.Limiter, error) {
+	b, err := c.get(ctx, "/rakelimit/")
+	if err != nil {
+		return report.Limiter{}, err
+	}
+	var v report.View
+	if err := json.Unmarshal(b, &v); err != nil || len(v.Limiters) != 1 {
+		return report.Limiter{}, fmt.Errorf("the admin view %.200s: %v, want one limiter", b, err)
+	}
+	return v.Limiters[0], nil
+}
+
+// dropped sums the limiter's drops: the datagrams counted dropped or
+// invalid in caddy_rakelimit_packets_total.
+func (c *caddy) dropped(ctx context.Context) (uint64, error) {
+	b, err := c.get(ctx, "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	sc := bufio.NewScanner(strings.NewReader(string(b)))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "caddy_rakelimit_packets_total{") ||
+			!(strings.Contains(line, `verdict="dropped"`) || strings.Contains(line, `verdict="invalid"`)) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("parsing %q: %w", line, err)
+		}
+		sum += v
+	}
+	return uint64(sum), sc.Err()
+}
+
+// legit makes one request of the legit client, on a new connection.
+func (r *runner) legit(ctx context.Context) (bool, error) {
+	var body string
+	err := r.lab.sender.do(func() error {
+		var err error
+		body, _, err = testutil.HTTP3Get(ctx, netip.MustParseAddr(clientAddr()),
+			fmt.Sprintf("https://[%s]:%d/", serverAddr(), httpsPort))
+		return err
+	})
+	return err == nil && strings.Contains(body, pageMarker), err
+}
+
+// reading is what a sample reads at each end of its window.
+type reading struct {
+	at          time.Time
+	softirq     uint64 // ticks, every CPU
+	caddy       uint64 // ticks, Caddy's utime + stime
+	self        time.Duration
+	dropped     uint64
+	socketDrops uint64
+}
+
+// clockTicks is USER_HZ, the unit of /proc/stat and /proc/PID/stat.
+const clockTicks = 100
+
+// read reads the machine, Caddy and the limiter.
+func (r *runner) read(ctx context.Context, c *caddy) (reading, error) {
+	var rd reading
+	rd.at = time.Now()
+	var err error
+	if rd.softirq, err = softirqTicks(); err != nil {
+		return rd, err
+	}
+	if rd.caddy, err = procTicks(c.proc.Pid()); err != nil {
+		return rd, err
+	}
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return rd, fmt.Errorf("getrusage: %w", err)
+	}
+	rd.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	if rd.dropped, err = c.dropped(ctx); err != nil {
+		return rd, err
+	}
+	err = r.lab.server.do(func() error {
+		var err error
+		rd.socketDrops, err = udpDrops(httpsPort)
+		return err
+	})
+	return rd, err
+}
+
+// softirqTicks is /proc/stat's softirq time of every CPU.
+func softirqTicks() (uint64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	}
+	return strconv.ParseUint(f[7], 10, 64)
+}
+
+// procTicks is a process's utime + stime, every thread's.
+func procTicks(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: unexpected %q", pid, b)
+	}
+	// After the name: state (3) ... utime (14), stime (15).
+	u, err1 := strconv.ParseUint(f[11], 10, 64)
+	s, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: times %q %q", pid, f[11], f[12])
+	}
+	return u + s, nil
+}
+
+// udpDrops sums the drop counters of the IPv6 UDP sockets on port, in the
+// calling thread's namespace.
+func udpDrops(port int) (uint64, error) {
+	b, err := os.ReadFile("/proc/thread-self/net/udp6")
+	if err != nil {
+		return 0, err
+	}
+	suffix := fmt.Sprintf(":%04X", port)
+	var sum uint64
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 13 || !strings.HasSuffix(f[1], suffix) {
+			continue
+		}
+		n, err := strconv.ParseUint(f[len(f)-1], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/net/udp6: %q: %w", line, err)
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
+// sample measures mode under fl in repetition rep.
+func (r *runner) sample(ctx context.Context, mode string, fl flood, rep int) (Sample, error) {
+	s := Sample{Mode: mode, Flood: fl.kind, Rate: fl.rate, Rep: rep}
+	c, err := r.startCaddy(ctx, mode)
+	if err != nil {
+		return s, err
+	}
+	defer c.stop()
+	v, err := c.view(ctx)
+	if err != nil {
+		return s, err
+	}
+	if v.Mode != mode {
+		return s, fmt.Errorf("caddy runs in mode %s, asked for %s", v.Mode, mode)
+	}
+	for _, x := range v.XDP {
+		s.XDP = append(s.XDP, x.Name+" "+x.Attach)
+	}
+	before, err := r.read(ctx, c)
+	if err != nil {
+		return s, err
+	}
+	// The legit client: a request on a new connection every 100 ms while
+	// the flood lasts, each within 2 s.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	wg.Go(func() {
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				defer cancel()
+				ok, _ := r.legit(ctx)
+				mu.Lock()
+				defer mu.Unlock()
+				s.LegitTotal++
+				if ok {
+					s.LegitOK++
+				}
+			})
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+		}
+	})
+	dst := netip.AddrPortFrom(netip.MustParseAddr(serverAddr()), httpsPort)
+	var sent int
+	var elapsed time.Duration
+	var ferr error
+	if fl.live {
+		sent, elapsed, ferr = fl.runLive(r.lab, dst)
+	} else {
+		sent, elapsed, ferr = fl.run(r.lab.sender, dst)
+	}
+	after, err := r.read(ctx, c)
+	close(stop)
+	wg.Wait()
+	if ferr != nil {
+		return s, ferr
+	}
+	if err != nil {
+		return s, err
+	}
+	s.Seconds, s.Sent = elapsed.Seconds(), sent
+	s.Dropped, s.SocketDrops = after.dropped-before.dropped, after.socketDrops-before.socketDrops
+	s.SoftirqSeconds = float64(after.softirq-before.softirq) / clockTicks
+	s.CaddySeconds = float64(after.caddy-before.caddy) / clockTicks
+	s.SenderSeconds = (after.self - before.self).Seconds()
+	return s, nil
+}
