@@ -4,7 +4,9 @@
 // headers in c/, compiled by bpf2go into the committed rakelimit_bpf*.{go,o})
 // and attaches it to UDP sockets. The filter makes, in the kernel, exactly
 // the decisions of its Go twin (package decide), whose configuration and
-// tables it shares.
+// tables it shares. The same object holds an XDP program (LoadXDP), the
+// same decision over the same maps at the driver, which xdp.go attaches to
+// network interfaces and tells which listeners' datagrams to decide.
 //
 // What the filter learns of the server (LearnServerID, LearnPeer) and what
 // clients prove lives in three learned sets (decide.LearnedSet), mmapped
