@@ -241,8 +241,8 @@ func TestLoadErrorOneLine(t *testing.T) {
 		{"no capability", memlock, []string{"CAP_BPF", "CAP_PERFMON"},
 			[]string{"operation not permitted", "lacks CAP_BPF and CAP_PERFMON", "setcap cap_bpf,cap_perfmon"}},
 		{"EPERM with the capabilities", memlock, nil, []string{"operation not permitted", "seccomp"}},
-		{"verifier", fmt.Errorf("load program: %w", ve), nil, []string{"verifier rejected it", "prohibited for !root", "DEBUG"}},
-		{"other", fmt.Errorf("map create: %w", unix.EINVAL), nil, []string{"invalid argument"}},
+		{"verifier", fmt.Errorf("load program: %w", ve), nil, []string{"verifier of Linux " + kernelRelease() + " rejected it", "prohibited for !root", "DEBUG", "needs Linux 6.1 or later"}},
+		{"other", fmt.Errorf("map create: %w", unix.EINVAL), nil, []string{"invalid argument", "needs Linux 6.1 or later"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := explain(tt.err, tt.missing)

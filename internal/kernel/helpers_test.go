@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,10 +32,26 @@ func loadTest(t testing.TB, c decide.Config, o loadOptions) *Filter {
 	f, err := load(c, o)
 	testutil.RequireBPF(t, err)
 	if err != nil {
-		t.Fatalf("load: %+v", err)
+		t.Fatalf("load: %+v%s", err, verifierTail(err))
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
+}
+
+// verifierTailLines is how much of the verifier's log a failed load shows:
+// enough to see where the path it refused came from.
+const verifierTailLines = 60
+
+// verifierTail is the end of the verifier's log in err, when err is a
+// LoadError that carries one, for a test to show what LoadError's one line
+// leaves out (where a kernel refuses the program, e.g. in .ci/kernels.sh).
+func verifierTail(err error) string {
+	var le *LoadError
+	if !errors.As(err, &le) || len(le.VerifierLog) == 0 {
+		return ""
+	}
+	log := le.VerifierLog[max(0, len(le.VerifierLog)-verifierTailLines):]
+	return fmt.Sprintf("\nthe verifier's log, last %d of %d lines:\n%s", len(log), len(le.VerifierLog), strings.Join(log, "\n"))
 }
 
 // skbContext is the head of struct __sk_buff up to cb[], the part that

@@ -32,7 +32,7 @@ func (e *LoadError) Unwrap() error { return e.err }
 // explainLoad turns the kernel's refusal into a one-line error that says
 // what to do. It leaves out the BPF library's RLIMIT_MEMLOCK hint: from
 // Linux 5.11 BPF memory is charged to the memory cgroup, not to MEMLOCK, and
-// the filter needs 5.12 or later.
+// the filter needs a later kernel (MinKernel).
 func explainLoad(err error) error {
 	return explain(err, missingCapabilities())
 }
@@ -56,17 +56,31 @@ func explain(err error, missing []string) error {
 			"AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_BIND_SERVICE (see Privileges in the README)",
 			what, e.err, strings.Join(missing, " and "), executable())
 	case ve != nil:
-		e.msg = fmt.Sprintf("%s: the kernel verifier rejected it (%v): %s (the whole log is at DEBUG level)",
-			what, e.err, lastLine(ve.Log))
+		e.msg = fmt.Sprintf("%s: the verifier of Linux %s rejected it (%v): %s (the whole log is at DEBUG level; "+
+			"the filter needs Linux %s or later)", what, kernelRelease(), e.err, lastLine(ve.Log), MinKernel)
 	case errors.Is(err, unix.EPERM):
 		e.msg = fmt.Sprintf("%s: %v although the process has CAP_BPF and CAP_PERFMON: a seccomp filter, a security "+
 			"module or kernel lockdown forbids it (kernel.unprivileged_bpf_disabled is %s)",
 			what, e.err, sysctl("kernel/unprivileged_bpf_disabled"))
 	default:
 		// Only EPERM carries the library's MEMLOCK hint.
-		e.msg = fmt.Sprintf("%s: %v", what, err)
+		e.msg = fmt.Sprintf("%s on Linux %s: %v (the filter needs Linux %s or later)", what, kernelRelease(), err, MinKernel)
 	}
 	return e
+}
+
+// MinKernel is the oldest Linux release the filter was loaded and tested
+// on (`make test-kernels`: Debian's 6.1, 6.12 and 7.3 pass; 5.10 lacks the
+// BPF atomic instructions of 5.12; 5.12 to 6.0 were not tested).
+const MinKernel = "6.1"
+
+// kernelRelease is the running kernel's release, as uname -r prints it.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "(unknown release)"
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }
 
 // missingCapabilities names the capabilities the process lacks to load the

@@ -73,10 +73,19 @@ struct {
 
 // limiter_class bounds a limiter class index for the verifier, which cannot
 // tell that it is below NUM_CLASSES already (NUM_CLASSES is not a power of
-// two, so a mask will not do).
+// two, so a mask will not do). Verifier workaround: the barrier makes clang
+// keep the bounded value, not the one it read. Left alone, clang spills the
+// value read before the comparison and overwrites the spill only where the
+// value is too large; the verifier of Linux 6.1 does not carry the
+// comparison's bound to that stack slot (6.12's does), so the reload
+// indexes cfg->lines unbounded ("R4 unbounded memory access", in
+// screen_reflect's node_hashes).
 static __always_inline __u32 limiter_class(__u32 c)
 {
-	return c < NUM_CLASSES ? c : NUM_CLASSES - 1;
+	if (c >= NUM_CLASSES)
+		c = NUM_CLASSES - 1;
+	barrier_var(c);
+	return c;
 }
 
 // node_hashes (sketch Limiter.nodeHashes) sets in nw the hashes of the

@@ -100,9 +100,16 @@ static __always_inline void load_probe(pkt_ctx *ctx, struct key *k)
 	// The verifier wants the length of a load bounded and non-zero.
 	if (n == 0)
 		return;
-	if (n > PROBE_BYTES)
-		n = PROBE_BYTES;
-	pkt_load(ctx, k->payload_at, k->probe, n);
+	// Verifier workaround: the verifiers of Linux 6.1 and 7.3 learn no
+	// lower bound from n != 0 here (6.12's and 6.18's do), and refuse the
+	// load ("invalid zero-sized read"); so the length is the index of its
+	// last byte, bounded from above, plus one, and the barrier keeps clang
+	// from folding that back into n.
+	__u32 last = n - 1;
+	if (last >= PROBE_BYTES)
+		last = PROBE_BYTES - 1;
+	barrier_var(last);
+	pkt_load(ctx, k->payload_at, k->probe, last + 1);
 }
 
 // load_udp reads the UDP header at off and the probe after it.

@@ -47,9 +47,15 @@ static __always_inline __u8 long_type(__u8 field, __u32 v)
 // workaround: the verifier cannot always bound a variable index by the
 // comparisons that kept it below PROBE_BYTES, so the index is masked to
 // PROBE_MASK, which keeps it inside struct key (asserted after it) and
-// changes no index below PROBE_BYTES.
+// changes no index below PROBE_BYTES. The barrier keeps the mask: clang
+// drops it where a comparison already kept i below PROBE_BYTES, and where
+// that comparison tested a register reloaded from a stack slot, the
+// verifier of Linux 6.1 does not carry the bound to the next reload of the
+// slot (6.12's does): "invalid unbounded variable-offset read from stack",
+// in read_varint.
 static __always_inline __u8 probe_byte(const struct key *k, __u32 i)
 {
+	barrier_var(i);
 	return k->probe[i & PROBE_MASK];
 }
 
