@@ -550,8 +550,18 @@ func (r *rebinder) ReadFrom(b []byte) (int, net.Addr, error) {
 	}
 }
 
-// WriteTo writes through the socket in use.
-func (r *rebinder) WriteTo(b []byte, a net.Addr) (int, error) { return r.conn().WriteTo(b, a) }
+// WriteTo writes through the socket in use; a write that failed because
+// rebind closed its socket meanwhile goes again through the new one.
+func (r *rebinder) WriteTo(b []byte, a net.Addr) (int, error) {
+	for {
+		c := r.conn()
+		n, err := c.WriteTo(b, a)
+		if err != nil && c != r.conn() {
+			continue
+		}
+		return n, err
+	}
+}
 
 // Close closes the socket in use.
 func (r *rebinder) Close() error { return r.conn().Close() }
