@@ -199,7 +199,11 @@ static __always_inline int classify(pkt_ctx *ctx, const struct key *k, const str
 		return invalid(REASON_CID_LENGTH);
 	if (len < LONG_FIXED_LEN + dcil)
 		return invalid(REASON_TRUNCATED);
-	__u32 scil = k->probe[LONG_ID_OFFSET + dcil];
+	// Verifier workaround: through probe_byte, which masks the index. dcil
+	// was bounded above, but clang may test a copy spilled to the stack and
+	// reload it, and the verifier of Linux 6.1 does not carry the bound to
+	// the reload ("invalid variable-offset read from stack").
+	__u32 scil = probe_byte(k, LONG_ID_OFFSET + dcil);
 	if (scil > MAX_CID_LEN)
 		return invalid(REASON_CID_LENGTH);
 	if (len < LONG_FIXED_LEN + dcil + scil)
