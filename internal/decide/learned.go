@@ -26,8 +26,9 @@ import (
 //     again); the learner keeps it while the server keeps sending to it;
 //   - the answered peers: the addresses the server sends a connection's
 //     packets to, which a spoofed Initial the server answers makes one of:
-//     a lower tier, which verifies nothing, but ranks an address's short
-//     headers before strangers' at the unverified class's small total.
+//     a lower tier, which verifies nothing: it lets an address's short
+//     headers and Handshakes be unverified rather than invalid, ranked
+//     with strangers' (a spoofer chooses the addresses the server answers).
 //
 // A set is an array of LearnedSets sets of LearnedWays 8-byte slots, one
 // cache line a set, in the kernel an mmapped BPF array that userspace and

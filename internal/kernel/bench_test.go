@@ -126,7 +126,7 @@ func BenchmarkFilter(b *testing.B) {
 				if err := f.LearnServerID(sid, src); err != nil {
 					b.Fatal(err)
 				}
-				if bc.name == "verified-peer-pass" {
+				if strings.TrimPrefix(bc.name, "xdp-") == "verified-peer-pass" {
 					if err := f.LearnPeer(src, true); err != nil {
 						b.Fatal(err)
 					}

@@ -50,9 +50,8 @@
 // answers:
 //
 //   - a short header whose destination ID is a server ID bound to its
-//     source, or from a proven peer, is Established (verified); from an
-//     answered peer it is Unverified, ranked first at that class's fair
-//     total; any other is Unverified;
+//     source, or from a proven peer, is Established (verified); any
+//     other, from an answered peer (FromAnswered) or not, is Unverified;
 //   - an Initial, 0-RTT or Handshake packet whose destination ID is a
 //     server ID bound to its source is Established too: a verified
 //     opening, which the server asked for;
@@ -60,8 +59,8 @@
 //     returning user) it goes before strangers at the opening class's fair
 //     total;
 //   - any other Handshake packet from a proven peer is Established, and
-//     from an answered peer Unverified, ranked first (a client that moved
-//     to an ID it was given encrypted before its address is proven);
+//     from an answered peer Unverified (a client that moved to an ID it
+//     was given encrypted before its address is proven);
 //   - any other Handshake packet is Invalid (UnknownConnectionID): the
 //     server neither issued its ID to that address nor answered it.
 //
@@ -335,7 +334,8 @@ const (
 	// has not proven itself (a client that moved to an ID the server
 	// issued encrypted before the server's packets showed it proven, a
 	// client that migrated, or a spoofed source the server answered):
-	// unverified, ranked first at the unverified class's fair total.
+	// unverified, ranked with strangers' at the unverified class's fair
+	// total, since a spoofer chooses the addresses the server answers.
 	FromAnswered // C: VERIFIED_FROM_ANSWERED
 	// NumVerifications counts the verifications.
 	NumVerifications // C: NUM_VERIFICATIONS
@@ -353,7 +353,7 @@ func (v Verification) String() string {
 
 // RanksFirst reports whether a datagram so verified goes before strangers'
 // at its class's fair total (rank_first in the C program).
-func (v Verification) RanksFirst() bool { return v == OpeningFromPeer || v == FromAnswered }
+func (v Verification) RanksFirst() bool { return v == OpeningFromPeer }
 
 // VerificationNames lists the verifications' names, indexed by
 // Verification.

@@ -250,7 +250,7 @@ func TestResolve(t *testing.T) {
 		}
 		c, r, v := h.Resolve(tt.idKnown, tt.peer, tt.answered)
 		if c != tt.class || r != tt.reason || v != tt.verified || h.NeedsPeer(tt.idKnown) != tt.needsPeer ||
-			v.RanksFirst() != (v == OpeningFromPeer || v == FromAnswered) {
+			v.RanksFirst() != (v == OpeningFromPeer) {
 			t.Errorf("check %d id %v peer %v: %v/%v/%v needs peer %v, want %v/%v/%v %v", tt.check, tt.idKnown, tt.peer,
 				c, r, v, h.NeedsPeer(tt.idKnown), tt.class, tt.reason, tt.verified, tt.needsPeer)
 		}

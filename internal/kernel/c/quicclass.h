@@ -273,7 +273,7 @@ static __always_inline int needs_answered(int check)
 // rank_first: quicclass.Verification.RanksFirst.
 static __always_inline int rank_first(int verified)
 {
-	return verified == VERIFIED_OPENING_FROM_PEER || verified == VERIFIED_FROM_ANSWERED;
+	return verified == VERIFIED_OPENING_FROM_PEER;
 }
 
 #endif

@@ -198,7 +198,7 @@ type Report struct {
 	// the server's own packets (Sink.Proven), and Answered the Handshake
 	// and short-header packets to another ID sent before that, from an
 	// address the sink knew as a peer: a filter holds them at the
-	// unverified class's limits, ranked first. Opening counts the client's
+	// unverified class's limits. Opening counts the client's
 	// Initials to a server ID the sink did not know bound to it then, of
 	// the opening class as its first ones.
 	ByID, ByPeer, Answered [numKinds]int
