@@ -72,7 +72,7 @@ func payloads(kind string, seed uint64) [][]byte {
 }
 
 // run sends the flood to dst and returns what it sent and for how long.
-func (f flood) run(ns *netns, dst netip.AddrPort) (int, time.Duration, error) {
+func (f flood) run(ns *testutil.NetNS, dst netip.AddrPort) (int, time.Duration, error) {
 	if !testutil.Allowed(dst.Addr()) {
 		return 0, 0, fmt.Errorf("flood: destination %v is not in fd00::/8", dst)
 	}
@@ -86,7 +86,7 @@ func (f flood) run(ns *netns, dst netip.AddrPort) (int, time.Duration, error) {
 			c.Close()
 		}
 	}()
-	if err := ns.do(func() error {
+	if err := ns.Enter(func() error {
 		for i := range f.sources {
 			c, err := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(floodSource(i)), 0)))
 			if err != nil {

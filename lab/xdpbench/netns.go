@@ -4,84 +4,14 @@ package xdpbench
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"os"
-	"os/exec"
-	"runtime"
-	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
-
-// netns is a network namespace the run made.
-type netns struct {
-	name string
-	fd   int
-}
-
-// newNetNS makes a network namespace with its loopback up.
-func newNetNS() (*netns, error) {
-	name := fmt.Sprintf("rakebench-xdp-%d-%08x", os.Getpid(), rand.Uint32())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("creating network namespace %s: %w: %s", name, err, out)
-	}
-	fd, err := unix.Open("/var/run/netns/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		exec.Command("ip", "netns", "del", name).Run()
-		return nil, fmt.Errorf("opening network namespace %s: %w", name, err)
-	}
-	n := &netns{name: name, fd: fd}
-	if err := n.ip("link set lo up"); err != nil {
-		n.close()
-		return nil, err
-	}
-	return n, nil
-}
-
-// close removes the namespace, and with it its end of the veth.
-func (n *netns) close() {
-	unix.Close(n.fd)
-	exec.Command("ip", "netns", "del", n.name).Run()
-}
-
-// ip runs ip commands in the namespace, as one batch.
-func (n *netns) ip(cmds ...string) error {
-	cmd := exec.Command("ip", "-n", n.name, "-b", "-")
-	cmd.Stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("configuring network namespace %s (%q): %w: %s", n.name, cmds, err, out)
-	}
-	return nil
-}
-
-// prefix runs a command in the namespace.
-func (n *netns) prefix() []string { return []string{"ip", "netns", "exec", n.name} }
-
-// do runs fn with the calling goroutine's thread in the namespace: the
-// sockets fn makes belong to it.
-func (n *netns) do(fn func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	home, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("opening this thread's network namespace: %w", err)
-	}
-	defer unix.Close(home)
-	if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("entering network namespace %s: %w", n.name, err)
-	}
-	defer func() {
-		if err := unix.Setns(home, unix.CLONE_NEWNET); err != nil {
-			panic(fmt.Sprintf("cannot return to the original network namespace: %v", err))
-		}
-	}()
-	return fn()
-}
 
 // lab is the benchmark's network: Caddy's namespace and the sender's,
 // joined by a veth pair.
 type lab struct {
-	server, sender *netns
+	server, sender *testutil.NetNS
 }
 
 // The veth's name at both ends, and its addresses: Caddy's, the legit
@@ -94,19 +24,19 @@ func floodSource(i int) string { return fmt.Sprintf("fd00:78:b0::%x", i+1) }
 
 // newLab makes the namespaces and the veth, with sources flood addresses.
 func newLab(sources int) (*lab, error) {
-	server, err := newNetNS()
+	server, err := testutil.OpenNetNS("rakebench-xdp")
 	if err != nil {
 		return nil, err
 	}
-	sender, err := newNetNS()
+	sender, err := testutil.OpenNetNS("rakebench-xdp")
 	if err != nil {
-		server.close()
+		server.Close()
 		return nil, err
 	}
 	l := &lab{server: server, sender: sender}
-	cmds := []string{fmt.Sprintf("link add %s type veth peer name %s netns %s", vethName, vethName, sender.name),
+	cmds := []string{fmt.Sprintf("link add %s type veth peer name %s netns %s", vethName, vethName, sender.Name()),
 		"link set " + vethName + " up", fmt.Sprintf("addr add %s/64 dev %s nodad", serverAddr(), vethName)}
-	if err := server.ip(cmds...); err != nil {
+	if err := server.Run(cmds...); err != nil {
 		l.close()
 		return nil, err
 	}
@@ -116,11 +46,11 @@ func newLab(sources int) (*lab, error) {
 	}
 	// The sources' /48 is reached over the veth from Caddy's side too, for
 	// whatever Caddy answers.
-	if err := sender.ip(cmds...); err != nil {
+	if err := sender.Run(cmds...); err != nil {
 		l.close()
 		return nil, err
 	}
-	if err := server.ip(fmt.Sprintf("route add fd00:78:b0::/48 dev %s", vethName)); err != nil {
+	if err := server.Run(fmt.Sprintf("route add fd00:78:b0::/48 dev %s", vethName)); err != nil {
 		l.close()
 		return nil, err
 	}
@@ -129,6 +59,6 @@ func newLab(sources int) (*lab, error) {
 
 // close removes both namespaces.
 func (l *lab) close() {
-	l.server.close()
-	l.sender.close()
+	l.server.Close()
+	l.sender.Close()
 }

@@ -131,7 +131,7 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 	}
 	defer l.close()
 	if o.Sender == SenderXDP {
-		if err := l.server.do(func() error { return enableGRO(vethName) }); err != nil {
+		if err := l.server.Enter(func() error { return enableGRO(vethName) }); err != nil {
 			return nil, err
 		}
 	}

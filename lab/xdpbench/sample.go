@@ -120,7 +120,7 @@ localhost:%d, [%s]:%d {
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		return nil, err
 	}
-	tc := testutil.Caddy{Bin: r.o.Caddy, Prefix: r.lab.server.prefix(), Config: cfg, LogFile: filepath.Join(dir, "caddy.log"),
+	tc := testutil.Caddy{Bin: r.o.Caddy, Prefix: []string{"ip", "netns", "exec", r.lab.server.Name()}, Config: cfg, LogFile: filepath.Join(dir, "caddy.log"),
 		Env: append(os.Environ(), "XDG_DATA_HOME="+filepath.Join(dir, "data"), "XDG_CONFIG_HOME="+filepath.Join(dir, "config")),
 		Ready: func(ctx context.Context) error {
 			if _, err := c.get(ctx, "/config/"); err != nil {
@@ -207,7 +207,7 @@ func (c *caddy) dropped(ctx context.Context) (uint64, error) {
 // legit makes one request of the legit client, on a new connection.
 func (r *runner) legit(ctx context.Context) (bool, error) {
 	var body string
-	err := r.lab.sender.do(func() error {
+	err := r.lab.sender.Enter(func() error {
 		var err error
 		body, _, err = testutil.HTTP3Get(ctx, netip.MustParseAddr(clientAddr()),
 			fmt.Sprintf("https://[%s]:%d/", serverAddr(), httpsPort))
@@ -248,7 +248,7 @@ func (r *runner) read(ctx context.Context, c *caddy) (reading, error) {
 	if rd.dropped, err = c.dropped(ctx); err != nil {
 		return rd, err
 	}
-	err = r.lab.server.do(func() error {
+	err = r.lab.server.Enter(func() error {
 		var err error
 		rd.socketDrops, err = udpDrops(httpsPort)
 		return err

@@ -107,7 +107,7 @@ func frame(srcMAC, dstMAC net.HardwareAddr, src, dst netip.AddrPort, payload []b
 func (f flood) runLive(l *lab, dst netip.AddrPort) (int, time.Duration, error) {
 	var srcMAC, dstMAC net.HardwareAddr
 	var ifindex int
-	if err := l.server.do(func() error {
+	if err := l.server.Enter(func() error {
 		iface, err := net.InterfaceByName(vethName)
 		if err == nil {
 			dstMAC = iface.HardwareAddr
@@ -116,7 +116,7 @@ func (f flood) runLive(l *lab, dst netip.AddrPort) (int, time.Duration, error) {
 	}); err != nil {
 		return 0, 0, err
 	}
-	if err := l.sender.do(func() error {
+	if err := l.sender.Enter(func() error {
 		iface, err := net.InterfaceByName(vethName)
 		if err == nil {
 			srcMAC, ifindex = iface.HardwareAddr, iface.Index
@@ -144,7 +144,7 @@ func (f flood) runLive(l *lab, dst netip.AddrPort) (int, time.Duration, error) {
 	for s := range f.senders {
 		wg.Go(func() {
 			var n int
-			err := l.sender.do(func() error {
+			err := l.sender.Enter(func() error {
 				var err error
 				n, err = f.sendLive(prog, frames[s], start)
 				return err
