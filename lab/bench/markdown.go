@@ -84,7 +84,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "- **%s**: %s\n", v.Name, d)
 	}
 	fmt.Fprintf(w, "\nEach cell is the median over the repetitions; (r×) is the median of the ratio to plain in the same repetition.\n")
-	fmt.Fprintf(w, "One fresh Caddy process per scenario, variant and repetition; the flood sender, the clients and Caddy share the machine.\n")
+	fmt.Fprintf(w, "One fresh Caddy process per scenario, variant and repetition; the variants run in turn, in reverse order every other repetition; the flood sender, the clients and Caddy share the machine.\n")
 
 	var floods []Scenario
 	var transfer bool

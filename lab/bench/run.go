@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -134,6 +135,19 @@ type bench struct {
 	flights [][]byte
 }
 
+// repOrder returns the order in which repetition r runs the variants: as
+// listed in odd repetitions, reversed in even ones, so that no variant
+// always runs first (a warmer or colder machine, the clients' process
+// older by one run) and a pair of repetitions cancels the order's bias.
+func repOrder(vs []Variant, r int) []Variant {
+	if r%2 == 1 {
+		return vs
+	}
+	rev := slices.Clone(vs)
+	slices.Reverse(rev)
+	return rev
+}
+
 // Run runs the benchmark and writes its outputs; progress lines go to
 // progress. Every Caddy it starts is stopped before it returns, also when
 // ctx ends.
@@ -160,7 +174,7 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 	runsBegan := time.Now()
 	for r := 1; r <= o.Reps; r++ {
 		for _, sc := range o.Scenarios {
-			for _, v := range o.Variants {
+			for _, v := range repOrder(o.Variants, r) {
 				i++
 				fmt.Fprintf(progress, "rakebench: [%d/%d] rep %d %s/%s (%s)\n", i, total, r, sc.Name, v.Name,
 					timeLeft(time.Since(runsBegan), i-1, total))
