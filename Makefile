@@ -120,7 +120,8 @@ bench-filter:
 	$(SUDO) ./rakebench-filter -out lab/docs/bench/filter.md $(BENCHFLAGS)
 
 # Mode bpf against mode xdp: Caddy behind a veth between two network
-# namespaces, floods at the sender's maximum (lab/xdpbench).
+# namespaces, floods at the sender's maximum, and a floor XDP program that only
+# drops the flood: the least XDP costs on that path (lab/xdpbench).
 bench-xdp:
 	go build -o caddy ./cmd/caddy
 	cd lab && go build -o ../rakebench-xdp ./cmd/rakebench-xdp

@@ -37,6 +37,45 @@ func xdpFloorProgram(tb testing.TB) *ebpf.Program {
 	return prog
 }
 
+// benchFrames are the QUIC frames and limits the benchmarks share.
+type benchFrames struct {
+	// src is the frames' source, sid a server ID the benchmarks teach the
+	// filter bound to it.
+	src netip.Addr
+	sid decide.ServerID
+	// initial, short and junk: an Initial, a short header and 100 bytes
+	// of zeros. Verifying: short headers to sid (the
+	// established path of a real connection) and to an unknown ID
+	// (stranger: from a proven peer, a client that moved to an ID it was
+	// given encrypted; from anyone else, the unverified class, junk).
+	initial, short, junk, verified, stranger []byte
+	// quicPass and quicDrop are limits every datagram is under, and over.
+	quicPass, quicDrop decide.Config
+}
+
+func newBenchFrames() benchFrames {
+	src, sid := netip.MustParseAddr("198.51.100.7"), decide.ServerID{0x5e, 0x17, 0xa2, 0x09}
+	withData := func(data []byte) []byte {
+		p := udp(src.String(), 50000)
+		p.Data = data
+		return p.Bytes()
+	}
+	return benchFrames{
+		src:      src,
+		sid:      sid,
+		initial:  withData(quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)),
+		short:    withData(quicclass.ShortHeader(1200)),
+		junk:     withData(make([]byte, 100)),
+		verified: withData(quicclass.ShortPacket(sid, 1200)),
+		stranger: withData(quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100)),
+		quicPass: testutil.QUICLimits(1_000_000, 1_000_000),
+		quicDrop: testutil.QUICLimits(25, 25),
+	}
+}
+
+// verifying returns c with verification by server ID on.
+func verifying(c decide.Config) decide.Config { c.VerifyIDs = true; return c }
+
 // BenchmarkFilter measures the filter per packet through BPF_PROG_TEST_RUN.
 // ns/op is nanoseconds per packet; x-floor is the kernel-measured time per
 // packet divided by that of the floor program in the same sub-benchmark.
@@ -46,15 +85,14 @@ func xdpFloorProgram(tb testing.TB) *ebpf.Program {
 //
 //	go test ./internal/kernel -run '^$' -bench BenchmarkFilter
 func BenchmarkFilter(b *testing.B) {
-	v4 := udp("198.51.100.7", 5000).Bytes()
+	bf := newBenchFrames()
+	v4 := udp(bf.src.String(), 5000).Bytes()
 	v6 := udp("2001:db8:1:2::7", 5000).Bytes()
-	withData := func(p testutil.Frame, data []byte) []byte { p.Data = data; return p.Bytes() }
-	initial := withData(udp("198.51.100.7", 50000), quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200))
-	short := withData(udp("198.51.100.7", 50000), quicclass.ShortHeader(1200))
-	junk := withData(udp("198.51.100.7", 50000), make([]byte, 100))
+	initial, short, junk, verified, stranger := bf.initial, bf.short, bf.junk, bf.verified, bf.stranger
+	sid, verify := bf.sid, verifying
 	// Every datagram alike (the filter before it knew QUIC), and by class.
 	pass, drop := testutil.Limits(1_000_000), testutil.Limits(25)
-	quicPass, quicDrop := testutil.QUICLimits(1_000_000, 1_000_000), testutil.QUICLimits(25, 25)
+	quicPass, quicDrop := bf.quicPass, bf.quicDrop
 	floor, xdpFloor := floorProgram(b), xdpFloorProgram(b)
 	// The operations features on: an allowlist of 64 prefixes that the
 	// packets are not in (so that each is looked up), and stream tracking,
@@ -65,15 +103,6 @@ func BenchmarkFilter(b *testing.B) {
 			netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, byte(i)}), 48))
 	}
 	withAllow := func(c decide.Config) decide.Config { c.Allow = allow; return c }
-	// Verifying: short headers to a server ID the filter learned bound to
-	// their source (the established path of a real connection), to an
-	// unknown one from a proven peer (a client that moved to an ID it was
-	// given encrypted), and to an unknown one from a stranger (the
-	// unverified class, junk).
-	sid := decide.ServerID{0x5e, 0x17, 0xa2, 0x09}
-	verified := withData(udp("198.51.100.7", 50000), quicclass.ShortPacket(sid, 1200))
-	stranger := withData(udp("198.51.100.7", 50000), quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100))
-	verify := func(c decide.Config) decide.Config { c.VerifyIDs = true; return c }
 	type benchCase struct {
 		name  string
 		cfg   decide.Config
@@ -106,7 +135,7 @@ func BenchmarkFilter(b *testing.B) {
 		bc.name = "xdp-" + bc.name
 		cases = append(cases, bc)
 	}
-	otherPort := udp("198.51.100.7", 50000)
+	otherPort := udp(bf.src.String(), 50000)
 	otherPort.DstPort, otherPort.Data = 8080, quicclass.ShortHeader(1200)
 	cases = append(cases, benchCase{"xdp-other-port", quicPass, otherPort.Bytes(), loadOptions{}})
 	for _, bc := range cases {
@@ -122,7 +151,7 @@ func BenchmarkFilter(b *testing.B) {
 					bc.opts.xdp = true
 				}
 				f := loadTest(b, bc.cfg, bc.opts)
-				src := netip.MustParseAddr("198.51.100.7")
+				src := bf.src
 				if err := f.LearnServerID(sid, src); err != nil {
 					b.Fatal(err)
 				}
@@ -161,6 +190,97 @@ func BenchmarkFilter(b *testing.B) {
 			// rescheduled; report it as ns/op.
 			b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
 			b.ReportMetric(float64(per)/float64(floorPer), "x-floor")
+		})
+	}
+}
+
+// BenchmarkXDPAgainstSocket measures the XDP program against the socket
+// filter per packet on the same frames, in rounds that alternate the two
+// programs of one loaded object (their maps are shared, so both find the
+// same state) and each hook's floor program, and reports the medians over
+// the rounds of the ratio of their kernel-measured times, xdp/socket, and
+// of the same net of each hook's floor (the cost of BPF_PROG_TEST_RUN
+// itself, which differs between the hooks), net-xdp/socket: a drift of the
+// machine's speed between rounds, which skews two sub-benchmarks run one
+// after the other, cancels in each round's ratio.
+//
+//	go test ./internal/kernel -run '^$' -bench BenchmarkXDPAgainstSocket
+func BenchmarkXDPAgainstSocket(b *testing.B) {
+	bf := newBenchFrames()
+	src, sid := bf.src, bf.sid
+	v6 := udp("2001:db8:1:2::7", 50000)
+	v6.Data = quicclass.ShortHeader(1200)
+	quicPass, quicDrop, verify := bf.quicPass, bf.quicDrop, verifying
+	floors := [2]*ebpf.Program{floorProgram(b), xdpFloorProgram(b)}
+	cases := []struct {
+		name  string
+		cfg   decide.Config
+		frame []byte
+		peer  bool
+	}{
+		{"opening-pass", quicPass, bf.initial, false},
+		{"opening-drop", quicDrop, bf.initial, false},
+		{"established-pass", quicPass, bf.short, false},
+		{"established-drop", quicDrop, bf.short, false},
+		{"ipv6-established-pass", quicPass, v6.Bytes(), false},
+		{"invalid-drop", quicPass, bf.junk, false},
+		{"verified-pass", verify(quicPass), bf.verified, false},
+		{"verified-peer-pass", verify(quicPass), bf.stranger, true},
+		{"unverified-drop", verify(quicPass), bf.stranger, false},
+	}
+	const rounds, perRound = 15, 20000
+	for _, bc := range cases {
+		b.Run(bc.name, func(b *testing.B) {
+			f := loadTest(b, bc.cfg, loadOptions{xdp: true})
+			if err := f.LearnServerID(sid, src); err != nil {
+				b.Fatal(err)
+			}
+			if bc.peer {
+				if err := f.LearnPeer(src, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443"),
+				netip.MustParseAddrPort("[::]:443")}); err != nil {
+				b.Fatal(err)
+			}
+			// The socket filter, its floor, the XDP program, its floor.
+			progs := [4]*ebpf.Program{f.objs.Rakelimit, floors[0], f.objs.RakelimitXdp, floors[1]}
+			// Warm up: a flood must be over its limit before timing.
+			for _, p := range progs {
+				if _, _, err := p.Benchmark(bc.frame, 100000, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			var ratios, net, socket, xdp []float64
+			for i := 0; i < b.N; i++ {
+				ratios, net, socket, xdp = ratios[:0], net[:0], socket[:0], xdp[:0]
+				for r := range rounds {
+					var per [4]float64
+					// Each round starts with another program.
+					for j := range progs {
+						k := (j + r) % len(progs)
+						_, d, err := progs[k].Benchmark(bc.frame, perRound, nil)
+						if err != nil {
+							b.Fatal(err)
+						}
+						per[k] = float64(d.Nanoseconds())
+					}
+					socket, xdp = append(socket, per[0]), append(xdp, per[2])
+					if per[0] > 0 {
+						ratios = append(ratios, per[2]/per[0])
+					}
+					if per[0] > per[1] {
+						net = append(net, (per[2]-per[3])/(per[0]-per[1]))
+					}
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(testutil.Median(socket), "socket-ns/op")
+			b.ReportMetric(testutil.Median(xdp), "xdp-ns/op")
+			b.ReportMetric(testutil.Median(ratios), "xdp/socket")
+			b.ReportMetric(testutil.Median(net), "net-xdp/socket")
 		})
 	}
 }

@@ -277,7 +277,10 @@ func HeldPerSecond(perSecond, sent []int, seconds int, limit float64) error {
 }
 
 // median is the median of v (the lower one of an even count), 0 for none.
-func median(v []int) float64 {
+func median(v []int) float64 { return Median(v) }
+
+// Median is the median of v (the lower one of an even count), 0 for none.
+func Median[T int | float64](v []T) float64 {
 	if len(v) == 0 {
 		return 0
 	}

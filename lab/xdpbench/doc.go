@@ -12,6 +12,10 @@
 // Caddy's own), the limiter's drops, and the client's success; the report
 // gives the medians over repetitions and, per repetition, the ratio of the
 // XDP program's receiving CPU per dropped datagram to the socket filter's.
+// A third mode, the floor (ModeFloor, on unless -floor=false), puts in
+// front of Caddy in mode bpf an XDP program that drops the flood's frames
+// and does nothing else: its ratio to the socket filter is the least any
+// XDP program can reach on this path, the veth's share of the cost.
 //
 // The files:
 //
@@ -20,6 +24,7 @@
 //     or as XDP frames (live-frame BPF_PROG_TEST_RUN of a program that
 //     redirects into the veth); bounded by count and time
 //   - sample.go: one sample: a fresh Caddy, the window, its measurements
+//   - floor.go: the floor's XDP program, attached for a ModeFloor sample
 //   - run.go: the options and the run of every repetition, flood, rate and
 //     mode, interleaved
 //   - report.go: medians, ratios, results.md and results.json

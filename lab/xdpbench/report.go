@@ -27,6 +27,7 @@ type Row struct {
 	Rate       int     `json:"rate"`
 	SentPPS    float64 `json:"sent_pps"`
 	DroppedPPS float64 `json:"dropped_pps"`
+	PassedPPS  float64 `json:"passed_pps"`
 	// SoftirqPct and CaddyPct are CPU shares of one core.
 	SoftirqPct float64 `json:"softirq_pct"`
 	CaddyPct   float64 `json:"caddy_pct"`
@@ -43,6 +44,27 @@ type Ratio struct {
 	// SentPPS of the rate the sender reached.
 	NsPerDrop float64 `json:"ns_per_drop"`
 	SentPPS   float64 `json:"sent_pps"`
+	// FloorNsPerDrop is xdp-floor / bpf of the receiving CPU per dropped
+	// datagram (0 without the floor): the least that ratio can be here.
+	FloorNsPerDrop float64 `json:"floor_ns_per_drop,omitempty"`
+}
+
+// paired returns the medians over the repetitions of mode's receiving CPU
+// per drop and rate sent, each divided by the socket filter's in the same
+// repetition, under the flood and rate of k.
+func (r *Report) paired(k key, mode string) (nsPerDrop, sentPPS float64, ok bool) {
+	var ns, sent []float64
+	for _, a := range r.Samples {
+		if a.Flood != k.flood || a.Rate != k.rate || a.Mode != mode {
+			continue
+		}
+		for _, b := range r.Samples {
+			if b.Flood == a.Flood && b.Rate == a.Rate && b.Rep == a.Rep && b.Mode == Modes[0] && b.NsPerDrop() > 0 && b.Sent > 0 {
+				ns, sent = append(ns, a.NsPerDrop()/b.NsPerDrop()), append(sent, a.SentPPS()/b.SentPPS())
+			}
+		}
+	}
+	return median(ns), median(sent), len(ns) > 0
 }
 
 // median is the median of v (the mean of the middle two for an even
@@ -73,14 +95,21 @@ func (r *Report) summarize() {
 			keys = append(keys, k)
 		}
 	}
+	modes := slices.Clone(Modes)
+	for _, s := range r.Samples {
+		if !slices.Contains(modes, s.Mode) {
+			modes = append(modes, s.Mode)
+		}
+	}
 	for _, k := range keys {
-		for _, mode := range Modes {
-			var sent, dropped, soft, cad, ns, legit []float64
+		for _, mode := range modes {
+			var sent, dropped, passed, soft, cad, ns, legit []float64
 			for _, s := range r.Samples {
 				if s.Flood != k.flood || s.Rate != k.rate || s.Mode != mode || s.Seconds <= 0 {
 					continue
 				}
 				sent, dropped = append(sent, s.SentPPS()), append(dropped, s.DroppedPPS())
+				passed = append(passed, float64(s.Passed)/s.Seconds)
 				soft, cad = append(soft, 100*s.SoftirqSeconds/s.Seconds), append(cad, 100*s.CaddySeconds/s.Seconds)
 				ns, legit = append(ns, s.NsPerDrop()), append(legit, s.LegitShare())
 			}
@@ -88,21 +117,11 @@ func (r *Report) summarize() {
 				continue
 			}
 			r.Rows = append(r.Rows, Row{Mode: mode, Flood: k.flood, Rate: k.rate, SentPPS: median(sent), DroppedPPS: median(dropped),
-				SoftirqPct: median(soft), CaddyPct: median(cad), NsPerDrop: median(ns), Legit: median(legit)})
+				PassedPPS: median(passed), SoftirqPct: median(soft), CaddyPct: median(cad), NsPerDrop: median(ns), Legit: median(legit)})
 		}
-		var ns, sent []float64
-		for _, a := range r.Samples {
-			if a.Flood != k.flood || a.Rate != k.rate || a.Mode != Modes[1] {
-				continue
-			}
-			for _, b := range r.Samples {
-				if b.Flood == a.Flood && b.Rate == a.Rate && b.Rep == a.Rep && b.Mode == Modes[0] && b.NsPerDrop() > 0 && b.Sent > 0 {
-					ns, sent = append(ns, a.NsPerDrop()/b.NsPerDrop()), append(sent, a.SentPPS()/b.SentPPS())
-				}
-			}
-		}
-		if len(ns) > 0 {
-			r.Ratios = append(r.Ratios, Ratio{Flood: k.flood, Rate: k.rate, NsPerDrop: median(ns), SentPPS: median(sent)})
+		if ns, sent, ok := r.paired(k, Modes[1]); ok {
+			floor, _, _ := r.paired(k, ModeFloor)
+			r.Ratios = append(r.Ratios, Ratio{Flood: k.flood, Rate: k.rate, NsPerDrop: ns, SentPPS: sent, FloorNsPerDrop: floor})
 		}
 	}
 }
@@ -120,21 +139,27 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&b, "# The socket filter against the XDP program\n\n")
 	fmt.Fprintf(&b, "%s; %d repetitions of %v floods across a veth, modes interleaved; medians.\n\n", r.Machine,
 		r.Options.Reps, r.Options.For)
-	fmt.Fprintf(&b, "| flood | rate | mode | sent/s | dropped/s | softirq CPU | Caddy CPU | receiving CPU per drop | legit requests |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| flood | rate | mode | sent/s | dropped/s | passed/s | softirq CPU | Caddy CPU | receiving CPU per drop | legit requests |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, row := range r.Rows {
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.1f%% | %.1f%% | %.0f ns | %.1f%% |\n", row.Flood, rateName(row.Rate),
-			row.Mode, row.SentPPS, row.DroppedPPS, row.SoftirqPct, row.CaddyPct, row.NsPerDrop, 100*row.Legit)
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.0f | %.1f%% | %.1f%% | %.0f ns | %.1f%% |\n", row.Flood, rateName(row.Rate),
+			row.Mode, row.SentPPS, row.DroppedPPS, row.PassedPPS, row.SoftirqPct, row.CaddyPct, row.NsPerDrop, 100*row.Legit)
 	}
 	if len(r.Ratios) > 0 {
-		fmt.Fprintf(&b, "\nxdp / bpf, medians of the per-repetition ratios:\n\n| flood | rate | receiving CPU per drop | rate sent |\n|---|---|---|---|\n")
+		fmt.Fprintf(&b, "\nxdp / bpf (and %s / bpf), medians of the per-repetition ratios:\n\n"+
+			"| flood | rate | receiving CPU per drop | rate sent | the floor's receiving CPU per drop |\n|---|---|---|---|---|\n", ModeFloor)
 		for _, q := range r.Ratios {
-			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f |\n", q.Flood, rateName(q.Rate), q.NsPerDrop, q.SentPPS)
+			floor := "not measured"
+			if q.FloorNsPerDrop > 0 {
+				floor = fmt.Sprintf("%.2f", q.FloorNsPerDrop)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %s |\n", q.Flood, rateName(q.Rate), q.NsPerDrop, q.SentPPS, floor)
 		}
 	}
 	fmt.Fprintf(&b, "\nSender: %s. Receiving CPU: the machine's softirq time (the veth's receive path, wherever it ran) and "+
 		"Caddy's, per datagram the limiter dropped. CPU shares are of one core. Sent: what the sender handed the veth, "+
-		"whose receive ring drops what its receiver does not take in time.\n", senderName(r.Options.Sender))
+		"whose receive ring drops what its receiver does not take in time: sent less dropped and passed is what never reached the program. %s: Caddy in mode bpf behind an XDP program that "+
+		"drops the flood's frames and does nothing else; its drops are the frames that program saw.\n", senderName(r.Options.Sender), ModeFloor)
 	return b.String()
 }
 

@@ -10,14 +10,19 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
 
-// Modes are the modes compared, the socket filter first.
+// Modes are the modes compared, the socket filter first; a run with
+// Options.Floor measures ModeFloor after them.
 var Modes = []string{engine.ModeBPF, engine.ModeXDP}
 
 // Options are the benchmark's flags.
@@ -39,6 +44,17 @@ type Options struct {
 	Sender string
 	// Out is the directory of results.md and results.json.
 	Out string
+	// Floor adds ModeFloor to the modes measured.
+	Floor bool
+}
+
+// modes are the modes a run measures, in the order of its odd
+// repetitions.
+func (o *Options) modes() []string {
+	if o.Floor {
+		return append(slices.Clone(Modes), ModeFloor)
+	}
+	return Modes
 }
 
 // ParseFlags reads the options from args.
@@ -57,6 +73,8 @@ func ParseFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.IntVar(&o.MaxCount, "max-count", 100_000_000, "the most datagrams a flood sends")
 	fs.StringVar(&o.Sender, "sender", SenderXDP, "how the flood is sent: xdp (XDP frames into the veth, as a NIC's driver hands them over) "+
 		"or socket (UDP sockets: the veth receives socket buffers, which understates what XDP saves)")
+	fs.BoolVar(&o.Floor, "floor", true, "measure also "+ModeFloor+": Caddy in mode bpf behind an XDP program that drops the flood's frames and does nothing else, "+
+		"the least any XDP program costs on this path")
 	fs.StringVar(&o.Out, "out", "", "directory for results.md and results.json (default: a new temporary directory)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -135,15 +153,23 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 			return nil, err
 		}
 	}
+	// The kernel's program statistics, on for the run: the floor's drops
+	// and the frames Caddy's XDP program ran on.
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enabling BPF program statistics: %w", err)
+	}
+	defer stats.Close()
 	r := &runner{o: o, lab: l}
 	rep := &Report{Machine: machine(), Options: *o}
-	total := o.Reps * len(o.Floods) * len(o.Rates) * len(Modes)
+	total := o.Reps * len(o.Floods) * len(o.Rates) * len(o.modes())
 	for i := range o.Reps {
 		for _, kind := range o.Floods {
 			for _, rate := range o.Rates {
-				modes := Modes
+				modes := o.modes()
 				if i%2 == 1 {
-					modes = []string{Modes[1], Modes[0]}
+					modes = slices.Clone(modes)
+					slices.Reverse(modes)
 				}
 				for _, mode := range modes {
 					if err := ctx.Err(); err != nil {

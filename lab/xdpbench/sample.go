@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -36,10 +37,18 @@ type Sample struct {
 	// Seconds is the flood's window.
 	Seconds float64 `json:"seconds"`
 	// Sent is what the sender sent; Dropped what the limiter dropped
-	// (limits and invalid), SocketDrops what the socket's queue dropped
+	// (limits and invalid; in ModeFloor, the frames the floor's program
+	// saw), SocketDrops what the socket's queue dropped
 	// (the socket filter's refusals among them).
-	Sent        int    `json:"sent"`
-	Dropped     uint64 `json:"dropped"`
+	Sent    int    `json:"sent"`
+	Dropped uint64 `json:"dropped"`
+	// Passed is what the limiter let through (passed or limited; none in
+	// ModeFloor).
+	Passed uint64 `json:"passed"`
+	// XDPRuns is how many frames Caddy's XDP program ran on (mode xdp; the
+	// kernel's program statistics): those it dropped, passed, or passed
+	// untouched (not to the listener).
+	XDPRuns     uint64 `json:"xdp_runs,omitempty"`
 	SocketDrops uint64 `json:"socket_drops"`
 	// SoftirqSeconds is the machine's softirq time in the window,
 	// CaddySeconds Caddy's CPU time, SenderSeconds this process's (the
@@ -91,6 +100,8 @@ const (
 type caddy struct {
 	proc  *testutil.CaddyProcess
 	admin string
+	// floor is the floor's program in front of it (ModeFloor), or nil.
+	floor *floor
 }
 
 // startCaddy starts Caddy in the server's namespace with rakelimit in mode,
@@ -178,30 +189,39 @@ func (c *caddy) view(ctx context.Context) (report.Limiter, error) {
 	return v.Limiters[0], nil
 }
 
-// dropped sums the limiter's drops: the datagrams counted dropped or
-// invalid in caddy_rakelimit_packets_total.
-func (c *caddy) dropped(ctx context.Context) (uint64, error) {
+// counts sums the limiter's verdicts in caddy_rakelimit_packets_total:
+// dropped, the datagrams counted dropped or invalid; passed, those counted
+// passed or limited (let through).
+func (c *caddy) counts(ctx context.Context) (dropped, passed uint64, err error) {
 	b, err := c.get(ctx, "/metrics")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var sum float64
+	var drop, pass float64
 	sc := bufio.NewScanner(strings.NewReader(string(b)))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "caddy_rakelimit_packets_total{") ||
-			!(strings.Contains(line, `verdict="dropped"`) || strings.Contains(line, `verdict="invalid"`)) {
+		if !strings.HasPrefix(line, "caddy_rakelimit_packets_total{") {
+			continue
+		}
+		var sum *float64
+		switch {
+		case strings.Contains(line, `verdict="dropped"`), strings.Contains(line, `verdict="invalid"`):
+			sum = &drop
+		case strings.Contains(line, `verdict="passed"`), strings.Contains(line, `verdict="limited"`):
+			sum = &pass
+		default:
 			continue
 		}
 		f := strings.Fields(line)
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
 		if err != nil {
-			return 0, fmt.Errorf("parsing %q: %w", line, err)
+			return 0, 0, fmt.Errorf("parsing %q: %w", line, err)
 		}
-		sum += v
+		*sum += v
 	}
-	return uint64(sum), sc.Err()
+	return uint64(drop), uint64(pass), sc.Err()
 }
 
 // legit makes one request of the legit client, on a new connection.
@@ -216,6 +236,10 @@ func (r *runner) legit(ctx context.Context) (bool, error) {
 	return err == nil && strings.Contains(body, pageMarker), err
 }
 
+// xdpProgramName is the name of Caddy's XDP program, as the kernel lists
+// it (the ELF section's function, cut to 15 bytes).
+const xdpProgramName = "rakelimit_xdp"
+
 // reading is what a sample reads at each end of its window.
 type reading struct {
 	at          time.Time
@@ -223,6 +247,8 @@ type reading struct {
 	caddy       uint64 // ticks, Caddy's utime + stime
 	self        time.Duration
 	dropped     uint64
+	passed      uint64
+	xdpRuns     uint64
 	socketDrops uint64
 }
 
@@ -245,7 +271,15 @@ func (r *runner) read(ctx context.Context, c *caddy) (reading, error) {
 		return rd, fmt.Errorf("getrusage: %w", err)
 	}
 	rd.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	if rd.dropped, err = c.dropped(ctx); err != nil {
+	if c.floor != nil {
+		rd.dropped, err = c.floor.runs()
+	} else {
+		rd.dropped, rd.passed, err = c.counts(ctx)
+	}
+	if err != nil {
+		return rd, err
+	}
+	if rd.xdpRuns, err = programRuns(xdpProgramName); err != nil {
 		return rd, err
 	}
 	err = r.lab.server.Enter(func() error {
@@ -316,7 +350,11 @@ func udpDrops(port int) (uint64, error) {
 // sample measures mode under fl in repetition rep.
 func (r *runner) sample(ctx context.Context, mode string, fl flood, rep int) (Sample, error) {
 	s := Sample{Mode: mode, Flood: fl.kind, Rate: fl.rate, Rep: rep}
-	c, err := r.startCaddy(ctx, mode)
+	caddyMode := mode
+	if mode == ModeFloor {
+		caddyMode = engine.ModeBPF
+	}
+	c, err := r.startCaddy(ctx, caddyMode)
 	if err != nil {
 		return s, err
 	}
@@ -325,8 +363,14 @@ func (r *runner) sample(ctx context.Context, mode string, fl flood, rep int) (Sa
 	if err != nil {
 		return s, err
 	}
-	if v.Mode != mode {
-		return s, fmt.Errorf("caddy runs in mode %s, asked for %s", v.Mode, mode)
+	if v.Mode != caddyMode {
+		return s, fmt.Errorf("caddy runs in mode %s, asked for %s", v.Mode, caddyMode)
+	}
+	if mode == ModeFloor {
+		if c.floor, err = r.lab.attachFloor(); err != nil {
+			return s, err
+		}
+		defer c.floor.close()
 	}
 	for _, x := range v.XDP {
 		s.XDP = append(s.XDP, x.Name+" "+x.Attach)
@@ -382,6 +426,7 @@ func (r *runner) sample(ctx context.Context, mode string, fl flood, rep int) (Sa
 	}
 	s.Seconds, s.Sent = elapsed.Seconds(), sent
 	s.Dropped, s.SocketDrops = after.dropped-before.dropped, after.socketDrops-before.socketDrops
+	s.Passed, s.XDPRuns = after.passed-before.passed, after.xdpRuns-before.xdpRuns
 	s.SoftirqSeconds = float64(after.softirq-before.softirq) / clockTicks
 	s.CaddySeconds = float64(after.caddy-before.caddy) / clockTicks
 	s.SenderSeconds = (after.self - before.self).Seconds()

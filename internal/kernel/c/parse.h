@@ -142,6 +142,15 @@ static __always_inline void parse_ipv4(pkt_ctx *ctx, struct key *k)
 		__u8 probe[PROBE_BYTES];
 	} h;
 	int full = pkt_load_net(ctx, 0, &h, sizeof(h)) == 0;
+	// Verifier workaround: without the barrier, clang tests the XDP
+	// program's bounds check again where it uses full; the verifier does
+	// not remember the check's outcome from the first test and walks the
+	// path where the two disagree, with registers the compiler knew
+	// unused there (a pointer where the UDP header would be: "invalid
+	// size of register spill"). The socket filter, whose check is the
+	// helper's return value, goes without it.
+	if (ctx->xdp)
+		barrier_var(full);
 
 	if (!full && pkt_load_net(ctx, 0, &h.ip, sizeof(h.ip)) < 0)
 		return; // no address: counted as unknown
@@ -174,6 +183,15 @@ static __always_inline void parse_ipv6(pkt_ctx *ctx, struct key *k)
 		__u8 probe[PROBE_BYTES];
 	} h;
 	int full = pkt_load_net(ctx, 0, &h, sizeof(h)) == 0;
+	// Verifier workaround: without the barrier, clang tests the XDP
+	// program's bounds check again where it uses full; the verifier does
+	// not remember the check's outcome from the first test and walks the
+	// path where the two disagree, with registers the compiler knew
+	// unused there (a pointer where the UDP header would be: "invalid
+	// size of register spill"). The socket filter, whose check is the
+	// helper's return value, goes without it.
+	if (ctx->xdp)
+		barrier_var(full);
 
 	if (!full && pkt_load_net(ctx, 0, &h.ip, sizeof(h.ip)) < 0)
 		return;
