@@ -83,6 +83,31 @@ func TestQUICGoTeaches(t *testing.T) {
 	}
 }
 
+// serverSide is what a test's quic-go server needs: TLS configurations for
+// it and its clients, a learner and its sink, and a socket on 127.0.0.1
+// (at addr) wrapped in an egress Conn that shows the learner every write.
+type serverSide struct {
+	serverTLS, clientTLS *tls.Config
+	sink                 *egresstest.Sink
+	learner              *egress.Learner
+	conn                 *egress.Conn
+	addr                 netip.AddrPort
+}
+
+func newServerSide(t *testing.T) serverSide {
+	t.Helper()
+	var s serverSide
+	s.serverTLS, s.clientTLS = egresstest.TLSConfigs(t)
+	s.sink, s.learner = egresstest.NewLearner(t)
+	conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
+	c, err := egress.NewConn(conn, s.learner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.conn, s.addr = c, conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	return s
+}
+
 // TestStatelessRepliesTeachNoPeer replays a quic-go client's first flight
 // from 127.0.0.2, a source that never answers, as a spoofer would. With a
 // Retry, the server keeps no state and its Retry teaches its ID but not the
@@ -100,17 +125,12 @@ func TestStatelessRepliesTeachNoPeer(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			serverTLS, clientTLS := egresstest.TLSConfigs(t)
-			sink, l := egresstest.NewLearner(t)
-			conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
-			c, err := egress.NewConn(conn, l)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tr := &quic.Transport{Conn: c, VerifySourceAddress: func(net.Addr) bool { return tt.retry }}
-			egresstest.Serve(t, tr, serverTLS, egresstest.ServerConfig(quic.Version1))
-			to := conn.LocalAddr().(*net.UDPAddr).AddrPort()
-			flight := egresstest.FirstFlight(t, to, clientTLS, quic.Version1)
+			s := newServerSide(t)
+			sink, l := s.sink, s.learner
+			tr := &quic.Transport{Conn: s.conn, VerifySourceAddress: func(net.Addr) bool { return tt.retry }}
+			egresstest.Serve(t, tr, s.serverTLS, egresstest.ServerConfig(quic.Version1))
+			to := s.addr
+			flight := egresstest.FirstFlight(t, to, s.clientTLS, quic.Version1)
 			spoofer := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
 			for _, b := range flight {
 				if _, err := spoofer.WriteToUDPAddrPort(b, to); err != nil {
@@ -234,20 +254,15 @@ func TestRefusalsTeachNothing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			serverTLS, clientTLS := egresstest.TLSConfigs(t)
-			sink, l := egresstest.NewLearner(t)
-			conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
-			c, err := egress.NewConn(conn, l)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rl := &replyLog{Conn: c, out: map[netip.Addr][][]byte{}}
+			s := newServerSide(t)
+			sink, l := s.sink, s.learner
+			rl := &replyLog{Conn: s.conn, out: map[netip.Addr][][]byte{}}
 			tr := &quic.Transport{Conn: rl}
 			cfg := egresstest.ServerConfig(quic.Version1)
 			tt.configure(tr, cfg)
-			egresstest.Serve(t, tr, serverTLS, cfg)
-			to := conn.LocalAddr().(*net.UDPAddr).AddrPort()
-			b := tt.replay(t, to, clientTLS)
+			egresstest.Serve(t, tr, s.serverTLS, cfg)
+			to := s.addr
+			b := tt.replay(t, to, s.clientTLS)
 			spoofer := testutil.Sender(t, netip.AddrPortFrom(tt.from, 0))
 			if _, err := spoofer.WriteToUDPAddrPort(b, to); err != nil {
 				t.Fatal(err)
