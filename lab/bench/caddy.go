@@ -174,11 +174,15 @@ func validateVariant(ctx context.Context, bin, dir string, s site, v Variant) er
 }
 
 // startCaddy starts Caddy with a variant's configuration (written by
-// validateVariant), its log in the run's directory, and waits up to ready
-// until its admin endpoint answers and then its site over HTTP/3. A Caddy
-// that does not get there is stopped.
-func startCaddy(ctx context.Context, bin, dir string, s site, v Variant, tag string, ready time.Duration) (*caddyProc, error) {
+// validateVariant), its log in the run's directory, on the CPUs of the
+// taskset -c list cpus (empty: any), and waits up to ready until its admin
+// endpoint answers and then its site over HTTP/3. A Caddy that does not get
+// there is stopped.
+func startCaddy(ctx context.Context, bin, dir string, s site, v Variant, tag, cpus string, ready time.Duration) (*caddyProc, error) {
 	c := variantCaddy(bin, dir, v)
+	if cpus != "" {
+		c.Prefix = []string{"taskset", "-c", cpus}
+	}
 	c.LogFile, c.Admin, c.Wait = filepath.Join(dir, "caddy-"+tag+".log"), s.adminPort, ready
 	dst := s.dst()
 	c.Ready = func(ctx context.Context) error {

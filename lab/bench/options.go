@@ -53,6 +53,9 @@ type Options struct {
 	Scale float64
 	// TransferScale multiplies the sizes of the transfers.
 	TransferScale float64
+	// CaddyCPUs, when set, is the CPU list (taskset -c) Caddy runs on;
+	// run rakebench itself on the other CPUs to keep the two apart.
+	CaddyCPUs string
 	// Out is the output directory.
 	Out string
 	// Readme, when set, is a Markdown file whose bench section (between
@@ -155,6 +158,9 @@ func expandBlock(d string) string {
 	return b.String()
 }
 
+// cpuList is a CPU list as taskset -c takes it.
+var cpuList = regexp.MustCompile(`^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$`)
+
 // ParseFlags parses the command line (without the program name). It returns
 // flag.ErrHelp after printing the usage for -h.
 func ParseFlags(args []string, stderr io.Writer) (*Options, error) {
@@ -168,6 +174,8 @@ func ParseFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.IntVar(&o.Reps, "reps", 3, "repetitions of every scenario and variant")
 	fs.Float64Var(&o.Scale, "scale", 1, "multiplies every timed phase (flood scenarios last 10s x scale)")
 	fs.Float64Var(&o.TransferScale, "transfer-scale", 1, "multiplies the transfer sizes (200 MB, 100 MB, 20 x 10 MB)")
+	fs.StringVar(&o.CaddyCPUs, "caddy-cpus", "", "the CPUs Caddy runs on (a taskset -c list, e.g. 1), with rakebench itself run on the others\n"+
+		"(taskset -c 0 rakebench ...): the clients and Caddy then take no CPU from each other (default: no pinning)")
 	fs.StringVar(&o.Out, "out", "lab/docs/bench", "output directory for results.md, results.json and the charts")
 	fs.StringVar(&o.Readme, "readme", "", "Markdown file whose bench section (between <!-- bench:begin --> and <!-- bench:end -->) to rewrite")
 	fs.StringVar(&o.Caddy, "caddy", "", "Caddy binary with the module (default: build ./cmd/caddy)")
@@ -207,6 +215,8 @@ func ParseFlags(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("-scale %v: want 0.05 to 100", o.Scale)
 	case o.TransferScale < 0.001 || o.TransferScale > 100:
 		return nil, fmt.Errorf("-transfer-scale %v: want 0.001 to 100", o.TransferScale)
+	case o.CaddyCPUs != "" && !cpuList.MatchString(o.CaddyCPUs):
+		return nil, fmt.Errorf("-caddy-cpus %q: want a CPU list such as 1 or 2-3,5", o.CaddyCPUs)
 	case o.Out == "":
 		return nil, errors.New("-out: empty directory")
 	case o.Timeout < 100*time.Millisecond || o.Timeout > time.Minute:

@@ -41,6 +41,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "reps", args: []string{"-reps", "0"}, wantErr: "-reps 0: want 1 to 100"},
 		{name: "scale", args: []string{"-scale", "0"}, wantErr: "-scale 0: want 0.05 to 100"},
 		{name: "transfer scale", args: []string{"-transfer-scale", "1000"}, wantErr: "-transfer-scale 1000"},
+		{name: "caddy cpus", args: []string{"-caddy-cpus", "1,2-3"}, scenarios: ScenarioNames(), variants: []string{"plain", "rakelimit"}},
+		{name: "caddy cpus not a list", args: []string{"-caddy-cpus", "1;rm"}, wantErr: `-caddy-cpus "1;rm"`},
 		{name: "gtlsclient mode", args: []string{"-gtlsclient", "maybe"}, wantErr: `-gtlsclient "maybe": want auto, require or off`},
 		{name: "port range", args: []string{"-port", "70000"}, wantErr: "-port 70000: want 1 to 65535"},
 		{name: "same ports", args: []string{"-port", "9000", "-admin-port", "9000"}, wantErr: "-port and -admin-port are both 9000"},

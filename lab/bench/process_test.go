@@ -37,7 +37,7 @@ func TestStartCaddyFailures(t *testing.T) {
 			port, _ := freePort()
 			admin, _ := freePort(port)
 			s := site{port: port, adminPort: admin}
-			_, err := startCaddy(context.Background(), bin, dir, s, builtinVariants()[1], "t", 300*time.Millisecond)
+			_, err := startCaddy(context.Background(), bin, dir, s, builtinVariants()[1], "t", "", 300*time.Millisecond)
 			if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("err = %v\nwant one line containing %q", err, tt.want)
 			}

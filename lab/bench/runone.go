@@ -15,7 +15,7 @@ import (
 // stops it.
 func (b *bench) runOne(ctx context.Context, sc Scenario, v Variant, rep int) (RunResult, error) {
 	res := RunResult{Scenario: sc.Name, Variant: v.Name, Rep: rep}
-	c, err := startCaddy(ctx, b.bin, b.dir, b.site, v, fmt.Sprintf("%s-%s-%d", sc.Name, v.Name, rep), 30*time.Second)
+	c, err := startCaddy(ctx, b.bin, b.dir, b.site, v, fmt.Sprintf("%s-%s-%d", sc.Name, v.Name, rep), b.o.CaddyCPUs, 30*time.Second)
 	if err != nil {
 		return res, err
 	}
