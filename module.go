@@ -158,10 +158,10 @@ type RakeLimit struct {
 	// header that carries a server ID sent to its source, or comes from a
 	// proven address, is established; any other is unverified, held by a
 	// small total of its own (1,000 per second per stream, 500 for the
-	// socket, shared fairly); a Handshake packet that
-	// neither carries one nor comes from an address the server answered is
-	// invalid, and so is a long header whose lengths do not add up (RFC
-	// 9000 section 17.2). An Initial that carries a server ID sent to its
+	// socket, shared fairly); a Handshake packet that neither carries one
+	// nor comes from an address the server answered is invalid, and so is
+	// a long header whose lengths do not add up (RFC 9000 section 17.2).
+	// An Initial that carries a server ID sent to its
 	// source (the answer to a Retry) passes at the established limits, and
 	// one from a proven address goes before strangers' at the opening
 	// total. Needs classify. Off, short headers are established on their

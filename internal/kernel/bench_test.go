@@ -73,6 +73,30 @@ func newBenchFrames() benchFrames {
 	}
 }
 
+// load loads the filter with c and o for a benchmark of the frames: sid is
+// learned bound to src, src as a proven peer too if peer is set, and with
+// o.xdp the frames' listener (port 443, any address) is set for the XDP
+// program.
+func (bf benchFrames) load(b *testing.B, c decide.Config, o loadOptions, peer bool) *Filter {
+	b.Helper()
+	f := loadTest(b, c, o)
+	if err := f.LearnServerID(bf.sid, bf.src); err != nil {
+		b.Fatal(err)
+	}
+	if peer {
+		if err := f.LearnPeer(bf.src, true); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if o.xdp {
+		if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443"),
+			netip.MustParseAddrPort("[::]:443")}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return f
+}
+
 // verifying returns c with verification by server ID on.
 func verifying(c decide.Config) decide.Config { c.VerifyIDs = true; return c }
 
@@ -89,7 +113,7 @@ func BenchmarkFilter(b *testing.B) {
 	v4 := udp(bf.src.String(), 5000).Bytes()
 	v6 := udp("2001:db8:1:2::7", 5000).Bytes()
 	initial, short, junk, verified, stranger := bf.initial, bf.short, bf.junk, bf.verified, bf.stranger
-	sid, verify := bf.sid, verifying
+	verify := verifying
 	// Every datagram alike (the filter before it knew QUIC), and by class.
 	pass, drop := testutil.Limits(1_000_000), testutil.Limits(25)
 	quicPass, quicDrop := bf.quicPass, bf.quicDrop
@@ -150,23 +174,9 @@ func BenchmarkFilter(b *testing.B) {
 				if xdp {
 					bc.opts.xdp = true
 				}
-				f := loadTest(b, bc.cfg, bc.opts)
-				src := bf.src
-				if err := f.LearnServerID(sid, src); err != nil {
-					b.Fatal(err)
-				}
-				if strings.TrimPrefix(bc.name, "xdp-") == "verified-peer-pass" {
-					if err := f.LearnPeer(src, true); err != nil {
-						b.Fatal(err)
-					}
-				}
+				f := bf.load(b, bc.cfg, bc.opts, strings.TrimPrefix(bc.name, "xdp-") == "verified-peer-pass")
 				prog = f.objs.Rakelimit
 				if xdp {
-					// The frames' listener: port 443, any address.
-					if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443"),
-						netip.MustParseAddrPort("[::]:443")}); err != nil {
-						b.Fatal(err)
-					}
 					prog = f.objs.RakelimitXdp
 				}
 				// Warm up: a flood must be over its limit before timing.
@@ -207,7 +217,6 @@ func BenchmarkFilter(b *testing.B) {
 //	go test ./internal/kernel -run '^$' -bench BenchmarkXDPAgainstSocket
 func BenchmarkXDPAgainstSocket(b *testing.B) {
 	bf := newBenchFrames()
-	src, sid := bf.src, bf.sid
 	v6 := udp("2001:db8:1:2::7", 50000)
 	v6.Data = quicclass.ShortHeader(1200)
 	quicPass, quicDrop, verify := bf.quicPass, bf.quicDrop, verifying
@@ -231,19 +240,7 @@ func BenchmarkXDPAgainstSocket(b *testing.B) {
 	const rounds, perRound = 15, 20000
 	for _, bc := range cases {
 		b.Run(bc.name, func(b *testing.B) {
-			f := loadTest(b, bc.cfg, loadOptions{xdp: true})
-			if err := f.LearnServerID(sid, src); err != nil {
-				b.Fatal(err)
-			}
-			if bc.peer {
-				if err := f.LearnPeer(src, true); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443"),
-				netip.MustParseAddrPort("[::]:443")}); err != nil {
-				b.Fatal(err)
-			}
+			f := bf.load(b, bc.cfg, loadOptions{xdp: true}, bc.peer)
 			// The socket filter, its floor, the XDP program, its floor.
 			progs := [4]*ebpf.Program{f.objs.Rakelimit, floors[0], f.objs.RakelimitXdp, floors[1]}
 			// Warm up: a flood must be over its limit before timing.

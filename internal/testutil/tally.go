@@ -240,7 +240,7 @@ func CheckHeld(t testing.TB, what string, perSecond, sent []int, seconds int, li
 // shortfall left unused (a second that sent 60% of the pace: 40% more).
 func HeldPerSecond(perSecond, sent []int, seconds int, limit float64) error {
 	var bad []string
-	pace := median(sent)
+	pace := Median(sent)
 	for s := 1; s < seconds; s++ {
 		got, offered := 0.0, limit
 		if s < len(perSecond) {
@@ -275,9 +275,6 @@ func HeldPerSecond(perSecond, sent []int, seconds int, limit float64) error {
 	}
 	return nil
 }
-
-// median is the median of v (the lower one of an even count), 0 for none.
-func median(v []int) float64 { return Median(v) }
 
 // Median is the median of v (the lower one of an even count), 0 for none.
 func Median[T int | float64](v []T) float64 {
