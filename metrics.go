@@ -65,15 +65,17 @@ var (
 		"Datagrams verified against what the server sent, by how: short_by_id (a short header carrying a server "+
 			"connection ID bound to its source), short_by_peer (from a proven peer), opening_by_id (an Initial, 0-RTT "+
 			"or Handshake carrying a server ID bound to its source), handshake_from_peer (from a proven peer), "+
-			"opening_from_peer (an Initial from a proven peer: first at the opening total), from_answered (a short "+
-			"header or Handshake from an address the server answered that has not proven itself: unverified, first "+
-			"at the unverified total).",
+			"opening_from_peer (an Initial from a proven peer: a returning user), from_answered (a short header or "+
+			"Handshake from an address the server answered, on its credit: established), opening_from_answered (an "+
+			"Initial from such an address, on its credit: a returning user), over_credit (from an answered address "+
+			"out of credit: unverified, or a stranger's Initial).",
 		[]string{"limiter", "listener", "family", "how"}, nil)
 	learnedDesc = prometheus.NewDesc("caddy_rakelimit_learned_total",
 		"What the limiter learned: server_ids (connection IDs the server chose, bound to the address it sent "+
 			"them to) and peers (addresses it sends a connection's packets to), each counted when taught to the "+
-			"filter (when first sent, and again as a refresh while in use); proofs (addresses that proved themselves: "+
-			"by sending back a server ID bound to them, or as the server's own packets show).",
+			"filter (when first sent, and again as a refresh while in use); credits (granted to addresses by the "+
+			"server's datagrams to them); proofs (addresses that proved themselves by sending back a server ID bound "+
+			"to them); unpaced_attempts (attempts at a proof the proof pacer had no room for).",
 		[]string{"limiter", "kind"}, nil)
 	heldDesc = prometheus.NewDesc("caddy_rakelimit_learned_held",
 		"What the learned sets hold now: server_ids, proven_peers, answered_peers (each set holds 262,144 slots, "+
@@ -220,7 +222,10 @@ func collect(r report.Limiter, ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(r.Verification.ServerIDs), name, "server_ids")
 	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(r.Verification.Peers), name, "peers")
+	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(r.Verification.Credits), name, "credits")
 	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(r.Verification.Proofs), name, "proofs")
+	ch <- prometheus.MustNewConstMetric(learnedDesc, prometheus.CounterValue, float64(r.Verification.UnpacedAttempts), name,
+		"unpaced_attempts")
 	for set, n := range r.Verification.Held {
 		ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(n), name, set)
 	}

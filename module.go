@@ -153,19 +153,21 @@ type RakeLimit struct {
 
 	// VerifyConnectionIDs checks what clients send against what only the
 	// server knows: the connection IDs it chose, each with the address it
-	// sent it to, learned from the datagrams quic-go sends, and the
+	// sent it to, learned from the datagrams quic-go sends, the addresses
+	// it talks to, each with a credit its datagrams there grant, and the
 	// addresses that proved they receive what it sends there. A short
 	// header that carries a server ID sent to its source, or comes from a
-	// proven address, is established; any other is unverified, held by a
-	// small total of its own (1,000 per second per stream, 500 for the
-	// socket, shared fairly); a Handshake packet that neither carries one
-	// nor comes from an address the server answered is invalid, and so is
-	// a long header whose lengths do not add up (RFC 9000 section 17.2).
-	// An Initial that carries a server ID sent to its
-	// source (the answer to a Retry) passes at the established limits, and
-	// one from a proven address goes before strangers' at the opening
-	// total. Needs classify. Off, short headers are established on their
-	// first byte. Default: on.
+	// proven address, or from one it talks to on its credit, is
+	// established; any other is unverified, held by a small total of its
+	// own (1,000 per second per stream, 500 for the socket, shared
+	// fairly); a Handshake packet that neither carries one nor comes from
+	// an address the server answered is invalid, and so is a long header
+	// whose lengths do not add up (RFC 9000 section 17.2). An Initial that
+	// carries a server ID sent to its source passes at the established
+	// limits, and one from a proven address, or from one the server talks
+	// to on its credit, is a returning user's: past its network's limits,
+	// and first within half of the opening total. Needs classify. Off,
+	// short headers are established on their first byte. Default: on.
 	VerifyConnectionIDs *bool `json:"verify_connection_ids,omitempty"`
 
 	// Mode chooses where datagrams are decided: "xdp" at the driver, by an

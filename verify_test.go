@@ -25,9 +25,10 @@ import (
 // TestMigratingClientKeepsConnection: with connection IDs verified (the
 // default), a client that moves its connection to a new source port, or to
 // a new address, keeps it: from the same address the server answers, its
-// packets are verified by the address whatever their connection ID; from a
-// new address, with a new connection ID, they are unverified and pass under
-// that class's limits.
+// packets are verified by the credit the server's packets to the address
+// grant, whatever their connection ID (quic-go's clients use IDs the server
+// issued encrypted); from a new address, once the server moved there after
+// validating it, by the credit its packets there grant.
 func TestMigratingClientKeepsConnection(t *testing.T) {
 	c := startCaddy(t, fmt.Sprintf(siteWithLimit, 1000))
 	url := fmt.Sprintf("https://127.0.0.1:%d/", c.port)
@@ -40,8 +41,8 @@ func TestMigratingClientKeepsConnection(t *testing.T) {
 		class quicclass.Class
 		how   quicclass.Verification
 	}{
-		{"new port, same address", legitSrc, quicclass.Established, quicclass.ShortByPeer},
-		{"new address", netip.MustParseAddr("127.0.0.8"), quicclass.Unverified, quicclass.NotVerified},
+		{"new port, same address", legitSrc, quicclass.Established, quicclass.FromAnswered},
+		{"new address", netip.MustParseAddr("127.0.0.8"), quicclass.Established, quicclass.FromAnswered},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -13,7 +13,6 @@ package decide
 import (
 	"fmt"
 	"net/netip"
-	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
@@ -92,32 +91,13 @@ func CheckNegotiation(n uint32) error {
 	return nil
 }
 
-// Pacing is the version negotiation cap compiled for the pacer: a GCRA
-// (generic cell rate algorithm) with one datagram per Interval nanoseconds
-// and a burst tolerance of Tau nanoseconds. Interval 0 lets nothing through.
-type Pacing struct {
-	Interval, Tau uint64
-}
+// Pacing is a pacer's rate (sketch.Pacing): the version negotiation cap,
+// the proof attempts (ProofPacing) and the tracked streams (TrackPacing).
+type Pacing = sketch.Pacing
 
 // NewPacing compiles a rate in datagrams per second, with a burst of as
-// many.
-func NewPacing(rate uint32) Pacing {
-	if rate == 0 {
-		return Pacing{}
-	}
-	iv := uint64(time.Second) / uint64(rate)
-	return Pacing{Interval: iv, Tau: iv * uint64(rate-1)}
-}
-
-// Admit decides whether a datagram at now conforms to the pacing, given the
-// pacer's theoretical arrival time tat, and returns the new one. The C
-// program does the same with a compare-and-swap on tat.
-func (p Pacing) Admit(tat, now uint64) (bool, uint64) {
-	if p.Interval == 0 || tat > now+p.Tau {
-		return false, tat
-	}
-	return true, max(tat, now) + p.Interval
-}
+// many (sketch.NewPacing).
+func NewPacing(rate uint32) Pacing { return sketch.NewPacing(rate) }
 
 // Datagram is what the filter reads of a datagram.
 type Datagram struct {
@@ -215,6 +195,10 @@ type Stats struct {
 	// Proofs counts the addresses that proved themselves (became proven
 	// peers) by sending back a server ID bound to them.
 	Proofs uint64
+	// UnpacedAttempts counts the attempts at a proof (quicclass
+	// Header.Attempts) that the proof pacer had no room for: their ID,
+	// verified or not, proved nothing (see ProofPacing).
+	UnpacedAttempts uint64
 }
 
 // Unlimited counts the datagrams of a class and family that passed under
@@ -255,6 +239,7 @@ func (s *Stats) Add(o *Stats) {
 	}
 	s.Errors += o.Errors
 	s.Proofs += o.Proofs
+	s.UnpacedAttempts += o.UnpacedAttempts
 }
 
 // Filter is the whole decision with its state: the limiter's sketches, the
@@ -264,8 +249,9 @@ type Filter struct {
 	pacing Pacing
 	lim    *sketch.Limiter
 	allow  allowlist
-	// tat is the negotiation pacer's theoretical arrival time.
-	tat uint64
+	// tat is the negotiation pacer's theoretical arrival time, proofTAT
+	// the proof pacer's (ProofPacing).
+	tat, proofTAT uint64
 	// hk keys the learned sets' hashes (the limiter keeps its own copy).
 	hk      sketch.HashKey
 	learned Learned
@@ -301,9 +287,16 @@ func (f *Filter) Update(c Config) error {
 // Limiter returns the class limiter.
 func (f *Filter) Limiter() *sketch.Limiter { return f.lim }
 
+// HashKey returns the filter's hash key.
+func (f *Filter) HashKey() sketch.HashKey { return f.hk }
+
 // PacerTAT returns the negotiation pacer's theoretical arrival time; for
 // tests that compare state with the BPF program.
 func (f *Filter) PacerTAT() uint64 { return f.tat }
+
+// ProofTAT returns the proof pacer's theoretical arrival time; for tests
+// that compare state with the BPF program.
+func (f *Filter) ProofTAT() uint64 { return f.proofTAT }
 
 // Stats returns the counters.
 func (f *Filter) Stats() Stats { return f.stats }
@@ -317,14 +310,11 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 	if f.cfg.DryRun {
 		dry = 1
 	}
-	// id is the slot of the server ID that verified d, pk d's source.
-	id := -1
-	var pk PeerKey
 	if f.cfg.Classify {
 		h := f.inspect(d)
 		out.Class, out.Reason = h.Class, h.Reason
 		if h.Check != quicclass.CheckNone {
-			out.Class, out.Reason, out.Verified, id, pk = f.verify(&h, &d.Key)
+			out.Class, out.Reason, out.Verified = f.verify(&h, &d.Key, now)
 		}
 	}
 	if out.Verified != quicclass.NotVerified {
@@ -346,14 +336,6 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 			out.Drop = true
 		}
 	default:
-		if id >= 0 {
-			st := Stamp(now)
-			f.learned.IDs.Refresh(id, f.learned.IDs.Slot(id), st)
-			if e := f.learned.IDs.Slot(id); e&SlotMark == 0 && f.prove(&pk, st) {
-				f.learned.IDs.Mark(id, e)
-				f.stats.Proofs++
-			}
-		}
 		// The allowlist exempts from the limits, not from validity: an
 		// allowlisted source's invalid and negotiation datagrams were
 		// decided above, as anyone's, since a spoofer can send from an
@@ -365,7 +347,7 @@ func (f *Filter) Decide(d *Datagram, now int64, rnd uint32) Outcome {
 		}
 		class := int(out.Class)
 		k := d.Key
-		k.RankFirst = out.Verified.RanksFirst()
+		k.Returning = out.Verified.Returning()
 		v := f.lim.Decide(&k, class, now, rnd)
 		out.Verdict = v
 		lvl := max(v.Level, 0)
@@ -394,25 +376,87 @@ func (f *Filter) inspect(d *Datagram) quicclass.Header {
 	return quicclass.Inspect(f.cfg.BlockedPorts, d.Key.SrcPort, d.Probe, d.Length, f.cfg.VerifyIDs)
 }
 
-// verify looks up what h asks for, the server ID bound to the source
-// address first, and the address in the proven peers only if that does not
-// verify it (and for a short header then in the answered peers), and
-// resolves h's class. It returns the slot of the server ID when one
-// verified the datagram, else -1, and the source's peer key.
-func (f *Filter) verify(h *quicclass.Header, k *sketch.Key) (quicclass.Class, quicclass.Reason, quicclass.Verification, int, PeerKey) {
+// ProofAttemptsPerSecond bounds the attempts at a proof (quicclass
+// Header.Attempts) the filter looks up, for the whole socket: each pays a
+// token of the proof pacer (ProofPacing) before its ID is looked up, and
+// one without a token proves nothing, whether its ID verifies it or not.
+// An attempt hits one of the at most LearnedWays IDs bound to its source
+// with odds of LearnedWays in 2^32 at best (a spoofer chooses the address
+// and has the server answer it as often as it likes, but the IDs are 4
+// random bytes it never sees), so that the proofs a spoofer can forge, at
+// any rate of sending, are at most ProofAttemptsPerSecond * LearnedWays /
+// 2^32 a second: one in about three days. A client proves itself with the
+// first Handshake packet it sends back (one attempt); past 2,000 such a
+// second, some new clients go unproven until their next connection, and
+// are verified by their IDs and their credit meanwhile.
+const ProofAttemptsPerSecond = 2_000
+
+// ProofPacing is the proof pacer's pacing: ProofAttemptsPerSecond, with a
+// burst of as many.
+func ProofPacing() Pacing { return NewPacing(ProofAttemptsPerSecond) }
+
+// verify looks up what h asks for and resolves h's class (verify in the C
+// program). A short header's ID is looked up first, and the source among
+// the proven peers and then the answered ones only if the ID does not
+// verify it. An attempt at a proof (Header.Attempts) looks the peers up
+// first: from an answered peer that is not proven, it pays a token of the
+// proof pacer at now before its ID is looked up. A server ID that verifies
+// the datagram is refreshed at now, and a paid attempt through it proves
+// the source (once: the ID's slot is marked then). A datagram that the
+// answered tier decides spends a credit of its source.
+func (f *Filter) verify(h *quicclass.Header, k *sketch.Key, now int64) (quicclass.Class, quicclass.Reason, quicclass.Verification) {
 	pk, ok := peerKey(k)
-	id := -1
-	if h.HasID && ok {
-		id = f.learned.IDs.Find(BoundHash(&f.hk, h.ID, &pk))
+	if !ok {
+		return h.Resolve(false, false, false, false)
 	}
-	var proven, answered bool
-	if h.NeedsPeer(id >= 0) && ok {
-		ha := PeerHash(&f.hk, &pk)
-		proven = f.learned.Proven.Find(ha) >= 0
-		answered = !proven && h.NeedsAnswered() && f.learned.Answered.Find(ha) >= 0
+	ha := PeerHash(&f.hk, &pk)
+	p, paid := peers{answered: -1}, false
+	if h.Attempts() {
+		p = f.peers(ha)
+		if !p.proven && p.answered >= 0 {
+			if paid, f.proofTAT = ProofPacing().Admit(f.proofTAT, uint64(now)); !paid {
+				f.stats.UnpacedAttempts++
+			}
+		}
 	}
-	c, r, v := h.Resolve(id >= 0, proven, answered)
-	return c, r, v, id, pk
+	if id := f.boundID(h, &pk); id >= 0 {
+		st := Stamp(now)
+		f.learned.IDs.Refresh(id, f.learned.IDs.Slot(id), st)
+		if e := f.learned.IDs.Slot(id); paid && e&SlotMark == 0 && f.prove(&pk, st) {
+			f.learned.IDs.Mark(id, e)
+			f.stats.Proofs++
+		}
+		return h.Resolve(true, false, false, false)
+	}
+	if !h.Attempts() && h.NeedsPeer(false) {
+		p = f.peers(ha)
+	}
+	credited := !p.proven && p.answered >= 0 && f.learned.Credit.Spend(p.answered)
+	return h.Resolve(false, p.proven, p.answered >= 0, credited)
+}
+
+// boundID returns the slot of h's ID when it is a server ID bound to the
+// source pk, else -1.
+func (f *Filter) boundID(h *quicclass.Header, pk *PeerKey) int {
+	if !h.HasID {
+		return -1
+	}
+	return f.learned.IDs.Find(BoundHash(&f.hk, h.ID, pk))
+}
+
+// peers is what the sets of peers hold of a source: whether it is a proven
+// peer and, if not, its slot in the answered ones (-1: not one).
+type peers struct {
+	proven   bool
+	answered int
+}
+
+// peers looks up the source of peer hash ha (peers_of in the C program).
+func (f *Filter) peers(ha uint64) peers {
+	if f.learned.Proven.Find(ha) >= 0 {
+		return peers{proven: true, answered: -1}
+	}
+	return peers{answered: f.learned.Answered.Find(ha)}
 }
 
 // prove records that the source pk proved its address through a server
@@ -434,10 +478,14 @@ func (f *Filter) LearnServerID(id ServerID, addr netip.Addr, now int64) error {
 }
 
 // LearnPeer records that the server sent a connection's packet to addr at
-// time now, and whether its packets show addr proven (see
-// Learned.LearnPeer).
-func (f *Filter) LearnPeer(addr netip.Addr, proven bool, now int64) error {
-	return f.learned.LearnPeer(&f.hk, addr, proven, now)
+// time now (see Learned.LearnPeer).
+func (f *Filter) LearnPeer(addr netip.Addr, now int64) error {
+	return f.learned.LearnPeer(&f.hk, addr, now)
+}
+
+// Grant adds credits to addr, an answered peer (see Learned.Grant).
+func (f *Filter) Grant(addr netip.Addr, credits int) error {
+	return f.learned.Grant(&f.hk, addr, credits)
 }
 
 // ExpireLearned forgets the keys of each learned set neither learned nor

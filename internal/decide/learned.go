@@ -17,33 +17,39 @@ import (
 //   - the server IDs: each connection ID the server chose, bound to the
 //     address it was sent to. The key is the ID and the address together,
 //     so an ID verifies only a datagram from that address: from anywhere
-//     else the lookup finds another key, and misses;
+//     else the lookup finds another key, and misses. The set a key takes is
+//     its address's alone (BoundHash), so one address holds at most
+//     LearnedWays IDs however many the server is made to send there;
 //   - the proven peers: the addresses that proved they receive what the
 //     server sends them, by sending back an ID the server sent there (the
-//     return routability of RFC 9000 section 8). The filter adds an address
-//     itself, on the first datagram that verifies by a bound ID from it
-//     (the ID's slot is then marked, so that the next ones do not add it
-//     again); the learner keeps it while the server keeps sending to it;
+//     return routability of RFC 9000 section 8) in a long header, while
+//     the proof pacer has room (Filter.Decide; ProofAttemptsPerSecond).
+//     The filter adds an address itself, on the first such datagram from
+//     it (the ID's slot is then marked, so that the next ones do not add
+//     it again); the learner keeps it while the server keeps sending to
+//     it;
 //   - the answered peers: the addresses the server sends a connection's
-//     packets to, which a spoofed Initial the server answers makes one of:
-//     a lower tier, which verifies nothing: it lets an address's short
-//     headers and Handshakes be unverified rather than invalid, ranked
-//     with strangers' (a spoofer chooses the addresses the server answers).
+//     packets to, which a spoofed Initial the server answers makes one of,
+//     each with its credit beside it (Credit): what the server's datagrams
+//     to it granted, less what its datagrams the filter verified by it
+//     spent.
 //
 // A set is an array of LearnedSets sets of LearnedWays 8-byte slots, one
 // cache line a set, in the kernel an mmapped BPF array that userspace and
 // the program write with atomic operations only. A key's 64-bit hash (a
-// multiply-add hash under the filter's secret key, strongly universal in
-// its top bits) picks its set (the top LearnedSetShift bits) and its tag
-// (the TagBits after them); a slot holds the tag, SlotUsed, SlotMark and
-// the key's stamp, its time in units of 2^StampShift ns (1.07 s). A key
-// not in its set takes an empty slot, else the stalest one's. Each set has
-// a quick-reject filter beside it, a bitmap of 2^QuickShift bits with the
-// bit of every member's hash set, so that a key of no member (a spoofed
-// flood's) costs a bit read rather than a read of a cache line in megabytes
-// that no cache holds. The Go twin keeps the same arrays and writes them
-// with the same code (this file), so that both forget the same keys at and
-// above capacity.
+// multiply-add hash under the filter's secret key, universal over the key's
+// words: two keys collide in a hash's top 32 bits with a probability of
+// about 2^-32, which covers the set and the first bits of the tag; the
+// rest of the 38-bit tag only makes a miss likelier) picks its set (the
+// top LearnedSetShift bits) and its tag (the TagBits after them); a slot
+// holds the tag, SlotUsed, SlotMark and the key's stamp, its time in units
+// of 2^StampShift ns (1.07 s). A key not in its set takes an empty slot,
+// else the stalest one's. Each set has a quick-reject filter beside it, a
+// bitmap of 2^QuickShift bits with the bit of every member's hash set, so
+// that a key of no member (a spoofed flood's) costs a bit read rather than
+// a read of a cache line in megabytes that no cache holds. The Go twin
+// keeps the same arrays and writes them with the same code (this file), so
+// that both forget the same keys at and above capacity.
 const (
 	// ServerIDLen is the length of the server's connection IDs: quic-go's
 	// are 4 random bytes.
@@ -168,13 +174,20 @@ func (k PeerKey) Addr() netip.Addr {
 }
 
 // BoundHash is the hash of server ID id bound to address pk: its key in
-// the server IDs' set (bound_hash in learned.h).
+// the server IDs' set (bound_hash in learned.h). Its set (the top
+// LearnedSetShift bits) is the address's alone, so that the IDs bound to
+// one address share one set and are at most LearnedWays: a guess from an
+// address can hit no more IDs than that, however many Initials a spoofer
+// has the server answer there. The rest, the tag and the quick-reject
+// bits below the set's, are the top bits of the hash of the ID and the
+// address together.
 func BoundHash(hk *sketch.HashKey, id ServerID, pk *PeerKey) uint64 {
-	h := hk.LearnID[0]*uint64(id.Word()) + hk.LearnID[1+len(pk)]
+	a := hk.LearnID[1+len(pk)]
 	for i, w := range pk {
-		h += hk.LearnID[1+i] * uint64(w)
+		a += hk.LearnID[1+i] * uint64(w)
 	}
-	return h
+	h := hk.LearnID[0]*uint64(id.Word()) + a
+	return a&^(1<<(64-LearnedSetShift)-1) | h>>LearnedSetShift
 }
 
 // PeerHash is the hash of address pk: its key in the sets of peers
@@ -273,21 +286,30 @@ func (s *LearnedSet) Mark(i int, e uint64) bool {
 // quick-reject filter. It reports false when other writers kept changing
 // the set (learn_slot in learned.h, which tries once).
 func (s *LearnedSet) Learn(h uint64, st uint32) bool {
+	_, _, ok := s.learnAt(h, st)
+	return ok
+}
+
+// learnAt is Learn, which also returns the key's slot (-1 when its own
+// slot was stamped st or later already, or when it failed) and whether the
+// slot held another key or none before.
+func (s *LearnedSet) learnAt(h uint64, st uint32) (int, bool, bool) {
 	for range learnTries {
 		i, e := s.victim(h, st)
 		if i < 0 {
-			return true // its own slot, stamped since
+			return -1, false, true // its own slot, stamped since
 		}
 		next := slotKey(h) | uint64(st)
-		if e&SlotKeyMask == slotKey(h) {
+		own := e&SlotKeyMask == slotKey(h)
+		if own {
 			next |= e & SlotMark
 		}
 		if atomic.CompareAndSwapUint64(&s.slots[i], e, next) {
 			s.setQuick(h)
-			return true
+			return i, !own, true
 		}
 	}
-	return false
+	return -1, false, false
 }
 
 // victim is the slot Learn writes the key of hash h into at stamp st, and
@@ -420,7 +442,96 @@ func (s *LearnedSet) CopyFrom(o *LearnedSet, st uint32) {
 	}
 }
 
-// Learned are a filter's three learned sets.
+// The answered peers' credits. Beside each slot of the answered set is a
+// counter of the datagrams the address in it may still send verified by its
+// credit (quicclass.FromAnswered, OpeningFromAnswered): the learner grants
+// CreditPerDatagram for each datagram the server sends the address that
+// holds a short-header packet (not a path probe, not a stateless reset; see
+// package egress), up to CreditMax, and the filter spends one for each
+// datagram it verifies so. A client that the server talks to sends at most
+// about as many datagrams as it receives (an upload's acknowledgements are
+// one for two of its packets), so it never runs out; an address a spoofer
+// names gets what the server sends it, which it cannot receive: what a
+// spoofed Initial's answer grants, and what quic-go may send to an address
+// it has not validated, at most three times what it receives from it
+// (RFC 9000 section 8.1), so a spoofer pays for credit with datagrams of
+// its own that the filter let through first.
+const (
+	// CreditPerDatagram is what one of the server's datagrams grants: an
+	// upload's acknowledgements (one for two of the client's packets, each
+	// of which lets it send two more while its window grows) grant four
+	// credits for each packet they acknowledge, twice what it sends.
+	CreditPerDatagram = 64 // C: CREDIT_PER_DATAGRAM
+	// CreditFirst is what a new answered peer starts with: a client's
+	// first burst after its handshake, before the server's answers to it
+	// grant more (quic-go's initial congestion window is 32 packets).
+	CreditFirst = 32
+	// CreditMax bounds an address's credit.
+	CreditMax = 1 << 16 // C: CREDIT_MAX
+)
+
+// Credit holds the answered peers' credits, a counter beside each slot of
+// the answered set (answered_credit in the C program), in Go's memory or
+// in a kernel map's, mapped. Its methods are safe for concurrent use.
+type Credit struct {
+	c []uint32
+}
+
+// NewCredit returns credits for an answered set in Go's memory, all zero.
+func NewCredit() *Credit { return &Credit{c: make([]uint32, LearnedSlots)} }
+
+// CreditOn returns the credits whose counters are the given memory (a
+// kernel map's, mapped), which must outlive them.
+func CreditOn(mem []uint32) (*Credit, error) {
+	if len(mem) != LearnedSlots {
+		return nil, fmt.Errorf("the credits of a learned set are %d counters, got %d", LearnedSlots, len(mem))
+	}
+	return &Credit{c: mem}, nil
+}
+
+// Spend takes one credit of slot i: false when it has none (spend_credit in
+// learned.h, which tries once too: a counter another writer changed since
+// it was read is not spent, and the datagram is not verified by it).
+func (c *Credit) Spend(i int) bool {
+	v := atomic.LoadUint32(&c.c[i])
+	return v != 0 && atomic.CompareAndSwapUint32(&c.c[i], v, v-1)
+}
+
+// Grant adds n credits to slot i, up to CreditMax.
+func (c *Credit) Grant(i int, n uint32) {
+	for {
+		v := atomic.LoadUint32(&c.c[i])
+		if v >= CreditMax || atomic.CompareAndSwapUint32(&c.c[i], v, min(v+min(n, CreditMax), CreditMax)) {
+			return
+		}
+	}
+}
+
+// Of returns slot i's credit.
+func (c *Credit) Of(i int) uint32 { return atomic.LoadUint32(&c.c[i]) }
+
+// reset sets slot i's credit to CreditFirst: a new key took the slot.
+func (c *Credit) reset(i int) { atomic.StoreUint32(&c.c[i], CreditFirst) }
+
+// Snapshot returns a copy of the counters; for tests that compare the
+// kernel's credits with the Go twin's.
+func (c *Credit) Snapshot() []uint32 {
+	out := make([]uint32, len(c.c))
+	for i := range c.c {
+		out[i] = atomic.LoadUint32(&c.c[i])
+	}
+	return out
+}
+
+// copyFrom sets c to o's counters.
+func (c *Credit) copyFrom(o *Credit) {
+	for i := range c.c {
+		atomic.StoreUint32(&c.c[i], atomic.LoadUint32(&o.c[i]))
+	}
+}
+
+// Learned are a filter's three learned sets and the answered peers'
+// credits.
 type Learned struct {
 	// IDs are the server IDs, each bound to the address it was sent to.
 	IDs *LearnedSet
@@ -429,11 +540,13 @@ type Learned struct {
 	// Answered are the addresses the server sent a connection's packets
 	// to.
 	Answered *LearnedSet
+	// Credit is the answered peers' credits, slot by slot of Answered.
+	Credit *Credit
 }
 
 // NewLearned returns three empty learned sets in Go's memory.
 func NewLearned() Learned {
-	return Learned{IDs: NewLearnedSet(), Proven: NewLearnedSet(), Answered: NewLearnedSet()}
+	return Learned{IDs: NewLearnedSet(), Proven: NewLearnedSet(), Answered: NewLearnedSet(), Credit: NewCredit()}
 }
 
 // Sets lists the sets, indexed as the C program indexes them (LearnedIDs,
@@ -457,22 +570,36 @@ func (l Learned) LearnServerID(hk *sketch.HashKey, id ServerID, addr netip.Addr,
 }
 
 // LearnPeer records that the server sent a connection's packet to addr at
-// time now: addr is an answered peer from now on, and, if it proved its
-// address, stays a proven one. proven says that the server's own packets
-// show it proved itself (egress.Learner): it becomes a proven peer then.
-func (l Learned) LearnPeer(hk *sketch.HashKey, addr netip.Addr, proven bool, now int64) error {
+// time now: addr is an answered peer from now on (a new one with
+// CreditFirst), and, if it proved its address, stays a proven one. Only the
+// filter proves an address (Filter.Decide): what the server sends shows
+// whom it answers, not who receives it.
+func (l Learned) LearnPeer(hk *sketch.HashKey, addr netip.Addr, now int64) error {
 	pk, err := PeerKeyOf(addr)
 	if err != nil {
 		return err
 	}
 	h, st := PeerHash(hk, &pk), Stamp(now)
-	if proven {
-		l.Proven.Learn(h, st)
-	} else {
-		l.Proven.Touch(h, st)
-	}
-	if !l.Answered.Learn(h, st) {
+	l.Proven.Touch(h, st)
+	i, fresh, ok := l.Answered.learnAt(h, st)
+	if !ok {
 		return fmt.Errorf("learning peer %v: its set kept changing over %d tries", addr, learnTries)
+	}
+	if fresh {
+		l.Credit.reset(i)
+	}
+	return nil
+}
+
+// Grant adds credits to addr, an answered peer (see CreditPerDatagram);
+// nothing when addr is not one.
+func (l Learned) Grant(hk *sketch.HashKey, addr netip.Addr, credits int) error {
+	pk, err := PeerKeyOf(addr)
+	if err != nil {
+		return err
+	}
+	if i := l.Answered.Find(PeerHash(hk, &pk)); i >= 0 && credits > 0 {
+		l.Credit.Grant(i, uint32(min(credits, CreditMax)))
 	}
 	return nil
 }
@@ -487,11 +614,13 @@ func (l Learned) Expire(now int64, lifetime uint32) (counts [NumLearned]int) {
 	return counts
 }
 
-// CopyFrom sets l's sets to o's, each key stamped st.
+// CopyFrom sets l's sets and credits to o's, each key stamped st. The
+// slots are copied as they are: both filters must hash with one key.
 func (l Learned) CopyFrom(o Learned, st uint32) {
 	l.IDs.CopyFrom(o.IDs, st)
 	l.Proven.CopyFrom(o.Proven, st)
 	l.Answered.CopyFrom(o.Answered, st)
+	l.Credit.copyFrom(o.Credit)
 }
 
 // LifetimeStamps is a lifetime in nanoseconds as a number of stamps,

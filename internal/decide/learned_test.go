@@ -15,10 +15,13 @@ var (
 	otherID  = ServerID{0x01, 0x02, 0x03, 0x04}
 	clientID = []byte{1, 2, 3, 4, 5, 6, 7, 8}
 	// peer and peer6 were sent serverID and proved their address with it;
-	// answered was sent a connection's packets, and proved nothing.
+	// answered was sent a connection's packets and granted credit, and
+	// proved nothing; spent was sent a connection's packets and has no
+	// credit.
 	peer     = netip.MustParseAddr("192.0.2.50")
 	peer6    = netip.MustParseAddr("2001:db8::50")
 	answered = netip.MustParseAddr("192.0.2.60")
+	spent    = netip.MustParseAddr("192.0.2.61")
 )
 
 func verifying() Config {
@@ -28,14 +31,23 @@ func verifying() Config {
 }
 
 // learnedFilter returns a filter that sent serverID to peer and peer6,
-// which proved their addresses with it at start, and a connection's packet
-// to answered.
+// which proved their addresses with it at start (a Handshake packet), and
+// a connection's packets to answered, granted 100 credits, and to spent.
 func learnedFilter(t *testing.T, c Config) *Filter {
 	t.Helper()
 	f := newFilter(t, c)
-	for _, a := range []netip.Addr{peer, peer6, answered} {
-		if err := f.LearnPeer(a, false, start); err != nil {
+	for _, a := range []netip.Addr{peer, peer6, answered, spent} {
+		if err := f.LearnPeer(a, start); err != nil {
 			t.Fatal(err)
+		}
+	}
+	if err := f.Grant(answered, 100); err != nil {
+		t.Fatal(err)
+	}
+	// spent spends what a new peer starts with.
+	for range CreditFirst {
+		if out := f.Decide(dgram("192.0.2.61:50000", quicclass.ShortPacket(otherID, 100)), start, 0); c.VerifyIDs && out.Verified != quicclass.FromAnswered {
+			t.Fatalf("a new peer's first credits: %+v", out)
 		}
 	}
 	for _, a := range []netip.Addr{peer, peer6} {
@@ -43,8 +55,8 @@ func learnedFilter(t *testing.T, c Config) *Filter {
 			t.Fatal(err)
 		}
 		if c.VerifyIDs {
-			d := dgram(netip.AddrPortFrom(a, 40000).String(), quicclass.ShortPacket(serverID, 100))
-			if out := f.Decide(d, start, 0); out.Verified != quicclass.ShortByID {
+			d := dgram(netip.AddrPortFrom(a, 40000).String(), quicclass.LongPacket(quicclass.Version1, 2, serverID[:], clientID, nil, 90))
+			if out := f.Decide(d, start, 0); out.Verified != quicclass.OpeningByID {
 				t.Fatalf("the proof from %v: %+v", a, out)
 			}
 		}
@@ -76,24 +88,27 @@ func TestVerify(t *testing.T) {
 		{"short, server id from its address", true, "192.0.2.50:50000", quicclass.ShortPacket(serverID, 100), quicclass.Established, 0, quicclass.ShortByID},
 		{"short, server id from its address, new port", true, "192.0.2.50:50001", quicclass.ShortPacket(serverID, 100), quicclass.Established, 0, quicclass.ShortByID},
 		{"short, server id from another address", true, "198.51.100.1:50000", quicclass.ShortPacket(serverID, 100), quicclass.Unverified, 0, 0},
-		{"short, server id from an answered address", true, "192.0.2.60:50000", quicclass.ShortPacket(serverID, 100), quicclass.Unverified, 0, quicclass.FromAnswered},
+		{"short, server id from an answered address", true, "192.0.2.60:50000", quicclass.ShortPacket(serverID, 100), quicclass.Established, 0, quicclass.FromAnswered},
 		// Peers are addresses, not ports: the proof came from port
 		// 40000, and everyone behind that address is verified (a NAT's
 		// clients share one).
 		{"short, proven peer, another port", true, "192.0.2.50:50000", quicclass.ShortPacket(otherID, 100), quicclass.Established, 0, quicclass.ShortByPeer},
 		{"short, ipv6 proven peer", true, "[2001:db8::50]:50000", quicclass.ShortPacket(otherID, 100), quicclass.Established, 0, quicclass.ShortByPeer},
-		{"short, answered peer", true, "192.0.2.60:50000", quicclass.ShortPacket(otherID, 100), quicclass.Unverified, 0, quicclass.FromAnswered},
+		{"short, answered peer", true, "192.0.2.60:50000", quicclass.ShortPacket(otherID, 100), quicclass.Established, 0, quicclass.FromAnswered},
+		{"short, answered peer out of credit", true, "192.0.2.61:50000", quicclass.ShortPacket(otherID, 100), quicclass.Unverified, 0, quicclass.OverCredit},
 		{"short, stranger", true, "198.51.100.1:50000", quicclass.ShortPacket(otherID, 100), quicclass.Unverified, 0, 0},
 		{"short, peer's /24", true, "192.0.2.51:50000", quicclass.ShortPacket(otherID, 100), quicclass.Unverified, 0, 0},
 		{"initial, stranger", true, "198.51.100.1:50000", initial, quicclass.Opening, 0, 0},
 		{"initial, proven peer", true, "192.0.2.50:50000", initial, quicclass.Opening, 0, quicclass.OpeningFromPeer},
-		{"initial, answered peer", true, "192.0.2.60:50000", initial, quicclass.Opening, 0, 0},
+		{"initial, answered peer", true, "192.0.2.60:50000", initial, quicclass.Opening, 0, quicclass.OpeningFromAnswered},
+		{"initial, answered peer out of credit", true, "192.0.2.61:50000", initial, quicclass.Opening, 0, quicclass.OverCredit},
 		{"initial to a server id from its address", true, "192.0.2.50:50000", retried, quicclass.Established, 0, quicclass.OpeningByID},
 		{"initial to a server id from another address", true, "198.51.100.1:50000", retried, quicclass.Opening, 0, 0},
 		{"handshake to a server id from its address", true, "[2001:db8::50]:50000", handshake, quicclass.Established, 0, quicclass.OpeningByID},
 		{"handshake to a server id from another address", true, "198.51.100.1:50000", handshake, quicclass.Invalid, quicclass.UnknownConnectionID, 0},
 		{"handshake to another id, from a proven peer", true, "192.0.2.50:50000", strangeHandshake, quicclass.Established, 0, quicclass.HandshakeFromPeer},
-		{"handshake to another id, from an answered peer", true, "192.0.2.60:50000", strangeHandshake, quicclass.Unverified, 0, quicclass.FromAnswered},
+		{"handshake to another id, from an answered peer", true, "192.0.2.60:50000", strangeHandshake, quicclass.Established, 0, quicclass.FromAnswered},
+		{"handshake to another id, out of credit", true, "192.0.2.61:50000", strangeHandshake, quicclass.Unverified, 0, quicclass.OverCredit},
 		{"7-byte handshake", true, "198.51.100.1:50000", tiny, quicclass.Invalid, quicclass.Length, 0},
 		{"not verifying: short, stranger", false, "198.51.100.1:50000", quicclass.ShortPacket(otherID, 100), quicclass.Established, 0, 0},
 		{"not verifying: handshake to another id", false, "198.51.100.1:50000", strangeHandshake, quicclass.Opening, 0, 0},
@@ -132,18 +147,16 @@ func TestVerify(t *testing.T) {
 	}
 }
 
-// TestProof: an address becomes a proven peer with the first datagram
-// from it that carries a server ID bound to it, of any kind, and only then:
-// the ID's slot is marked, later datagrams add nothing, and a stranger who
-// sends the same ID proves nothing. A Retry's ID (bound to the Retry's
-// destination) proves that address with the Initial that answers it.
+// TestProof: an address becomes a proven peer with the first long header
+// from it, an answered peer, that carries a server ID bound to it (an
+// Initial to a Retry's or the ServerHello's ID, a Handshake), and only
+// then: the ID's slot is marked, later datagrams add nothing, a short
+// header with the ID verifies itself and proves nothing, and a stranger
+// who sends the same ID proves nothing.
 func TestProof(t *testing.T) {
 	f := newFilter(t, verifying())
 	client := netip.MustParseAddr("203.0.113.5")
 	if err := f.LearnServerID(serverID, client, start); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.LearnPeer(client, false, start); err != nil {
 		t.Fatal(err)
 	}
 	pk, err := PeerKeyOf(client)
@@ -152,17 +165,29 @@ func TestProof(t *testing.T) {
 	}
 	slot := func() uint64 { return f.learned.IDs.Slot(f.learned.IDs.Find(BoundHash(&f.hk, serverID, &pk))) }
 	proven := func() bool { return f.learned.Proven.Find(PeerHash(&f.hk, &pk)) >= 0 }
+	at := start + int64(time.Millisecond)
 	short := func(src string, id ServerID) Outcome {
-		return f.Decide(dgram(src, quicclass.ShortPacket(id, 100)), start+int64(time.Millisecond), 0)
+		return f.Decide(dgram(src, quicclass.ShortPacket(id, 100)), at, 0)
 	}
+	retried := quicclass.LongPacket(quicclass.Version1, 0, serverID[:], clientID, []byte("token"), 1200)
 	if out := short("198.51.100.9:40000", serverID); out.Class != quicclass.Unverified || proven() || f.Stats().Proofs != 0 {
 		t.Fatalf("the ID from a stranger: %+v, the client proven %v", out, proven())
+	}
+	// Before the server answered it, the client's ID verifies its
+	// datagrams but proves nothing: it is not a peer.
+	if out := f.Decide(dgram("203.0.113.5:40000", retried), at, 0); out.Verified != quicclass.OpeningByID || proven() {
+		t.Fatalf("an unanswered client's Initial to its ID: %+v, proven %v", out, proven())
+	}
+	if err := f.LearnPeer(client, start); err != nil {
+		t.Fatal(err)
+	}
+	if out := short("203.0.113.5:40000", serverID); out.Verified != quicclass.ShortByID || proven() {
+		t.Fatalf("a short header to the ID: %+v, proven %v", out, proven())
 	}
 	if out := short("203.0.113.5:40000", otherID); out.Verified != quicclass.FromAnswered || proven() {
 		t.Fatalf("before the proof: %+v, proven %v", out, proven())
 	}
-	retried := quicclass.LongPacket(quicclass.Version1, 0, serverID[:], clientID, []byte("token"), 1200)
-	if out := f.Decide(dgram("203.0.113.5:40000", retried), start+int64(time.Millisecond), 0); out.Verified != quicclass.OpeningByID {
+	if out := f.Decide(dgram("203.0.113.5:40000", retried), at, 0); out.Verified != quicclass.OpeningByID {
 		t.Fatalf("the proof: %+v", out)
 	}
 	if !proven() || slot()&SlotMark == 0 || f.Stats().Proofs != 1 {
@@ -171,7 +196,7 @@ func TestProof(t *testing.T) {
 	if out := short("203.0.113.5:40001", otherID); out.Verified != quicclass.ShortByPeer {
 		t.Fatalf("after the proof: %+v", out)
 	}
-	short("203.0.113.5:40000", serverID)
+	f.Decide(dgram("203.0.113.5:40000", retried), at, 0)
 	if f.Stats().Proofs != 1 || f.learned.Proven.Len() != 1 {
 		t.Fatalf("%d proofs and %d proven peers after a second datagram with the ID", f.Stats().Proofs, f.learned.Proven.Len())
 	}
@@ -198,8 +223,10 @@ func TestLearnedTimes(t *testing.T) {
 	if err := f.LearnServerID(serverID, client, base+int64(u/10)); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.LearnPeer(peer, false, base+int64(u/10)); err != nil {
-		t.Fatal(err)
+	for _, a := range []netip.Addr{peer, client} {
+		if err := f.LearnPeer(a, base+int64(u/10)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	pk, _ := PeerKeyOf(client)
 	idStamp := func() uint32 {
@@ -215,6 +242,11 @@ func TestLearnedTimes(t *testing.T) {
 	short := func(src string, at time.Duration) quicclass.Class {
 		d := dgram(src, quicclass.ShortPacket(serverID, 100))
 		return f.Decide(d, base+int64(at), 0).Class
+	}
+	// The client proves its address with its Handshake at +u/2.
+	hs := dgram("198.51.100.1:50000", quicclass.LongPacket(quicclass.Version1, 2, serverID[:], clientID, nil, 90))
+	if out := f.Decide(hs, base+int64(u/2), 0); out.Verified != quicclass.OpeningByID || f.Stats().Proofs != 1 {
+		t.Fatalf("the client's Handshake: %+v, %d proofs", out, f.Stats().Proofs)
 	}
 	for _, s := range []struct {
 		at   time.Duration
@@ -234,11 +266,11 @@ func TestLearnedTimes(t *testing.T) {
 			t.Fatalf("after a datagram at +%v the ID's stamp is %d, want %d", s.at, got-stamp, s.want-stamp)
 		}
 	}
-	// The answered peer was learned at +u/10 and never since, the ID used
-	// at +3u, and the client proven at +u/2: with a lifetime of one stamp,
-	// at +3u the peers are older than it.
-	if got := f.ExpireLearned(base+int64(3*u), int64(u)); got != [NumLearned]int{0, 1, 1} {
-		t.Fatalf("expired %v, want the proof and the answered peer", got)
+	// The answered peers were learned at +u/10 and never since, the ID
+	// used at +3u, and the client proven at +u/2: with a lifetime of one
+	// stamp, at +3u the peers are older than it.
+	if got := f.ExpireLearned(base+int64(3*u), int64(u)); got != [NumLearned]int{0, 1, 2} {
+		t.Fatalf("expired %v, want the proof and the answered peers", got)
 	}
 	d := dgram("198.51.100.1:50000", quicclass.ShortPacket(otherID, 100))
 	if out := f.Decide(d, base+int64(3*u), 0); out.Class != quicclass.Unverified {
@@ -250,7 +282,7 @@ func TestLearnedTimes(t *testing.T) {
 	if got := f.ExpireLearned(base+int64(5*u), int64(u)); got != [NumLearned]int{1, 0, 0} || short("198.51.100.1:50000", 5*u) != quicclass.Unverified {
 		t.Fatalf("expired %v; the forgotten ID still verifies", got)
 	}
-	if err := f.LearnPeer(netip.Addr{}, false, start); err == nil || !strings.Contains(err.Error(), "peer address invalid IP: want an IPv4 or IPv6 address") {
+	if err := f.LearnPeer(netip.Addr{}, start); err == nil || !strings.Contains(err.Error(), "peer address invalid IP: want an IPv4 or IPv6 address") {
 		t.Fatalf("LearnPeer(invalid): %v", err)
 	}
 	if err := f.LearnServerID(serverID, netip.Addr{}, start); err == nil || strings.Contains(err.Error(), "\n") {
@@ -389,7 +421,7 @@ func TestCopyFrom(t *testing.T) {
 	if err := from.LearnServerID(&hk, serverID, peer, int64(1000*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := from.LearnPeer(&hk, answered, false, int64(1000*time.Hour)); err != nil {
+	if err := from.LearnPeer(&hk, answered, int64(1000*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	to.CopyFrom(from, 7)

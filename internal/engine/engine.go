@@ -56,11 +56,14 @@ type Engine interface {
 	// Sink learns the server's connection IDs and peers (from the
 	// learner Protect's conns teach); ExpireLearned forgets the keys of
 	// each learned set unused for lifetime. Learned is the learned sets,
-	// and AdoptLearned takes over another engine's (stamped now).
+	// and AdoptLearned takes over another engine's (stamped now), which
+	// must hash with the same key (HashKey; Options.HashKey opens an
+	// engine on one).
 	egress.Sink
 	ExpireLearned(lifetime time.Duration) ([decide.NumLearned]int, error)
 	Learned() decide.Learned
 	AdoptLearned(from decide.Learned)
+	HashKey() sketch.HashKey
 	// Unprotect takes the filter away from a socket that stays open (the
 	// limiter was removed, or moved to userspace). It reports false when
 	// the socket is closed.

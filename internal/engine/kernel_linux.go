@@ -15,8 +15,8 @@ import (
 type kernelEngine struct{ *kernel.Filter }
 
 // OpenKernel loads the BPF socket filter for c.
-func OpenKernel(c decide.Config, _ Options) (Engine, error) {
-	f, err := kernel.Load(c)
+func OpenKernel(c decide.Config, o Options) (Engine, error) {
+	f, err := kernel.Load(c, o.HashKey)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 )
@@ -26,9 +27,10 @@ import (
 // concurrent use.
 type Limiter struct {
 	name string
-	// open opens the engine of a concrete mode, for a fallback when the
+	// open opens the engine of a concrete mode, on a hash key (nil: a
+	// fresh one), for a fallback when the
 	// engine in force cannot attach (Mode.Open but in tests).
-	open func(Mode, decide.Config) (Engine, error)
+	open func(Mode, decide.Config, *sketch.HashKey) (Engine, error)
 
 	mu sync.Mutex
 	// eng is the engine in force: in a chain (ModeAuto) it may change
@@ -147,9 +149,13 @@ func fallbackMessage(to, from Mode, why string) string {
 
 // start runs the limiter on eng, asked for by put; open opens the engine of
 // a fallback (nil: the mode's own Open).
-func start(name string, eng Engine, put Setting, open func(Mode, decide.Config) (Engine, error)) (*Limiter, error) {
+func start(name string, eng Engine, put Setting, open func(Mode, decide.Config, *sketch.HashKey) (Engine, error)) (*Limiter, error) {
 	if open == nil {
-		open = func(m Mode, c decide.Config) (Engine, error) { return m.Open(c, put.Options) }
+		open = func(m Mode, c decide.Config, hk *sketch.HashKey) (Engine, error) {
+			o := put.Options
+			o.HashKey = hk
+			return m.Open(c, o)
+		}
 	}
 	events, err := eng.Events()
 	if err != nil {
@@ -411,12 +417,15 @@ func (l *Limiter) warnPrefilter(eng Engine, logger *zap.Logger) {
 // so; l.mu must be held. The settings and the connection IDs and peers
 // learned carry over; the counts start afresh.
 func (l *Limiter) fallBack(to Mode, why error) error {
-	u, err := l.open(to, l.applied())
+	// The new engine hashes with the old one's key, so that what the old
+	// one learned and what its clients proved carry over, found where the
+	// old one put it: a client verified by its proven address or its
+	// credit would not earn either again.
+	hk := l.eng.HashKey()
+	u, err := l.open(to, l.applied(), &hk)
 	if err != nil {
 		return err
 	}
-	// What the old engine learned and what its clients proved carry over:
-	// a client verified by its proven address would not prove it again.
 	u.AdoptLearned(l.eng.Learned())
 	events, err := u.Events()
 	if err != nil {

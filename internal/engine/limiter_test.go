@@ -36,6 +36,10 @@ type fakeEngine struct {
 	// over from the engine before it.
 	learned decide.Learned
 	adopted *decide.Learned
+	// hk is the engine's hash key, opened with the hash key it was
+	// given (nil: none).
+	hk       sketch.HashKey
+	openedOn *sketch.HashKey
 	// filters, shared by the fakes of a test, is each socket's one kernel
 	// filter, as the kernel keeps it: Protect puts the engine's there (a
 	// BPF program, or the userspace mode's classic pre-filter), Unprotect
@@ -63,7 +67,11 @@ func newFake(t *testing.T, mode string, protectErr error) *fakeEngine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fakeEngine{mode: mode, protectErr: protectErr, params: p, events: newFakeEvents(), learned: decide.NewLearned()}
+	hk, err := sketch.NewHashKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fakeEngine{mode: mode, protectErr: protectErr, params: p, events: newFakeEvents(), learned: decide.NewLearned(), hk: hk}
 }
 
 func (e *fakeEngine) Mode() string { return e.mode }
@@ -127,11 +135,13 @@ func (e *fakeEngine) protecting() []*net.UDPConn {
 	return slices.Clone(e.protected)
 }
 func (e *fakeEngine) LearnServerID(decide.ServerID, netip.Addr) error { return nil }
-func (e *fakeEngine) LearnPeer(netip.Addr, bool) error                { return nil }
+func (e *fakeEngine) LearnPeer(netip.Addr) error                      { return nil }
+func (e *fakeEngine) Grant(netip.Addr, int) error                     { return nil }
 func (e *fakeEngine) ExpireLearned(time.Duration) ([decide.NumLearned]int, error) {
 	return [decide.NumLearned]int{}, nil
 }
 func (e *fakeEngine) Learned() decide.Learned { return e.learned }
+func (e *fakeEngine) HashKey() sketch.HashKey { return e.hk }
 func (e *fakeEngine) AdoptLearned(from decide.Learned) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -195,7 +205,10 @@ func startFake(t *testing.T, mode string, attachErr error) (*Limiter, *fakeEngin
 	core, logs := observer.New(zapcore.InfoLevel)
 	k, u := newFake(t, ModeBPF, attachErr), newFake(t, ModeUserspace, nil)
 	l, err := start("test", k, Setting{Config: testConfig(100), Mode: mode, Logger: zap.New(core)},
-		func(_ Mode, c decide.Config) (Engine, error) { return u, u.Configure(c) })
+		func(_ Mode, c decide.Config, hk *sketch.HashKey) (Engine, error) {
+			u.openedOn = hk
+			return u, u.Configure(c)
+		})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,6 +253,13 @@ func TestFallBack(t *testing.T) {
 				if warned != 1 {
 					t.Fatalf("%d warnings of the fallback, want 1", warned)
 				}
+				// The new engine hashes with the old one's key, and takes
+				// over what it learned (TestFallBackKeepsLearned, with two
+				// real engines).
+				if u.openedOn == nil || *u.openedOn != k.hk || u.adopted == nil || u.adopted.IDs != k.learned.IDs {
+					t.Fatalf("the userspace engine was opened on the BPF engine's key: %v; adopted its sets: %v",
+						u.openedOn != nil && *u.openedOn == k.hk, u.adopted != nil)
+				}
 				return
 			}
 			if warned != 0 || k.isClosed() {
@@ -259,7 +279,7 @@ func TestFallBackKeepsThePrefilter(t *testing.T) {
 	k, u := newFake(t, ModeBPF, nil), newFake(t, ModeUserspace, nil)
 	k.filters, u.filters = filters, filters
 	l, err := start("test", k, Setting{Config: testConfig(100), Mode: ModeAuto, Logger: zap.NewNop()},
-		func(_ Mode, c decide.Config) (Engine, error) { return u, u.Configure(c) })
+		func(_ Mode, c decide.Config, _ *sketch.HashKey) (Engine, error) { return u, u.Configure(c) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
 // The names of the modes a limiter runs in (the rows of modes).
@@ -97,6 +98,11 @@ type Options struct {
 	// XDPGeneric runs the XDP program in generic mode, after the kernel
 	// has allocated the packet, for drivers without native XDP.
 	XDPGeneric bool
+	// HashKey is the engine's hash key, nil for a fresh random one. It is
+	// not a setting (Equal leaves it out): a fallback opens the new engine
+	// on the old one's key, so that the server IDs and peers the old one
+	// learned, which its sets hold hashed under that key, are found.
+	HashKey *sketch.HashKey
 }
 
 // AsksXDP reports whether the options ask a chain (mode auto) to try the

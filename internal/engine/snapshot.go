@@ -52,7 +52,7 @@ func (l *Limiter) Report() (report.Limiter, error) {
 	}
 	learned := l.Learned()
 	r.Verification = report.Verification{On: set.VerifyIDs && !l.VerificationOff(), ServerIDs: learned.IDs,
-		Peers: learned.Peers, OddIDs: learned.OddIDs, Proofs: learned.Proofs, Held: map[string]int{}}
+		Peers: learned.Peers, OddIDs: learned.OddIDs, Credits: learned.Grants, Held: map[string]int{}}
 	for i, s := range eng.Learned().Sets() {
 		r.Verification.Held[report.LearnedSets[i]] = s.Len()
 	}
@@ -67,7 +67,7 @@ func (l *Limiter) Report() (report.Limiter, error) {
 	if err != nil {
 		return r, fmt.Errorf("reading the counters: %w", err)
 	}
-	r.Verification.Proofs += st.Proofs
+	r.Verification.Proofs, r.Verification.UnpacedAttempts = st.Proofs, st.UnpacedAttempts
 	for fam := range decide.Families {
 		r.Counters[report.Families[fam]] = countersReport(set, st, fam, c.Levels())
 	}

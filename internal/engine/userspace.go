@@ -35,8 +35,8 @@ type userEngine struct {
 }
 
 // OpenUserspace opens the userspace limiter for c.
-func OpenUserspace(c decide.Config, _ Options) (Engine, error) {
-	l, err := userspace.New(c)
+func OpenUserspace(c decide.Config, o Options) (Engine, error) {
+	l, err := userspace.New(c, o.HashKey)
 	if err != nil {
 		return nil, err
 	}

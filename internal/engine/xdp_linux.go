@@ -62,7 +62,7 @@ func OpenXDP(c decide.Config, o Options) (Engine, error) {
 			return nil, fmt.Errorf("xdp_interfaces: no interface %q on this host (`ip link` lists them)", name)
 		}
 	}
-	f, err := kernel.LoadXDP(c)
+	f, err := kernel.LoadXDP(c, o.HashKey)
 	if err != nil {
 		return nil, err
 	}

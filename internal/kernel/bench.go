@@ -4,6 +4,7 @@ package kernel
 
 import (
 	"fmt"
+	"net/netip"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -27,6 +28,22 @@ type BenchOptions struct {
 // it limits no one.
 func LoadBench(c decide.Config, o BenchOptions) (*Filter, error) {
 	return load(c, loadOptions{benchRandomSource: o.RandomSource, xdp: o.XDP})
+}
+
+// ProveForBench makes addr an answered peer and a proven one, as the
+// program makes an answered peer that sends back a server ID bound to it
+// (and as a benchmark's first datagram through BPF_PROG_TEST_RUN would,
+// were it a Handshake packet). Only for a filter loaded with LoadBench.
+func (f *Filter) ProveForBench(addr netip.Addr) error {
+	if err := f.LearnPeer(addr); err != nil {
+		return err
+	}
+	pk, err := decide.PeerKeyOf(addr)
+	if err != nil {
+		return err
+	}
+	f.learned.Proven.Learn(decide.PeerHash(&f.hk, &pk), decide.Stamp(int64(monoNow())))
+	return nil
 }
 
 // Program returns the filter's socket filter program, for

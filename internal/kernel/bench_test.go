@@ -84,9 +84,7 @@ func (bf benchFrames) load(b *testing.B, c decide.Config, o loadOptions, peer bo
 		b.Fatal(err)
 	}
 	if peer {
-		if err := f.LearnPeer(bf.src, true); err != nil {
-			b.Fatal(err)
-		}
+		proveForTest(b, f, bf.src)
 	}
 	if o.xdp {
 		if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443"),

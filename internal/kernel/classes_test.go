@@ -107,9 +107,12 @@ func TestClassifyFramesVerify(t *testing.T) {
 		reason   quicclass.Reason
 		verified quicclass.Verification
 	}{
-		// The server sent sid to the peers (true), which prove their
-		// addresses with this first datagram; from a stranger (false)
-		// it verifies nothing.
+		// The server sent sid to the peers (true), which it answered
+		// and which prove their addresses with this first datagram, a
+		// long header to it; from a stranger (false) it verifies
+		// nothing.
+		{"v1 handshake to a server id, the proof", true, quicclass.LongPacket(v1, handshake1, sid[:], cid, nil, 90),
+			quicclass.Established, 0, quicclass.OpeningByID},
 		{"short to a server id", true, quicclass.ShortPacket(sid, 1200), quicclass.Established, 0, quicclass.ShortByID},
 		{"short to a server id, from a stranger", false, quicclass.ShortPacket(sid, 1200), quicclass.Unverified, 0, 0},
 		{"short from a peer", true, quicclass.ShortPacket(other, 40), quicclass.Established, 0, quicclass.ShortByPeer},
@@ -320,19 +323,20 @@ func TestSocketClasses(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The server sent its ID to 127.0.0.9, which proves its
-			// address with the first datagram that carries it; 127.0.0.10
-			// carries it too, from an address it was not sent to.
+			// address with the first long header that carries it;
+			// 127.0.0.10 carries it too, from an address it was not sent
+			// to.
 			peer := netip.MustParseAddr("127.0.0.9")
 			if err := f.LearnServerID(sid, peer); err != nil {
 				t.Fatal(err)
 			}
-			if err := f.LearnPeer(peer, false); err != nil {
+			if err := f.LearnPeer(peer); err != nil {
 				t.Fatal(err)
 			}
 			if err := twin.LearnServerID(sid, peer, start); err != nil {
 				t.Fatal(err)
 			}
-			if err := twin.LearnPeer(peer, false, start); err != nil {
+			if err := twin.LearnPeer(peer, start); err != nil {
 				t.Fatal(err)
 			}
 			r := testutil.Receive(conn)
@@ -345,7 +349,7 @@ func TestSocketClasses(t *testing.T) {
 				}
 				// The proof first, so that the rest from 127.0.0.9 meets a
 				// proven peer whatever the order of payloads.
-				for _, b := range append([][]byte{payloads["short to a server id"]}, slices.Collect(maps.Values(payloads))...) {
+				for _, b := range append([][]byte{payloads["handshake to a server id"]}, slices.Collect(maps.Values(payloads))...) {
 					if _, err := s.WriteToUDPAddrPort(b, dst); err != nil {
 						t.Fatal(err)
 					}

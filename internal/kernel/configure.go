@@ -195,6 +195,10 @@ func (f *Filter) compiled(c decide.Config, p *sketch.Params, next allowSet) *rak
 	k.TrackMask = 1<<f.trackShift - 1
 	track := decide.TrackPacing()
 	k.TrackInterval, k.TrackTau = track.Interval, track.Tau
+	proof := decide.ProofPacing()
+	k.ProofInterval, k.ProofTau = proof.Interval, proof.Tau
+	k.ReturningInterval, k.ReturningTau = p.Returning.Interval, p.Returning.Tau
+	k.ReturningExempt, k.ReturningLine = p.ReturningExempt, p.ReturningLine
 	return &k
 }
 

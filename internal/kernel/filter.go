@@ -97,20 +97,24 @@ type loadOptions struct {
 	xdp bool
 }
 
-// Load loads the socket filter and its maps into the kernel with a fresh
-// random hash key, and writes the configuration. The filter does nothing
-// until it is attached.
-func Load(c decide.Config) (*Filter, error) {
-	return load(c, loadOptions{})
+// Load loads the socket filter and its maps into the kernel, and writes
+// the configuration. The filter does nothing until it is attached. hk is
+// its hash key, nil for a fresh random one: a filter that takes over what
+// another engine learned (AdoptLearned) must hash with that engine's key.
+func Load(c decide.Config, hk *sketch.HashKey) (*Filter, error) {
+	return load(c, loadOptions{hashKey: hk})
 }
 
 // LoadXDP loads the filter as Load does, with its XDP program (mode xdp),
 // which shares its maps. The XDP program is left out of Load: it needs
 // Linux 5.18 (bpf_xdp_load_bytes), and its verification costs the start
 // of a limiter that never attaches it another second or more.
-func LoadXDP(c decide.Config) (*Filter, error) {
-	return load(c, loadOptions{xdp: true})
+func LoadXDP(c decide.Config, hk *sketch.HashKey) (*Filter, error) {
+	return load(c, loadOptions{xdp: true, hashKey: hk})
 }
+
+// HashKey returns the filter's hash key.
+func (f *Filter) HashKey() sketch.HashKey { return f.hk }
 
 func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
 	p, err := compile(&c)

@@ -136,11 +136,24 @@ func (w *twin) learnID(id decide.ServerID, to netip.Addr, at int64) {
 func (w *twin) learnPeer(addr netip.Addr, at int64) {
 	w.t.Helper()
 	for _, f := range w.filters() {
-		if err := f.f.learned.LearnPeer(&f.f.hk, addr, false, at); err != nil {
+		if err := f.f.learned.LearnPeer(&f.f.hk, addr, at); err != nil {
 			w.t.Fatal(err)
 		}
 	}
-	if err := w.d.LearnPeer(addr, false, at); err != nil {
+	if err := w.d.LearnPeer(addr, at); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// grant grants credits to addr in both.
+func (w *twin) grant(addr netip.Addr, credits int) {
+	w.t.Helper()
+	for _, f := range w.filters() {
+		if err := f.f.learned.Grant(&f.f.hk, addr, credits); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	if err := w.d.Grant(addr, credits); err != nil {
 		w.t.Fatal(err)
 	}
 }
@@ -176,6 +189,12 @@ func (w *twin) compareLearned() {
 				w.t.Fatalf("after packet %d: %s: learned set %d: the quick-reject filters differ", w.packet, f.name, i)
 			}
 		}
+		gc, wc := f.f.learned.Credit.Snapshot(), w.d.Learned().Credit.Snapshot()
+		for j := range wc {
+			if gc[j] != wc[j] {
+				w.t.Fatalf("after packet %d: %s: credit of answered slot %d: BPF %d, Go %d", w.packet, f.name, j, gc[j], wc[j])
+			}
+		}
 	}
 }
 
@@ -209,12 +228,22 @@ func (w *twin) compareFilter(name string, f *Filter) {
 	if p := f.pending(w.t); p != w.d.Limiter().Pending() {
 		w.t.Fatalf("after packet %d: %s: the total's pending counts BPF %+v, Go %+v", w.packet, name, p, w.d.Limiter().Pending())
 	}
-	var tat uint64
-	if err := f.objs.Pacer.Lookup(uint32(pacerNegotiation), &tat); err != nil {
-		w.t.Fatal(err)
-	}
-	if tat != w.d.PacerTAT() {
-		w.t.Fatalf("after packet %d: %s: pacer BPF %d, Go %d", w.packet, name, tat, w.d.PacerTAT())
+	for _, p := range []struct {
+		slot uint32
+		name string
+		want uint64
+	}{
+		{pacerNegotiation, "negotiation", w.d.PacerTAT()},
+		{pacerProof, "proof", w.d.ProofTAT()},
+		{pacerReturning, "returning", w.d.Limiter().ReturningTAT()},
+	} {
+		var tat uint64
+		if err := f.objs.Pacer.Lookup(p.slot, &tat); err != nil {
+			w.t.Fatal(err)
+		}
+		if tat != p.want {
+			w.t.Fatalf("after packet %d: %s: %s pacer BPF %d, Go %d", w.packet, name, p.name, tat, p.want)
+		}
 	}
 	st, err := f.Stats()
 	if err != nil {
@@ -773,9 +802,13 @@ func TestDimensions(t *testing.T) {
 	if st.Errors != 0 {
 		t.Fatalf("%d packets could not reach their cells", st.Errors)
 	}
-	lines := w.f.lines(t)
-	if last := lines[len(lines)-1]; last.Cells[0].Epoch == 0 && last.Cells[1].Epoch == 0 && last.Cells[2].Epoch == 0 {
-		t.Fatal("the last line, the unverified class's total, was never touched")
+	lines, params := w.f.lines(t), w.d.Limiter().Params()
+	last := params.Base[quicclass.Unverified][len(params.Nodes)-1] + sketch.Depth - 1
+	if l := lines[last]; l.Cells[0].Epoch == 0 && l.Cells[1].Epoch == 0 && l.Cells[2].Epoch == 0 {
+		t.Fatal("the unverified class's total's last line was never touched")
+	}
+	if params.ReturningLine != uint32(len(lines)-1) {
+		t.Fatalf("the returning part's line is %d of %d", params.ReturningLine, len(lines))
 	}
 	for class := range sketch.NumClasses {
 		if st.Passed[class][decide.FamilyIndex(sketch.IPv6)] == 0 {
@@ -825,9 +858,12 @@ func TestVerifierBudget(t *testing.T) {
 // ID or a client's), 0-RTT and Handshake packets of both versions to known
 // and unknown IDs, from peers and strangers; long headers whose lengths do
 // not add up; a spoofed flood of unverified short headers over the
-// unverified class's total; verification switched off and on again; a dry
-// run at the end.
-// Every verdict, counter, cell, fair share and learned time must agree.
+// unverified class's total; credits granted to the peers the server sends
+// to, spent and run out; a burst of attempts at a proof past the proof
+// pacer's room; returning users' openings at a capped total; verification
+// switched off and on again; a dry run at the end.
+// Every verdict, counter, cell, fair share, pacer, credit and learned time
+// must agree.
 func TestDifferentialVerify(t *testing.T) {
 	c := testutil.QUICLimits(50, 500)
 	c.VerifyIDs = true
@@ -936,7 +972,11 @@ func TestDifferentialVerify(t *testing.T) {
 			w.configure(c)
 		}
 		at := now
+		burst := i >= 26000 && i < 30000
 		switch {
+		case burst: // attempts at a proof, faster than the pacer's rate
+			now += 200
+			at = now
 		case i%3000 == 2999: // idle long enough to refresh IDs and expire what is quiet
 			now += []int64{int64(1500 * time.Millisecond), int64(700 * time.Millisecond), int64(4 * time.Second)}[i/3000%3]
 			at = now
@@ -953,8 +993,10 @@ func TestDifferentialVerify(t *testing.T) {
 			issued = append(issued, b)
 			learnedAt[b] = decide.Stamp(at)
 			ownID[b.to] = b.id
-		case i%150 == 0: // and sends to a peer
-			w.learnPeer(peers[rng.IntN(len(peers))], at)
+		case i%150 == 0: // and sends to a peer, which earns it credit
+			a := peers[rng.IntN(len(peers))]
+			w.learnPeer(a, at)
+			w.grant(a, rng.IntN(6))
 		case i%5000 == 4000:
 			w.expire(now, int64(3*time.Second))
 			w.compareState()
@@ -968,6 +1010,23 @@ func TestDifferentialVerify(t *testing.T) {
 			return netip.AddrFrom4([4]byte{byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())}).String()
 		}
 		switch r := rng.IntN(100); {
+		case burst: // from answered peers that never prove
+			if i == 26000 {
+				for _, a := range peers[len(peers)-10:] {
+					w.learnPeer(a, now)
+				}
+			}
+			id := ids[rng.IntN(len(ids))]
+			if rng.IntN(4) == 0 {
+				id = randID()
+			}
+			p = udp(peers[len(peers)-10+rng.IntN(10)].String(), uint16(1024+rng.IntN(60000)))
+			ver, _ := version()
+			hs := uint8(2)
+			if ver == quicclass.Version2 {
+				hs = 3
+			}
+			p.Data = quicclass.LongPacket(ver, hs, id[:], clientID(), nil, 60+rng.IntN(200))
 		case r < 25: // spoofed unverified short headers
 			p = udp(spoofed(), uint16(1024+rng.IntN(60000)))
 			p.Data = quicclass.ShortPacket(randID(), 30+rng.IntN(1000))
@@ -1019,8 +1078,11 @@ func TestDifferentialVerify(t *testing.T) {
 			refreshed++
 		}
 	}
-	if st.Proofs == 0 {
-		t.Errorf("no address proved itself")
+	if st.Proofs == 0 || st.UnpacedAttempts == 0 {
+		t.Errorf("%d addresses proved themselves; %d attempts found the proof pacer full", st.Proofs, st.UnpacedAttempts)
+	}
+	if w.d.Limiter().ReturningTAT() == 0 {
+		t.Errorf("no returning user's opening met the returning part of a capped total")
 	}
 	for v := quicclass.ShortByID; v < quicclass.NumVerifications; v++ {
 		if verified[v] == 0 {
@@ -1032,6 +1094,7 @@ func TestDifferentialVerify(t *testing.T) {
 			"openings dropped at the total %d; IDs refreshed by datagrams %d", unknownID, length, unverifiedPassed,
 			unverifiedDropped, openingTop, refreshed)
 	}
-	t.Logf("verified %v; invalid: unknown ID %d, length %d; unverified passed %d, dropped at the total %d; %d IDs refreshed",
-		verified, unknownID, length, unverifiedPassed, unverifiedDropped, refreshed)
+	t.Logf("verified %v; invalid: unknown ID %d, length %d; unverified passed %d, dropped at the total %d; %d IDs refreshed; "+
+		"%d proofs, %d unpaced attempts", verified, unknownID, length, unverifiedPassed, unverifiedDropped, refreshed,
+		st.Proofs, st.UnpacedAttempts)
 }

@@ -337,3 +337,12 @@ func udp(src string, sport uint16) testutil.Frame {
 
 // start is an arbitrary monotonic-clock reading.
 const start = int64(5000 * time.Second)
+
+// proveForTest makes addr an answered peer of f, and a proven one, as the
+// program makes one that sends back a server ID bound to it.
+func proveForTest(tb testing.TB, f *Filter, addr netip.Addr) {
+	tb.Helper()
+	if err := f.ProveForBench(addr); err != nil {
+		tb.Fatal(err)
+	}
+}

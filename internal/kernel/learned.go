@@ -15,15 +15,19 @@ import (
 )
 
 // The learned sets (server_ids, proven_peers, answered_peers and their
-// quick-reject filters in c/maps.h) are mmapped arrays, which userspace
-// writes with the Go twin's own code (decide.LearnedSet) through the
-// mappings, with atomic operations only, as the program does.
+// quick-reject filters in c/maps.h) and the answered peers' credits
+// (answered_credit) are mmapped arrays, which userspace writes with the Go
+// twin's own code (decide.LearnedSet, decide.Credit) through the mappings,
+// with atomic operations only, as the program does.
 const (
 	// learnedSetBytes is the size of one set of a learned set (struct
 	// learned_set), a cache line.
 	learnedSetBytes = decide.LearnedWays * 8
 	// quickBytes is the size of one quick-reject filter (struct quick).
 	quickBytes = decide.QuickWords * 8
+	// creditSetBytes is the size of the credits of one set of the
+	// answered peers (struct credit_set).
+	creditSetBytes = decide.LearnedWays * 4
 )
 
 // mapArray maps the memory of m, an mmappable array that must hold entries
@@ -74,6 +78,15 @@ func (f *Filter) mapLearned() error {
 			return fmt.Errorf("the BPF map %s: %w", s.name, err)
 		}
 	}
+	credit, err := mapArray(f.objs.AnsweredCredit, "answered_credit", decide.LearnedSets, creditSetBytes)
+	if err != nil {
+		return err
+	}
+	f.mapped = append(f.mapped, credit)
+	counters := unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(credit))), len(credit)/4)
+	if f.learned.Credit, err = decide.CreditOn(counters); err != nil {
+		return fmt.Errorf("the BPF map answered_credit: %w", err)
+	}
 	return nil
 }
 
@@ -86,10 +99,16 @@ func (f *Filter) LearnServerID(id decide.ServerID, to netip.Addr) error {
 }
 
 // LearnPeer records that the server sent a connection's packet to addr,
-// and whether its packets show addr proven, at the kernel's monotonic time
-// (decide.Learned.LearnPeer). Safe for concurrent use.
-func (f *Filter) LearnPeer(addr netip.Addr, proven bool) error {
-	return f.learned.LearnPeer(&f.hk, addr, proven, int64(monoNow()))
+// at the kernel's monotonic time (decide.Learned.LearnPeer). Safe for
+// concurrent use.
+func (f *Filter) LearnPeer(addr netip.Addr) error {
+	return f.learned.LearnPeer(&f.hk, addr, int64(monoNow()))
+}
+
+// Grant adds credits to addr, an answered peer (decide.Learned.Grant).
+// Safe for concurrent use.
+func (f *Filter) Grant(addr netip.Addr, credits int) error {
+	return f.learned.Grant(&f.hk, addr, credits)
 }
 
 // Learned returns the filter's learned sets, in the kernel's memory.

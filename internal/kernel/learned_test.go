@@ -32,7 +32,7 @@ func TestLearnExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, a := range []string{"192.0.2.7", "::ffff:192.0.2.8", "2001:db8::9"} {
-		if err := f.LearnPeer(netip.MustParseAddr(a), false); err != nil {
+		if err := f.LearnPeer(netip.MustParseAddr(a)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -50,17 +50,18 @@ func TestLearnExpire(t *testing.T) {
 	if n := f.learned.Expire(int64(monoNow())+3<<decide.StampShift, 1); n != [decide.NumLearned]int{1, 0, 3} {
 		t.Fatalf("expired %v two stamps past the lifetime, want 1 ID and 3 answered peers", n)
 	}
-	if err := f.LearnPeer(netip.Addr{}, false); err == nil || strings.Count(err.Error(), "\n") != 0 {
+	if err := f.LearnPeer(netip.Addr{}); err == nil || strings.Count(err.Error(), "\n") != 0 {
 		t.Fatalf("LearnPeer(invalid): %v", err)
 	}
 }
 
 // TestLearnedFull: at and above capacity, the kernel's learned sets and the
-// Go twin's forget the same keys. The server binds 1.5 x MaxLearned IDs
-// (userspace writes both with the same code), and one datagram from each
-// client carries its ID: the program adds the proven peers itself, evicting
-// the stalest of a full set as the Go twin does; every slot of the three
-// sets must then agree, and every verdict.
+// Go twin's forget the same keys. The server binds 1.5 x MaxLearned IDs and
+// answers each client (userspace writes both with the same code), and one
+// Handshake packet from each client carries its ID, at the proof pacer's
+// rate: the program adds the proven peers itself, evicting the stalest of a
+// full set as the Go twin does; every slot of the three sets and every
+// credit must then agree, and every verdict.
 func TestLearnedFull(t *testing.T) {
 	c := testutil.QUICLimits(1_000_000, 1_000_000)
 	c.VerifyIDs = true
@@ -79,11 +80,14 @@ func TestLearnedFull(t *testing.T) {
 		// Stamps rise through the run, so that eviction takes the
 		// stalest of a full set.
 		w.learnID(clients[i].id, clients[i].addr, (10+int64(i*8/n))*unit)
+		w.learnPeer(clients[i].addr, (10+int64(i*8/n))*unit)
 	}
+	// One Handshake every pacing interval of the proof pacer.
+	every := int64(decide.ProofPacing().Interval)
 	for i, cl := range clients {
 		p := udp(cl.addr.String(), 50000)
-		p.Data = quicclass.ShortPacket(cl.id, 100)
-		w.step(p, p.Datagram(true), (20+int64(i*8/n))*unit, rng.Uint32())
+		p.Data = quicclass.LongPacket(quicclass.Version1, 2, cl.id[:], []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 90)
+		w.step(p, p.Datagram(true), 20*unit+int64(i)*every, rng.Uint32())
 	}
 	w.compareLearned()
 	st := w.d.Stats()

@@ -26,49 +26,55 @@ type rakelimitAllow6Key struct {
 }
 
 type rakelimitConfig struct {
-	_             structs.HostLayout
-	Thresh        [3][16]uint32
-	Over          [3][16]uint32
-	Lines         [3][16]uint32
-	Base          [3][16]uint32
-	G             [256]uint64
-	W             [256]uint32
-	Ginv          [256]uint64
-	D0            [512]uint64
-	D1            [512]uint64
-	D2            [512]uint64
-	HashA         [2][6]uint64
-	HashB         [2]uint64
-	RankA         [6]uint64
-	RankB         uint64
-	LearnId       [6]uint64
-	LearnAddr     [5]uint64
-	FamilyWord    [2][4]uint64
-	Mask          [2][4][4]uint32
-	AllowFilter   [2][16]uint64
-	BlockedPorts  [1024]uint64
-	VnInterval    uint64
-	VnTau         uint64
-	TrackInterval uint64
-	TrackTau      uint64
-	TickNs        uint64
-	Nodes         [16]uint8
-	Visited       [3]uint8
-	Screen        [3]uint8
-	NumPrefixes   uint8
-	PerDport      uint8
-	DryRun        uint8
-	AllowAny      uint8
-	AllowAlways   [2]uint8
-	Classify      uint8
-	FairNode      uint8
-	FairSource    uint8
-	TotalNode     uint8
-	ReflectNode   uint8
-	CoarseClock   uint8
-	VerifyIds     uint8
-	_             [1]byte
-	TrackMask     uint32
+	_                 structs.HostLayout
+	Thresh            [3][16]uint32
+	Over              [3][16]uint32
+	Lines             [3][16]uint32
+	Base              [3][16]uint32
+	G                 [256]uint64
+	W                 [256]uint32
+	Ginv              [256]uint64
+	D0                [512]uint64
+	D1                [512]uint64
+	D2                [512]uint64
+	HashA             [2][6]uint64
+	HashB             [2]uint64
+	RankA             [6]uint64
+	RankB             uint64
+	LearnId           [6]uint64
+	LearnAddr         [5]uint64
+	FamilyWord        [2][4]uint64
+	Mask              [2][4][4]uint32
+	AllowFilter       [2][16]uint64
+	BlockedPorts      [1024]uint64
+	VnInterval        uint64
+	VnTau             uint64
+	TrackInterval     uint64
+	TrackTau          uint64
+	ProofInterval     uint64
+	ProofTau          uint64
+	ReturningInterval uint64
+	ReturningTau      uint64
+	TickNs            uint64
+	ReturningLine     uint32
+	ReturningExempt   uint16
+	Nodes             [16]uint8
+	Visited           [3]uint8
+	Screen            [3]uint8
+	NumPrefixes       uint8
+	PerDport          uint8
+	DryRun            uint8
+	AllowAny          uint8
+	AllowAlways       [2]uint8
+	Classify          uint8
+	FairNode          uint8
+	FairSource        uint8
+	TotalNode         uint8
+	ReflectNode       uint8
+	CoarseClock       uint8
+	VerifyIds         uint8
+	_                 [3]byte
+	TrackMask         uint32
 }
 
 type rakelimitCpuState struct {
@@ -76,6 +82,11 @@ type rakelimitCpuState struct {
 	Rng    uint64
 	Tick   uint64
 	TickNs uint64
+}
+
+type rakelimitCreditSet struct {
+	_      structs.HostLayout
+	Credit [8]uint32
 }
 
 type rakelimitFair struct {
@@ -161,17 +172,18 @@ type rakelimitQuick struct {
 }
 
 type rakelimitStats struct {
-	_           structs.HostLayout
-	Passed      [3][3]uint64
-	Limited     [3][3][6]uint64
-	Dropped     [3][3][6]uint64
-	WouldDrop   [3][3][6]uint64
-	Negotiation [3][3]uint64
-	Invalid     [2][3][12]uint64
-	Allowed     [3]uint64
-	Verified    [3][7]uint64
-	Errors      uint64
-	Proofs      uint64
+	_               structs.HostLayout
+	Passed          [3][3]uint64
+	Limited         [3][3][6]uint64
+	Dropped         [3][3][6]uint64
+	WouldDrop       [3][3][6]uint64
+	Negotiation     [3][3]uint64
+	Invalid         [2][3][12]uint64
+	Allowed         [3]uint64
+	Verified        [3][9]uint64
+	Errors          uint64
+	Proofs          uint64
+	UnpacedAttempts uint64
 }
 
 type rakelimitStreamKey struct {
@@ -219,6 +231,7 @@ const (
 	rakelimitMapActiveConfig      = "active_config"
 	rakelimitMapAllow4            = "allow4"
 	rakelimitMapAllow6            = "allow6"
+	rakelimitMapAnsweredCredit    = "answered_credit"
 	rakelimitMapAnsweredPeers     = "answered_peers"
 	rakelimitMapCells             = "cells"
 	rakelimitMapConfigs           = "configs"
@@ -295,28 +308,29 @@ type rakelimitProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type rakelimitMapSpecs struct {
-	ActiveConfig  *ebpf.MapSpec `ebpf:"active_config"`
-	Allow4        *ebpf.MapSpec `ebpf:"allow4"`
-	Allow6        *ebpf.MapSpec `ebpf:"allow6"`
-	AnsweredPeers *ebpf.MapSpec `ebpf:"answered_peers"`
-	Cells         *ebpf.MapSpec `ebpf:"cells"`
-	Configs       *ebpf.MapSpec `ebpf:"configs"`
-	Counters      *ebpf.MapSpec `ebpf:"counters"`
-	CpuState      *ebpf.MapSpec `ebpf:"cpu_state"`
-	Events        *ebpf.MapSpec `ebpf:"events"`
-	FairShares    *ebpf.MapSpec `ebpf:"fair_shares"`
-	ListenAddrs   *ebpf.MapSpec `ebpf:"listen_addrs"`
-	ListenPorts   *ebpf.MapSpec `ebpf:"listen_ports"`
-	NodeScratch   *ebpf.MapSpec `ebpf:"node_scratch"`
-	Pacer         *ebpf.MapSpec `ebpf:"pacer"`
-	ProvenPeers   *ebpf.MapSpec `ebpf:"proven_peers"`
-	Quick         *ebpf.MapSpec `ebpf:"quick"`
-	ServerIds     *ebpf.MapSpec `ebpf:"server_ids"`
-	Streams       *ebpf.MapSpec `ebpf:"streams"`
-	TestVerdict   *ebpf.MapSpec `ebpf:"test_verdict"`
-	Totals        *ebpf.MapSpec `ebpf:"totals"`
-	Untracked     *ebpf.MapSpec `ebpf:"untracked"`
-	XdpIfaces     *ebpf.MapSpec `ebpf:"xdp_ifaces"`
+	ActiveConfig   *ebpf.MapSpec `ebpf:"active_config"`
+	Allow4         *ebpf.MapSpec `ebpf:"allow4"`
+	Allow6         *ebpf.MapSpec `ebpf:"allow6"`
+	AnsweredCredit *ebpf.MapSpec `ebpf:"answered_credit"`
+	AnsweredPeers  *ebpf.MapSpec `ebpf:"answered_peers"`
+	Cells          *ebpf.MapSpec `ebpf:"cells"`
+	Configs        *ebpf.MapSpec `ebpf:"configs"`
+	Counters       *ebpf.MapSpec `ebpf:"counters"`
+	CpuState       *ebpf.MapSpec `ebpf:"cpu_state"`
+	Events         *ebpf.MapSpec `ebpf:"events"`
+	FairShares     *ebpf.MapSpec `ebpf:"fair_shares"`
+	ListenAddrs    *ebpf.MapSpec `ebpf:"listen_addrs"`
+	ListenPorts    *ebpf.MapSpec `ebpf:"listen_ports"`
+	NodeScratch    *ebpf.MapSpec `ebpf:"node_scratch"`
+	Pacer          *ebpf.MapSpec `ebpf:"pacer"`
+	ProvenPeers    *ebpf.MapSpec `ebpf:"proven_peers"`
+	Quick          *ebpf.MapSpec `ebpf:"quick"`
+	ServerIds      *ebpf.MapSpec `ebpf:"server_ids"`
+	Streams        *ebpf.MapSpec `ebpf:"streams"`
+	TestVerdict    *ebpf.MapSpec `ebpf:"test_verdict"`
+	Totals         *ebpf.MapSpec `ebpf:"totals"`
+	Untracked      *ebpf.MapSpec `ebpf:"untracked"`
+	XdpIfaces      *ebpf.MapSpec `ebpf:"xdp_ifaces"`
 }
 
 // rakelimitVariableSpecs contains global variables before they are loaded into the kernel.
@@ -348,28 +362,29 @@ func (o *rakelimitObjects) Close() error {
 //
 // It can be passed to loadRakelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type rakelimitMaps struct {
-	ActiveConfig  *ebpf.Map `ebpf:"active_config"`
-	Allow4        *ebpf.Map `ebpf:"allow4"`
-	Allow6        *ebpf.Map `ebpf:"allow6"`
-	AnsweredPeers *ebpf.Map `ebpf:"answered_peers"`
-	Cells         *ebpf.Map `ebpf:"cells"`
-	Configs       *ebpf.Map `ebpf:"configs"`
-	Counters      *ebpf.Map `ebpf:"counters"`
-	CpuState      *ebpf.Map `ebpf:"cpu_state"`
-	Events        *ebpf.Map `ebpf:"events"`
-	FairShares    *ebpf.Map `ebpf:"fair_shares"`
-	ListenAddrs   *ebpf.Map `ebpf:"listen_addrs"`
-	ListenPorts   *ebpf.Map `ebpf:"listen_ports"`
-	NodeScratch   *ebpf.Map `ebpf:"node_scratch"`
-	Pacer         *ebpf.Map `ebpf:"pacer"`
-	ProvenPeers   *ebpf.Map `ebpf:"proven_peers"`
-	Quick         *ebpf.Map `ebpf:"quick"`
-	ServerIds     *ebpf.Map `ebpf:"server_ids"`
-	Streams       *ebpf.Map `ebpf:"streams"`
-	TestVerdict   *ebpf.Map `ebpf:"test_verdict"`
-	Totals        *ebpf.Map `ebpf:"totals"`
-	Untracked     *ebpf.Map `ebpf:"untracked"`
-	XdpIfaces     *ebpf.Map `ebpf:"xdp_ifaces"`
+	ActiveConfig   *ebpf.Map `ebpf:"active_config"`
+	Allow4         *ebpf.Map `ebpf:"allow4"`
+	Allow6         *ebpf.Map `ebpf:"allow6"`
+	AnsweredCredit *ebpf.Map `ebpf:"answered_credit"`
+	AnsweredPeers  *ebpf.Map `ebpf:"answered_peers"`
+	Cells          *ebpf.Map `ebpf:"cells"`
+	Configs        *ebpf.Map `ebpf:"configs"`
+	Counters       *ebpf.Map `ebpf:"counters"`
+	CpuState       *ebpf.Map `ebpf:"cpu_state"`
+	Events         *ebpf.Map `ebpf:"events"`
+	FairShares     *ebpf.Map `ebpf:"fair_shares"`
+	ListenAddrs    *ebpf.Map `ebpf:"listen_addrs"`
+	ListenPorts    *ebpf.Map `ebpf:"listen_ports"`
+	NodeScratch    *ebpf.Map `ebpf:"node_scratch"`
+	Pacer          *ebpf.Map `ebpf:"pacer"`
+	ProvenPeers    *ebpf.Map `ebpf:"proven_peers"`
+	Quick          *ebpf.Map `ebpf:"quick"`
+	ServerIds      *ebpf.Map `ebpf:"server_ids"`
+	Streams        *ebpf.Map `ebpf:"streams"`
+	TestVerdict    *ebpf.Map `ebpf:"test_verdict"`
+	Totals         *ebpf.Map `ebpf:"totals"`
+	Untracked      *ebpf.Map `ebpf:"untracked"`
+	XdpIfaces      *ebpf.Map `ebpf:"xdp_ifaces"`
 }
 
 func (m *rakelimitMaps) Close() error {
@@ -377,6 +392,7 @@ func (m *rakelimitMaps) Close() error {
 		m.ActiveConfig,
 		m.Allow4,
 		m.Allow6,
+		m.AnsweredCredit,
 		m.AnsweredPeers,
 		m.Cells,
 		m.Configs,

@@ -382,7 +382,7 @@ func ipv6PrefixFlood(t *testing.T, ns *testutil.NetNS, sources []string, level, 
 // capability and how to grant it.
 func TestLoadWithoutCapBPF(t *testing.T) {
 	if os.Getenv("RAKELIMIT_CHILD") == "load" {
-		_, err := Load(testutil.Limits(10))
+		_, err := Load(testutil.Limits(10), nil)
 		fmt.Printf("LOAD-RESULT: %v\n", err)
 		return
 	}

@@ -89,11 +89,15 @@ const (
 )
 
 // The pacers' slots in the pacer map: the version negotiation cap's
-// (decide.Pacing) and the tracking pacer's (decide.TrackPacing).
+// (decide.Pacing), the tracking pacer's (decide.TrackPacing), the proof
+// pacer's (decide.ProofPacing) and the returning part of the opening
+// class's fair total's (sketch.Params.Returning).
 const (
 	pacerNegotiation = 0 // C: PACER_NEGOTIATION
 	pacerTracking    = 1 // C: PACER_TRACKING
-	numPacers        = 2 // C: NUM_PACERS
+	pacerProof       = 2 // C: PACER_PROOF
+	pacerReturning   = 3 // C: PACER_RETURNING
+	numPacers        = 4 // C: NUM_PACERS
 )
 
 // allowBucket is the bucket of an address's top bits.

@@ -36,7 +36,7 @@ func TestLearnVerifies(t *testing.T) {
 	sid := decide.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
 	other := decide.ServerID{1, 2, 3, 4}
 	// The server sent sid to client, and a connection's packets to
-	// answered, which proves nothing.
+	// answered, which proves nothing: it has a new peer's credit.
 	client, answered := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("192.0.2.50")
 	if err := l.LearnServerID(sid, client); err != nil {
 		t.Fatal(err)
@@ -45,10 +45,10 @@ func TestLearnVerifies(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, a := range []netip.Addr{client, answered} {
-		if err := l.LearnPeer(a, false); err != nil {
+		if err := l.LearnPeer(a); err != nil {
 			t.Fatal(err)
 		}
-		if err := twin.LearnPeer(a, false, clk.Now()); err != nil {
+		if err := twin.LearnPeer(a, clk.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -58,10 +58,12 @@ func TestLearnVerifies(t *testing.T) {
 		class    quicclass.Class
 		verified quicclass.Verification
 	}{
-		{"198.51.100.1:40000", quicclass.ShortPacket(sid, 100), quicclass.Established, quicclass.ShortByID}, // the proof
+		{"198.51.100.1:40000", quicclass.LongPacket(quicclass.Version1, 2, sid[:], nil, nil, 100), quicclass.Established,
+			quicclass.OpeningByID}, // the proof
+		{"198.51.100.1:40000", quicclass.ShortPacket(sid, 100), quicclass.Established, quicclass.ShortByID},
 		{"198.51.100.1:40001", quicclass.ShortPacket(other, 100), quicclass.Established, quicclass.ShortByPeer},
-		{"192.0.2.50:40000", quicclass.ShortPacket(other, 100), quicclass.Unverified, quicclass.FromAnswered},
-		{"192.0.2.50:40000", quicclass.ShortPacket(sid, 100), quicclass.Unverified, quicclass.FromAnswered},
+		{"192.0.2.50:40000", quicclass.ShortPacket(other, 100), quicclass.Established, quicclass.FromAnswered},
+		{"192.0.2.50:40000", quicclass.ShortPacket(sid, 100), quicclass.Established, quicclass.FromAnswered},
 		{"203.0.113.1:40000", quicclass.ShortPacket(other, 100), quicclass.Unverified, 0},
 		{"198.51.100.1:40000", quicclass.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
 			quicclass.Opening, quicclass.OpeningFromPeer},
@@ -93,7 +95,7 @@ func TestLearnVerifies(t *testing.T) {
 	if out := l.Decide(&d); out.Class != quicclass.Unverified {
 		t.Fatalf("after expiry: %+v", out)
 	}
-	if err := l.LearnPeer(netip.Addr{}, false); err == nil {
+	if err := l.LearnPeer(netip.Addr{}); err == nil {
 		t.Fatal("LearnPeer accepted an invalid address")
 	}
 }
@@ -111,8 +113,11 @@ func TestLearnConcurrent(t *testing.T) {
 	for i := range 64 {
 		ids = append(ids, decide.ServerID{0xee, 0, 0, byte(i)})
 	}
+	// Each address holds at most decide.LearnedWays IDs: the workers'
+	// sources are sent as many, the background's other addresses others.
+	const own = decide.LearnedWays
 	src := func(w, j int) string { return fmt.Sprintf("192.0.%d.%d:4000%d", w, j, j%3) }
-	for _, id := range ids[:32] {
+	for _, id := range ids[:own] {
 		for w := range 2 {
 			for j := range 8 {
 				if err := l.LearnServerID(id, netip.MustParseAddrPort(src(w, j)).Addr()); err != nil {
@@ -132,7 +137,7 @@ func TestLearnConcurrent(t *testing.T) {
 			drop := make([]bool, 8)
 			for i := 0; i < perWorker; i += len(ds) {
 				for j := range ds {
-					ds[j] = dgram(src(w, j), quicclass.ShortPacket(ids[(i+j)%32], 100))
+					ds[j] = dgram(src(w, j), quicclass.ShortPacket(ids[(i+j)%own], 100))
 				}
 				if w == 0 {
 					l.DecideBatch(ds, drop)
@@ -145,8 +150,8 @@ func TestLearnConcurrent(t *testing.T) {
 		}()
 	}
 	background := []func(i int){
-		func(i int) { _ = l.LearnServerID(ids[32+i%32], netip.AddrFrom4([4]byte{192, 0, 0, byte(i % 8)})) },
-		func(i int) { _ = l.LearnPeer(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), i%2 == 0) },
+		func(i int) { _ = l.LearnServerID(ids[32+i%32], netip.AddrFrom4([4]byte{192, 0, 9, byte(i % 8)})) },
+		func(i int) { _ = l.LearnPeer(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)})) },
 		func(int) { _, _ = l.ExpireLearned(time.Hour) },
 		func(int) { l.Stats() },
 		func(i int) {

@@ -12,7 +12,8 @@ import (
 // filter and the userspace limiter both have it.
 type learner interface {
 	LearnServerID(id decide.ServerID, to netip.Addr) error
-	LearnPeer(addr netip.Addr, proven bool) error
+	LearnPeer(addr netip.Addr) error
+	Grant(addr netip.Addr, credits int) error
 	ExpireLearned(lifetime time.Duration) ([decide.NumLearned]int, error)
 	Learned() decide.Learned
 	AdoptLearned(from decide.Learned)

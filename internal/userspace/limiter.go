@@ -75,11 +75,16 @@ type options struct {
 	seed       uint64
 }
 
-// New returns a limiter for c with a fresh random hash key. It refuses
-// exactly the configurations the kernel filter refuses.
-func New(c decide.Config) (*Limiter, error) {
-	return newLimiter(c, options{})
+// New returns a limiter for c with hash key hk, nil for a fresh random one
+// (a limiter that takes over what another engine learned, AdoptLearned,
+// must hash with that engine's key). It refuses exactly the configurations
+// the kernel filter refuses.
+func New(c decide.Config, hk *sketch.HashKey) (*Limiter, error) {
+	return newLimiter(c, options{hashKey: hk})
 }
+
+// HashKey returns the limiter's hash key.
+func (l *Limiter) HashKey() sketch.HashKey { return l.f.HashKey() }
 
 func newLimiter(c decide.Config, o options) (*Limiter, error) {
 	c = cloneConfig(c)
@@ -193,12 +198,18 @@ func (l *Limiter) LearnServerID(id decide.ServerID, to netip.Addr) error {
 }
 
 // LearnPeer records that the server sent a connection's packet to addr,
-// and whether its packets show addr proven, now (decide.Learned.LearnPeer).
-// It refuses an invalid address.
-func (l *Limiter) LearnPeer(addr netip.Addr, proven bool) error {
+// now (decide.Learned.LearnPeer). It refuses an invalid address.
+func (l *Limiter) LearnPeer(addr netip.Addr) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.f.LearnPeer(addr, proven, l.clock.now())
+	return l.f.LearnPeer(addr, l.clock.now())
+}
+
+// Grant adds credits to addr, an answered peer (decide.Learned.Grant). It
+// takes no lock: the credits are written with atomic operations, as the
+// datagrams that spend them are.
+func (l *Limiter) Grant(addr netip.Addr, credits int) error {
+	return l.f.Grant(addr, credits)
 }
 
 // ExpireLearned forgets the keys of each learned set neither learned nor

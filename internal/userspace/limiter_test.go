@@ -461,7 +461,7 @@ func TestConfigure(t *testing.T) {
 			if !reflect.DeepEqual(l.Config(), before) || l.Params() != params {
 				t.Fatal("a refused configuration changed the limiter")
 			}
-			if _, err := New(bad); err == nil && tt.want != "cannot change the lattice" {
+			if _, err := New(bad, nil); err == nil && tt.want != "cannot change the lattice" {
 				t.Fatalf("New accepted %s", tt.name)
 			}
 		})

@@ -203,8 +203,13 @@ func setUp(c caseSpec, spec *ebpf.CollectionSpec, floor *ebpf.Program) (_ *runni
 		if err := r.ours.LearnServerID(serverID, src); err != nil {
 			return nil, err
 		}
-		if err := r.ours.LearnPeer(src, c.prove); err != nil {
+		if err := r.ours.LearnPeer(src); err != nil {
 			return nil, err
+		}
+		if c.prove {
+			if err := r.ours.ProveForBench(src); err != nil {
+				return nil, err
+			}
 		}
 	}
 	r.progs[progOurs] = r.ours.Program()

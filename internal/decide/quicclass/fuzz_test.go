@@ -56,8 +56,8 @@ func FuzzClassifier(f *testing.F) {
 			}
 		}
 		for _, id := range []bool{false, true} {
-			for _, peer := range []int{0, 1, 2} { // none, proven, answered
-				c, r, v := h.Resolve(id && h.HasID, peer == 1, peer == 2)
+			for _, peer := range []int{0, 1, 2, 3} { // none, proven, answered, credited
+				c, r, v := h.Resolve(id && h.HasID, peer == 1, peer >= 2, peer == 3)
 				if c >= NumClasses || r >= NumReasons || v >= NumVerifications ||
 					(c == Invalid) != (r != NotInvalid) || (v != NotVerified && c == Invalid) {
 					t.Fatalf("%+v resolved (id %v, peer %v) to %v/%v/%v", h, id, peer, c, r, v)

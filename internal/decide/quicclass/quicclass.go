@@ -16,9 +16,10 @@
 //     connection; these are the packets a flood of new connections is made of.
 //   - Established: a short-header packet, the traffic of connections that
 //     exist. One with an unknown connection ID costs quic-go a map lookup.
-//   - Unverified: with connection ID verification, a short-header packet
-//     that neither carries a connection ID the server issued nor comes from
-//     an address the server sends to (see below).
+//   - Unverified: with connection ID verification, a short-header or
+//     Handshake packet that neither carries a connection ID the server
+//     issued to its source nor comes from a proven peer or an answered one
+//     with credit (see below).
 //   - Negotiation: a long header with an unknown version, 1200 bytes or
 //     more: quic-go answers it with a Version Negotiation packet, to an
 //     address that may be spoofed.
@@ -27,40 +28,45 @@
 // # Verifying connection IDs
 //
 // What only the server knows is the connection IDs it issued: quic-go's are
-// ServerIDLen (4) random bytes, a cookie that a spoofer cannot guess. The
-// server's Initial, Handshake and Retry packets carry the ID it chose as
-// their source connection ID, sent to one address; a client's Handshake and
-// short-header packets, and its Initials after a Retry or after the
-// server's first Initial, carry such an ID as their destination connection
-// ID. The filter learns each ID with the address it was sent to (package
-// decide, from package egress), and an ID verifies only a datagram from
-// that address: an ID is not a bearer token, and a real connection's ID
-// sprayed from anywhere else verifies nothing. A datagram from the address
-// that carries it proves that the address receives what the server sends
-// there (the return routability of RFC 9000 section 8): the address becomes
-// a proven peer. IDs issued later in encrypted NEW_CONNECTION_ID frames
-// cannot be seen, and a client may move to one (quic-go's does within the
-// server's first flight), so a proven peer's datagrams are verified
-// whatever their ID; a client that never sends back a visible ID proves its
-// address by the server's own packets instead (see package egress). An
-// address the server merely answered (a spoofed Initial's source gets a
-// whole first flight) is an answered peer, a lower tier. Inspect, asked to
-// verify, returns with the class what the caller must look up
-// (Header.Check, Header.ID); Resolve finishes the classification from the
-// answers:
+// ServerIDLen (4) random bytes, a cookie that a spoofer does not see. The
+// server's Initial and Handshake packets carry the ID it chose as their
+// source connection ID, sent to one address; a client's Handshake and
+// short-header packets, and its Initials after the server's first Initial,
+// carry such an ID as their destination connection ID. The filter learns
+// each ID with the address it was sent to (package decide, from package
+// egress), and an ID verifies only a datagram from that address: an ID is
+// not a bearer token, and a real connection's ID sprayed from anywhere else
+// verifies nothing. A long header from the address that carries it proves
+// that the address receives what the server sends there (the return
+// routability of RFC 9000 section 8): the address becomes a proven peer. A
+// short header does not prove: it verifies itself only, so that guessing
+// IDs in the cheapest datagrams earns a spoofer nothing but the guess, and
+// the long headers that can prove pay for the lookup first (Attempts;
+// package decide bounds them). IDs issued later in encrypted
+// NEW_CONNECTION_ID frames cannot be seen, and a client may move to one
+// (quic-go's does within the server's first flight), so a proven peer's
+// datagrams are verified whatever their ID. An address the server sends a
+// connection's datagrams to is an answered peer (a spoofed Initial's source
+// gets a whole first flight), with a credit the server's datagrams there
+// grant (package egress): its datagrams that nothing else verifies spend
+// it, and are verified while it lasts. Inspect, asked to verify, returns
+// with the class what the caller must look up (Header.Check, Header.ID);
+// Resolve finishes the classification from the answers:
 //
 //   - a short header whose destination ID is a server ID bound to its
-//     source, or from a proven peer, is Established (verified); any
-//     other, from an answered peer (FromAnswered) or not, is Unverified;
+//     source, or from a proven peer, or from an answered peer that spent a
+//     credit (FromAnswered), is Established (verified); any other is
+//     Unverified, from an answered peer out of credit (OverCredit) or not;
 //   - an Initial, 0-RTT or Handshake packet whose destination ID is a
 //     server ID bound to its source is Established too: a verified
 //     opening, which the server asked for;
-//   - any other Initial or 0-RTT packet is Opening; from a proven peer (a
-//     returning user) it goes before strangers at the opening class's fair
-//     total;
-//   - any other Handshake packet from a proven peer is Established, and
-//     from an answered peer Unverified (a client that moved to an ID it
-//     was given encrypted before its address is proven);
+//   - any other Initial or 0-RTT packet is Opening; from a proven peer, or
+//     an answered one that spent a credit, it is a returning user's
+//     (Verification.Returning), which the limiter lets past its network's
+//     flood and first into a part of the opening class's fair total;
+//   - any other Handshake packet from a proven peer, or from an answered
+//     one that spent a credit, is Established, and from an answered one
+//     out of credit Unverified;
 //   - any other Handshake packet is Invalid (UnknownConnectionID): the
 //     server neither issued its ID to that address nor answered it.
 //
@@ -300,10 +306,13 @@ func (h *Header) NeedsPeer(idKnown bool) bool {
 	return !idKnown && h.Check != CheckNone
 }
 
-// NeedsAnswered reports whether Resolve wants to know if a source that is
-// not a proven peer is an answered one.
-func (h *Header) NeedsAnswered() bool {
-	return h.Check == CheckShort || h.Check == CheckHandshake
+// Attempts reports whether h, from an answered peer that is not proven, is
+// an attempt at a proof: a long header with an ID that may be a server ID
+// bound to its source (HasID), which proves the address when it is one.
+// The filter pays for an attempt (a token of its proof pacer) before it
+// looks the ID up, and then looks up the peers before the ID.
+func (h *Header) Attempts() bool {
+	return h.HasID && (h.Check == CheckOpening || h.Check == CheckHandshake)
 }
 
 // Verification says how Resolve verified a datagram.
@@ -323,26 +332,33 @@ const (
 	// established class.
 	OpeningByID // C: VERIFIED_OPENING_BY_ID
 	// OpeningFromPeer: an Initial or 0-RTT packet from a proven peer with
-	// another ID: a returning user, ranked first at the opening class's
-	// fair total.
+	// another ID: a returning user (Returning).
 	OpeningFromPeer // C: VERIFIED_OPENING_FROM_PEER
 	// HandshakeFromPeer: a Handshake packet from a proven peer with
 	// another ID: a verified opening, in the established class.
 	HandshakeFromPeer // C: VERIFIED_HANDSHAKE_FROM_PEER
-	// FromAnswered: a short header or a Handshake packet, with an ID
-	// that verifies nothing, from an address the server answered but that
-	// has not proven itself (a client that moved to an ID the server
-	// issued encrypted before the server's packets showed it proven, a
-	// client that migrated, or a spoofed source the server answered):
-	// unverified, ranked with strangers' at the unverified class's fair
-	// total, since a spoofer chooses the addresses the server answers.
+	// FromAnswered: a short header or a Handshake packet, with an ID that
+	// verifies nothing, from an answered peer that is not proven, which
+	// spent one of its credits (the server's own datagrams to it earn
+	// them: see package decide): established, as much as the server sends
+	// it. quic-go's clients send so once their handshake completes, and
+	// so does a client that migrated, once the server moved to its new
+	// address.
 	FromAnswered // C: VERIFIED_FROM_ANSWERED
+	// OpeningFromAnswered: an Initial or 0-RTT packet, with an ID that
+	// verifies nothing, from an answered peer that spent a credit: a
+	// returning user (Returning).
+	OpeningFromAnswered // C: VERIFIED_OPENING_FROM_ANSWERED
+	// OverCredit: a datagram, with an ID that verifies nothing, from an
+	// answered peer that has no credit left: a short header or a Handshake
+	// packet is unverified, an Initial or 0-RTT packet a stranger's.
+	OverCredit // C: VERIFIED_OVER_CREDIT
 	// NumVerifications counts the verifications.
 	NumVerifications // C: NUM_VERIFICATIONS
 )
 
 var verificationNames = [NumVerifications]string{"", "short_by_id", "short_by_peer", "opening_by_id", "opening_from_peer",
-	"handshake_from_peer", "from_answered"}
+	"handshake_from_peer", "from_answered", "opening_from_answered", "over_credit"}
 
 func (v Verification) String() string {
 	if v < NumVerifications {
@@ -351,9 +367,10 @@ func (v Verification) String() string {
 	return "unknown"
 }
 
-// RanksFirst reports whether a datagram so verified goes before strangers'
-// at its class's fair total (rank_first in the C program).
-func (v Verification) RanksFirst() bool { return v == OpeningFromPeer }
+// Returning reports whether a datagram so verified is a returning user's
+// connection-opening packet (returning in the C program; sketch.Key's
+// Returning).
+func (v Verification) Returning() bool { return v == OpeningFromPeer || v == OpeningFromAnswered }
 
 // VerificationNames lists the verifications' names, indexed by
 // Verification.
@@ -361,12 +378,12 @@ func VerificationNames() []string { return verificationNames[:] }
 
 // Resolve finishes the classification of h: idKnown says whether h.ID is a
 // server ID bound to the source address (false when h has none), proven
-// and answered whether the source is a proven peer and, for a short header
-// or a Handshake packet from one that is not, an answered one (asked only
-// when NeedsPeer and NeedsAnswered). It returns the
+// whether the source is a proven peer, answered whether it is an answered
+// one and credited whether it spent a credit (each asked only when the
+// ones before it are false, and all only when NeedsPeer). It returns the
 // class, the reason and how the datagram was verified. A header with
 // nothing to check keeps its class.
-func (h *Header) Resolve(idKnown, proven, answered bool) (Class, Reason, Verification) {
+func (h *Header) Resolve(idKnown, proven, answered, credited bool) (Class, Reason, Verification) {
 	switch h.Check {
 	case CheckShort:
 		switch {
@@ -374,8 +391,10 @@ func (h *Header) Resolve(idKnown, proven, answered bool) (Class, Reason, Verific
 			return Established, NotInvalid, ShortByID
 		case proven:
 			return Established, NotInvalid, ShortByPeer
+		case credited:
+			return Established, NotInvalid, FromAnswered
 		case answered:
-			return Unverified, NotInvalid, FromAnswered
+			return Unverified, NotInvalid, OverCredit
 		}
 		return Unverified, NotInvalid, NotVerified
 	case CheckOpening:
@@ -384,6 +403,10 @@ func (h *Header) Resolve(idKnown, proven, answered bool) (Class, Reason, Verific
 			return Established, NotInvalid, OpeningByID
 		case proven:
 			return Opening, NotInvalid, OpeningFromPeer
+		case credited:
+			return Opening, NotInvalid, OpeningFromAnswered
+		case answered:
+			return Opening, NotInvalid, OverCredit
 		}
 		return Opening, NotInvalid, NotVerified
 	case CheckHandshake:
@@ -392,8 +415,10 @@ func (h *Header) Resolve(idKnown, proven, answered bool) (Class, Reason, Verific
 			return Established, NotInvalid, OpeningByID
 		case proven:
 			return Established, NotInvalid, HandshakeFromPeer
+		case credited:
+			return Established, NotInvalid, FromAnswered
 		case answered:
-			return Unverified, NotInvalid, FromAnswered
+			return Unverified, NotInvalid, OverCredit
 		}
 		return Invalid, UnknownConnectionID, NotVerified
 	}

@@ -222,42 +222,68 @@ func TestInspect(t *testing.T) {
 // TestResolve: every check with every answer.
 func TestResolve(t *testing.T) {
 	tests := []struct {
-		check                   Check
-		idKnown, peer, answered bool
-		class                   Class
-		reason                  Reason
-		verified                Verification
-		needsPeer               bool
+		check                             Check
+		idKnown, peer, answered, credited bool
+		class                             Class
+		reason                            Reason
+		verified                          Verification
+		needsPeer, returning              bool
 	}{
-		{CheckShort, true, false, false, Established, NotInvalid, ShortByID, false},
-		{CheckShort, false, true, false, Established, NotInvalid, ShortByPeer, true},
-		{CheckShort, false, false, true, Unverified, NotInvalid, FromAnswered, true},
-		{CheckShort, false, false, false, Unverified, NotInvalid, NotVerified, true},
-		{CheckOpening, true, false, false, Established, NotInvalid, OpeningByID, false},
-		{CheckOpening, false, true, false, Opening, NotInvalid, OpeningFromPeer, true},
-		{CheckOpening, false, false, true, Opening, NotInvalid, NotVerified, true},
-		{CheckOpening, false, false, false, Opening, NotInvalid, NotVerified, true},
-		{CheckHandshake, true, false, false, Established, NotInvalid, OpeningByID, false},
-		{CheckHandshake, false, true, false, Established, NotInvalid, HandshakeFromPeer, true},
-		{CheckHandshake, false, false, true, Unverified, NotInvalid, FromAnswered, true},
-		{CheckHandshake, false, false, false, Invalid, UnknownConnectionID, NotVerified, true},
-		{CheckNone, true, true, false, Negotiation, NotInvalid, NotVerified, false},
+		{CheckShort, true, false, false, false, Established, NotInvalid, ShortByID, false, false},
+		{CheckShort, false, true, false, false, Established, NotInvalid, ShortByPeer, true, false},
+		{CheckShort, false, false, true, true, Established, NotInvalid, FromAnswered, true, false},
+		{CheckShort, false, false, true, false, Unverified, NotInvalid, OverCredit, true, false},
+		{CheckShort, false, false, false, false, Unverified, NotInvalid, NotVerified, true, false},
+		{CheckOpening, true, false, false, false, Established, NotInvalid, OpeningByID, false, false},
+		{CheckOpening, false, true, false, false, Opening, NotInvalid, OpeningFromPeer, true, true},
+		{CheckOpening, false, false, true, true, Opening, NotInvalid, OpeningFromAnswered, true, true},
+		{CheckOpening, false, false, true, false, Opening, NotInvalid, OverCredit, true, false},
+		{CheckOpening, false, false, false, false, Opening, NotInvalid, NotVerified, true, false},
+		{CheckHandshake, true, false, false, false, Established, NotInvalid, OpeningByID, false, false},
+		{CheckHandshake, false, true, false, false, Established, NotInvalid, HandshakeFromPeer, true, false},
+		{CheckHandshake, false, false, true, true, Established, NotInvalid, FromAnswered, true, false},
+		{CheckHandshake, false, false, true, false, Unverified, NotInvalid, OverCredit, true, false},
+		{CheckHandshake, false, false, false, false, Invalid, UnknownConnectionID, NotVerified, true, false},
+		{CheckNone, true, true, false, false, Negotiation, NotInvalid, NotVerified, false, false},
 	}
 	for _, tt := range tests {
 		h := Header{Class: Negotiation, Check: tt.check}
 		if tt.check != CheckNone {
 			h.Class = Opening
 		}
-		c, r, v := h.Resolve(tt.idKnown, tt.peer, tt.answered)
+		c, r, v := h.Resolve(tt.idKnown, tt.peer, tt.answered, tt.credited)
 		if c != tt.class || r != tt.reason || v != tt.verified || h.NeedsPeer(tt.idKnown) != tt.needsPeer ||
-			v.RanksFirst() != (v == OpeningFromPeer) {
-			t.Errorf("check %d id %v peer %v: %v/%v/%v needs peer %v, want %v/%v/%v %v", tt.check, tt.idKnown, tt.peer,
-				c, r, v, h.NeedsPeer(tt.idKnown), tt.class, tt.reason, tt.verified, tt.needsPeer)
+			v.Returning() != tt.returning {
+			t.Errorf("check %d id %v peer %v answered %v credited %v: %v/%v/%v needs peer %v returning %v, "+
+				"want %v/%v/%v %v %v", tt.check, tt.idKnown, tt.peer, tt.answered, tt.credited,
+				c, r, v, h.NeedsPeer(tt.idKnown), v.Returning(), tt.class, tt.reason, tt.verified, tt.needsPeer, tt.returning)
 		}
 	}
 	if Unverified.String() != "unverified" || UnknownConnectionID.String() != "unknown_connection_id" ||
-		Length.String() != "length" || OpeningFromPeer.String() != "opening_from_peer" {
+		Length.String() != "length" || OpeningFromPeer.String() != "opening_from_peer" || OverCredit.String() != "over_credit" {
 		t.Error("names")
+	}
+}
+
+// TestAttempts: only a long header with an ID that may be a server's is
+// an attempt at a proof; a short header never is, whatever its ID.
+func TestAttempts(t *testing.T) {
+	for _, tt := range []struct {
+		check Check
+		hasID bool
+		want  bool
+	}{
+		{CheckShort, true, false},
+		{CheckOpening, true, true},
+		{CheckOpening, false, false},
+		{CheckHandshake, true, true},
+		{CheckHandshake, false, false},
+		{CheckNone, true, false},
+	} {
+		h := Header{Check: tt.check, HasID: tt.hasID}
+		if h.Attempts() != tt.want {
+			t.Errorf("check %d has ID %v: attempts %v, want %v", tt.check, tt.hasID, h.Attempts(), tt.want)
+		}
 	}
 }
 
@@ -272,7 +298,7 @@ func FuzzInspect(f *testing.F) {
 		if (h.Class == Invalid) != (h.Reason != NotInvalid) || h.Class >= NumClasses || h.Reason >= NumReasons {
 			t.Fatalf("Inspect(%d, %x) = %+v", sport, data, h)
 		}
-		c, r, _ := h.Resolve(true, true, true)
+		c, r, _ := h.Resolve(true, true, true, true)
 		if (c == Invalid) != (r != NotInvalid) {
 			t.Fatalf("Resolve = %v/%v", c, r)
 		}

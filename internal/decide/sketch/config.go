@@ -78,23 +78,28 @@ const (
 	NumClasses = 3 // C: NUM_CLASSES
 )
 
-// The limits of the unverified class (unverified short headers) when Config.Unverified
-// leaves them zero. A legitimate client is unverified only for moments: when
-// it moves to a connection ID the server issued in an encrypted frame and to
-// an address the server has not sent to yet (a NAT rebinding, a migration),
-// until the server's next datagram to the address is learned, or after the
-// learned state is lost. DefaultUnverifiedLimit per stream (a burst of as
-// many at a 1 s window) carries such a client's ACKs and requests through
-// that moment. What else arrives there is junk, from any number of (spoofed)
-// sources: DefaultUnverifiedTotal holds all of it to a rate whose cost to
-// quic-go is negligible, shared fairly among networks by the fair total, so
-// that a flood from many networks leaves a quiet network's migrating client
-// its share. The cost is less quic-go's (a connection ID lookup and a drop)
-// than the server's wakeups: at 2,000 a second, spread over a flood, one
-// wakeup of the reading goroutine each cost a few percent of a core (the
-// end-to-end benchmark's spoofed-short and short-1024). A flood from a few
-// sources in each of many networks gets about twice the total through (the
-// proportional floor adds to what the share admits).
+// The limits of the unverified class (unverified short headers and
+// Handshakes) when Config.Unverified leaves them zero. A legitimate client
+// is unverified only for moments: when it moves to an address the server
+// has not sent to yet (a NAT rebinding, a migration), until the server
+// moves there and its datagrams grant the address credit, when a burst
+// outruns its address's credit, or after the learned state is lost.
+// DefaultUnverifiedLimit per stream (a burst of as many at a 1 s window)
+// carries such a client's ACKs and requests through that moment. What else
+// arrives there is junk, from any number of (spoofed) sources:
+// DefaultUnverifiedTotal holds all of it to a rate whose cost to quic-go is
+// negligible, shared fairly among networks by the fair total. Under a flood
+// from a new random address on every packet the share cannot pick out a
+// quiet network (every network's estimate is the cell's average), and a
+// client there keeps little of what it sends to this class: its verified
+// packets (by ID, proof or credit) never come here. The cost is less
+// quic-go's (a connection ID lookup and a drop) than the server's wakeups:
+// at 2,000 a second, spread over a flood, one wakeup of the reading
+// goroutine each cost a few percent of a core (the end-to-end benchmark's
+// spoofed-short and short-1024). A flood from a few sources in each of many
+// networks gets about twice the total through, from a new address on every
+// packet about three times (the proportional floor adds to what the share
+// admits).
 const (
 	DefaultUnverifiedLimit = 1_000
 	DefaultUnverifiedTotal = 500
@@ -352,6 +357,20 @@ type Params struct {
 	// a limit at the node it asks: a fair total on the socket's total, a
 	// limited reflection node.
 	Screen [NumClasses]uint8
+	// ReturningExempt has bit i set for each node i that a returning
+	// user's packet (Key.Returning) passes as if under its limit: every
+	// node of a prefix shorter than the first (the source's network and
+	// wider) but the last, the socket's total, where it is ranked.
+	ReturningExempt uint16
+	// Returning paces the returning part of the opening class's fair
+	// total: ReturningShareShift of its limit (nothing when the class has
+	// no fair total, or an unlimited one).
+	Returning Pacing
+	// ReturningLine is the line, after every node's rows, whose first
+	// cell counts the packets the returning part passed (forwarded, in
+	// the clean budget): the fair total ranks the others against its
+	// limit less that count (Limiter.admitTotal).
+	ReturningLine uint32
 	// Prefix4 and Prefix6 are the prefix lengths by prefix slot.
 	Prefix4, Prefix6 [MaxPrefixes]uint8
 	// NumPrefixes is the number of prefix slots in use.
@@ -466,8 +485,23 @@ func Compile(c Config) (*Params, error) {
 			p.TotalLines += Depth * int(lines)
 		}
 	}
+	p.ReturningLine = uint32(p.TotalLines)
+	p.TotalLines++
 	for class := range NumClasses {
 		p.Screen[class] = screens(p, class)
+	}
+	for i, n := range p.Nodes[:len(p.Nodes)-1] {
+		if n.Prefix() > 0 {
+			p.ReturningExempt |= 1 << i
+		}
+	}
+	if p.FairNode >= 0 {
+		open := c.Class(int(quicclass.Opening))
+		limit := open.Limit
+		if l, ok := open.LevelLimits[p.Nodes[p.FairNode].Level()]; ok {
+			limit = l
+		}
+		p.Returning = returningPacing(limit)
 	}
 	w := float64(p.WindowNanos)
 	for s := range Slots {

@@ -1,6 +1,7 @@
 package sketch
 
-// The fair total: the twin of internal/kernel/c/fair.h.
+// The fair total, and the returning part of it: the twin of
+// internal/kernel/c/fair.h.
 
 // The fair total. When the socket's total enforces its limit, a packet
 // passes if its source (address and port, ranked anew every period) is
@@ -113,4 +114,46 @@ func admitFair(share *uint64, nw *nodeWork, rank uint32, thr uint64) int {
 		return fairFloor
 	}
 	return fairRefuse
+}
+
+// admitTotal decides a packet over the fair total's limit t, in nw's
+// counts, at the end of the walk (admit_total in the C program). A
+// returning user's packet while the returning part of the total has room
+// (Params.Returning) passes, and is counted in the part's cell
+// (Params.ReturningLine); any other is ranked (rankRest).
+func (l *Limiter) admitTotal(share *uint64, k *Key, nw *nodeWork, t uint64) int {
+	if k.Returning {
+		var ok bool
+		if ok, l.returningTAT = l.p.Returning.Admit(l.returningTAT, nw.now); ok {
+			c := &l.lines[l.p.ReturningLine].Cells[0]
+			refresh(l.p, c, nw.epoch)
+			forwardOne(&c.Budget[Clean], nw.w)
+			return fairRank
+		}
+	}
+	return l.rankRest(share, k, nw, t)
+}
+
+// rankRest ranks by admitFair a packet over the fair total's limit t that
+// the returning part does not pass (rank_rest in the C program), against
+// what the part leaves: the total's offered and forwarded counts and its
+// limit less what the part passed, so that the share and the proportional
+// floor give the others the rest of the limit, and the part and the rest
+// together hold the total. The screen asks it too: it never screens a
+// returning user's packet.
+func (l *Limiter) rankRest(share *uint64, k *Key, nw *nodeWork, t uint64) int {
+	c := &l.lines[l.p.ReturningLine].Cells[0]
+	r := uint32(mulQ32(uint64(c.Budget[Clean].Forwarded), idleFactor(l.p, c.Epoch, nw.epoch)))
+	rest := *nw
+	rest.omin, rest.fmin = lessPart(nw.omin, r), lessPart(nw.fmin, r)
+	return admitFair(share, &rest, l.hk.rank(k, nw.now>>PeriodShift), uint64(lessPart(uint32(min(t, uint64(maxU32))), r)))
+}
+
+// lessPart is n less the returning part's count r, at least 1 (less_part
+// in the C program): the part passed at most what the total counted.
+func lessPart(n, r uint32) uint32 {
+	if n > r {
+		return n - r
+	}
+	return 1
 }

@@ -27,8 +27,8 @@ const (
 	// and its small total, shared fairly, is what holds the junk. The
 	// socket's total node counts a single stream and has one line per
 	// row. With the default lattice (6 nodes) the sketches of the three
-	// classes take (5 x 1380 + 5 x 192 + 5 x 64 + 3) x 2 x 64 bytes =
-	// 1,047,424 bytes, under 1 MiB.
+	// classes, with the returning part's line, take ((5 x 1380 + 5 x 192 +
+	// 5 x 64 + 3) x 2 + 1) x 64 bytes = 1,047,488 bytes, under 1 MiB.
 	OpeningLines     = 1380
 	EstablishedLines = 192
 	UnverifiedLines  = 64
@@ -41,10 +41,14 @@ const (
 // HashKey is the secret of one limiter instance: the multipliers and offsets
 // of Depth multiply-add-shift hash functions (Dietzfelbinger; Thorup, "High
 // Speed Hashing for Integers and Strings"). For words x_i < 2^32 and A, B
-// drawn uniformly, the top bits of h(x) = (sum A_i*x_i + B) mod 2^64 are
-// strongly universal: two distinct keys collide in a row with probability
-// one over the row's width, whatever the keys, as long as the secret is
-// unknown. An attacker therefore cannot compute colliding sources offline.
+// drawn uniformly, the top l bits of h(x) = (sum A_i*x_i + B) mod 2^64 are
+// strongly universal for l up to about 32 (the bound covers 64 bits less
+// the words' 32): two distinct keys collide in a row with probability one
+// over the row's width (rows are far narrower than 2^32), whatever the
+// keys, as long as the secret is unknown. An attacker therefore cannot
+// compute colliding sources offline. The learned sets use more bits (a set
+// and a 38-bit tag): beyond the first 32 the collision bound is about
+// 2^-32, not less (see package decide).
 //
 // R and RB are a further such function, over the source address and port
 // and a time period, that ranks the sources at the fair total (see
@@ -208,12 +212,8 @@ func column(h uint64, lines uint32) (line, cell uint64) {
 }
 
 // rank is the rank of k's source (address and port) in period: uniform in
-// [0, 2^32) and independent of other sources' under a secret key; 0, the
-// first, for a key marked RankFirst.
+// [0, 2^32) and independent of other sources' under a secret key.
 func (hk *HashKey) rank(k *Key, period uint64) uint32 {
-	if k.RankFirst {
-		return 0
-	}
 	h := hk.R[0]*period + hk.R[HashWords-1]*uint64(k.SrcPort) + hk.RB
 	for i, w := range k.Words {
 		h += hk.R[1+i] * uint64(w)

@@ -146,11 +146,17 @@ type Key struct {
 	// packet then counts only at source-port-wildcard nodes.
 	HasPorts         bool
 	SrcPort, DstPort uint16
-	// RankFirst puts the source before every other at the fair total (rank
-	// 0: admitted whenever the share admits anyone): the filter sets it for
-	// a connection-opening packet from an address the server sends to, a
-	// returning user. It is not part of the hashed key.
-	RankFirst bool
+	// Returning marks a returning user's connection-opening packet (the
+	// filter sets it for an Initial or 0-RTT packet from a proven peer, or
+	// from an answered peer that spent a credit): it passes the nodes of
+	// the source's network and wider (Params.ReturningExempt) as if under
+	// their limits, so that a flood from other addresses of its network
+	// does not cut it off, while the nodes of its own address judge it;
+	// the screen leaves it to the walk; and at the fair total it goes
+	// before every other source (rank 0) while the returning part of the
+	// total (ReturningShareShift) has room, and is ranked as anyone past
+	// it. It is not part of the hashed key.
+	Returning bool
 }
 
 // KeyFrom builds the key of a UDP packet from src to local port dstPort.

@@ -45,6 +45,10 @@ type Limiter struct {
 	// by class (see countTotal): the one CPU's pending cells the C
 	// program keeps for each CPU.
 	pending [NumClasses]Cell
+	// returningTAT is the theoretical arrival time of the returning part
+	// of the opening class's fair total (Params.Returning): the C
+	// program's pacer slot PACER_RETURNING.
+	returningTAT uint64
 }
 
 // New returns a limiter for c with hash key hk.
@@ -93,6 +97,11 @@ func (l *Limiter) Pending() [NumClasses]Cell { return l.pending }
 // FairShares returns the fair shares of the total, by class and budget;
 // for tests that compare state with the BPF program.
 func (l *Limiter) FairShares() [NumClasses][2]uint64 { return l.fair }
+
+// ReturningTAT returns the theoretical arrival time of the returning part
+// of the opening class's fair total (Params.Returning); for tests that
+// compare state with the BPF program.
+func (l *Limiter) ReturningTAT() uint64 { return l.returningTAT }
 
 // PPS converts an estimate (a decayed count over one window) to packets per
 // second.

@@ -151,7 +151,7 @@ func (l *Limiter) screenFair(k *Key, nw *nodeWork, v *Verdict) bool {
 	nw.network = network
 	share := &l.fair[class][Clean]
 	was := *share
-	if admitFair(share, nw, l.hk.rank(k, nw.now>>PeriodShift), thr) != fairRefuse {
+	if l.rankRest(share, k, nw, thr) != fairRefuse {
 		*share = was
 		return false
 	}

@@ -820,8 +820,9 @@ func TestUnverifiedClass(t *testing.T) {
 			t.Errorf("node %d: the unverified class has %d lines at %d, want %d after the established class", i, p.Lines[quicclass.Unverified][i], p.Base[quicclass.Unverified][i], lines)
 		}
 	}
-	if got := p.TotalLines * LineBytes; got != 1_047_424 || got > 1<<20 {
-		t.Errorf("the sketches take %d bytes, want 1,047,424 (under 1 MiB)", got)
+	// Every class's rows, and the returning part's line.
+	if got := p.TotalLines * LineBytes; got != 1_047_488 || got > 1<<20 || p.ReturningLine != uint32(p.TotalLines-1) {
+		t.Errorf("the sketches take %d bytes, want 1,047,488 (under 1 MiB), the returning part's line last", got)
 	}
 	c := Config{Limit: 100, Window: time.Second, Unverified: Limits{Limit: 50, LevelLimits: map[int]uint32{1: 70}}}
 	if p, err = Compile(c); err != nil {
@@ -868,18 +869,18 @@ func TestUnverifiedTotal(t *testing.T) {
 	t.Logf("junk passed %v a second", junk)
 }
 
-// TestRankFirst: at a capped total, a source marked RankFirst inside a
+// TestReturning: at a capped total, a source marked Returning inside a
 // flooded network keeps every packet, where the same source unmarked loses
 // most of them.
-func TestRankFirst(t *testing.T) {
-	for _, first := range []bool{true, false} {
-		t.Run(fmt.Sprintf("first=%v", first), func(t *testing.T) {
+func TestReturning(t *testing.T) {
+	for _, returning := range []bool{true, false} {
+		t.Run(fmt.Sprintf("returning=%v", returning), func(t *testing.T) {
 			l := newLimiter(t, Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 20_000}})
 			rng := rand.New(rand.NewPCG(7, 7))
 			var users []Key
 			for n := range 16 {
 				k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(n), 9}), 40000), 443)
-				k.RankFirst = first
+				k.Returning = returning
 				users = append(users, k)
 			}
 			offered, passed := 0, 0
@@ -899,10 +900,102 @@ func TestRankFirst(t *testing.T) {
 					}
 				}
 			}
-			if first && passed != offered || !first && passed > offered/2 {
+			if returning && passed != offered || !returning && passed > offered/2 {
 				t.Fatalf("users passed %d of %d", passed, offered)
 			}
 			t.Logf("users passed %d of %d", passed, offered)
+		})
+	}
+}
+
+// TestReturningInFloodedNetwork: a returning user in a /24 that a flood
+// from the /24's other addresses holds far over its limit keeps its
+// packets (the network's nodes pass it), where a stranger beside it loses
+// nearly all; and its own address's limits still hold it: a returning
+// source at five times the per-address limit is held near the limit.
+func TestReturningInFloodedNetwork(t *testing.T) {
+	l := newLimiter(t, Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: 20_000}})
+	rng := rand.New(rand.NewPCG(8, 8))
+	user := key("10.9.9.200:40000")
+	user.Returning = true
+	stranger := key("10.9.9.201:40000")
+	greedy := key("10.9.8.7:40000")
+	greedy.Returning = true
+	var userN, userOK, strN, strOK, greedyOK int
+	for i := range 400_000 { // 4 s: 100,000 pps from random addresses of 10.9.9.0/24
+		now := start + int64(i)*10_000
+		k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 9, 9, byte(rng.IntN(200))}), uint16(1024+rng.IntN(60000))), 443)
+		l.Decide(&k, int(quicclass.Opening), now, rng.Uint32())
+		second := now >= start+int64(time.Second)
+		if i%2000 == 0 { // 50 pps each
+			if v := l.Decide(&user, int(quicclass.Opening), now, rng.Uint32()); second {
+				userN++
+				if !v.Drop {
+					userOK++
+				}
+			}
+			if v := l.Decide(&stranger, int(quicclass.Opening), now, rng.Uint32()); second {
+				strN++
+				if !v.Drop {
+					strOK++
+				}
+			}
+		}
+		if i%20 == 0 { // 5,000 pps
+			if v := l.Decide(&greedy, int(quicclass.Opening), now, rng.Uint32()); second && !v.Drop {
+				greedyOK++
+			}
+		}
+	}
+	if userOK < userN*99/100 || strOK > strN/10 {
+		t.Fatalf("the returning user kept %d of %d, the stranger beside it %d of %d", userOK, userN, strOK, strN)
+	}
+	if perSec := greedyOK / 3; perSec > 1300 || perSec < 800 {
+		t.Fatalf("a returning source at 5,000 pps passed %d a second, its address's limit is 1,000", perSec)
+	}
+	t.Logf("returning user %d of %d, stranger %d of %d, greedy returning source %d a second", userOK, userN, strOK, strN, greedyOK/3)
+}
+
+// TestReturningBotnet: returning sources flooding the opening class, each
+// under every limit of its own (60 addresses in 60 /24s at 900 pps from
+// ever new ports, as new connections come, 54,000 pps against a total of
+// 20,000), take the returning part of the total first and are ranked with
+// everyone past it: the total holds, and a quiet stranger network keeps
+// its packets. Unmarked, the same sources are held alike.
+func TestReturningBotnet(t *testing.T) {
+	for _, returning := range []bool{true, false} {
+		t.Run(fmt.Sprintf("returning=%v", returning), func(t *testing.T) {
+			const total = 20_000
+			l := newLimiter(t, Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: total}})
+			rng := rand.New(rand.NewPCG(9, 9))
+			port := func() uint16 { return uint16(1024 + rng.IntN(60000)) }
+			botsOK, quietN, quietOK := 0, 0, 0
+			const step = int64(time.Second) / 54_000
+			for i := range 4 * 54_000 { // 4 s
+				now := start + int64(i)*step
+				second := now >= start+int64(time.Second)
+				bot := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 3, byte(i % 60), 1}), port()), 443)
+				bot.Returning = returning
+				if v := l.Decide(&bot, int(quicclass.Opening), now, rng.Uint32()); second && !v.Drop {
+					botsOK++
+				}
+				if i%1080 == 0 { // 50 pps
+					quiet := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 4, 0, 9}), port()), 443)
+					if v := l.Decide(&quiet, int(quicclass.Opening), now, rng.Uint32()); second {
+						quietN++
+						if !v.Drop {
+							quietOK++
+						}
+					}
+				}
+			}
+			if perSec := botsOK / 3; perSec > total*11/10 {
+				t.Fatalf("the bots passed %d a second, over the total of %d", perSec, total)
+			}
+			if quietOK < quietN*9/10 {
+				t.Fatalf("the quiet network kept %d of %d", quietOK, quietN)
+			}
+			t.Logf("bots passed %d a second; the quiet network kept %d of %d", botsOK/3, quietOK, quietN)
 		})
 	}
 }

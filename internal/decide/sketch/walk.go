@@ -36,7 +36,9 @@ func (l *Limiter) Decide(k *Key, class int, now int64, rnd uint32) Verdict {
 		class:  class,
 	}
 	v := Verdict{Level: -1}
-	if on := p.Screen[class] & l.screening[class]; on != 0 {
+	// A returning user's packet is walked: the screen judges a packet by
+	// its network alone, which a returning one passes.
+	if on := p.Screen[class] & l.screening[class]; on != 0 && !k.Returning {
 		if l.screen(k, &nw, &v, on) {
 			return v
 		}
@@ -128,8 +130,10 @@ func (l *Limiter) judgeNode(k *Key, nw *nodeWork) int {
 	fair := i == p.FairNode
 	// A packet under the limit passes, and needs the enforcing threshold
 	// only at the fair total, whose share it resets when the total does
-	// not enforce.
-	under := thr == ThreshUnlimited || uint64(omin) <= scale(thr, nw.g)
+	// not enforce. A returning user's packet passes its network's nodes
+	// as if under their limits.
+	under := thr == ThreshUnlimited || uint64(omin) <= scale(thr, nw.g) ||
+		k.Returning && p.ReturningExempt>>i&1 != 0
 	enforcing := (!under || fair) && p.enforcing(class, i, omin, nw.g)
 	if fair {
 		if !enforcing && l.fair[class][budget] != FairUnbounded {
@@ -156,7 +160,7 @@ func (l *Limiter) judgeNode(k *Key, nw *nodeWork) int {
 		if uint64(fmin) < t {
 			return judgeOver
 		}
-		a := admitFair(&l.fair[class][budget], nw, l.hk.rank(k, nw.now>>PeriodShift), t)
+		a := l.admitTotal(&l.fair[class][budget], k, nw, t)
 		l.noteScreen(class, budget)
 		switch a {
 		case fairRank:

@@ -1,11 +1,12 @@
 // Package egress learns from what the server sends what only the server
 // knows: the connection IDs it chose, each with the address it sent it to,
-// the addresses it keeps connections with, and which of them proved that
-// they receive what the server sends there. A kernel filter (or the
-// userspace limiter) taught them can verify what clients send: a spoofer
-// who never receives the server's packets cannot guess a 4-byte random ID
-// sent to another address, nor make the server show that it proved an
-// address it does not hold.
+// and the addresses it keeps connections with, which its datagrams there
+// grant credit. A kernel filter (or the userspace limiter) taught them can
+// verify what clients send: a spoofer who never receives the server's
+// packets does not know a 4-byte random ID sent to another address (it
+// can guess, and the filter bounds the guesses it looks up: see package
+// decide), and the credit an address has is what the server sent it,
+// which a spoofer can have the server send only by sending itself.
 //
 // # What it reads
 //
@@ -17,8 +18,8 @@
 // Each GSO segment is a datagram of its own. What a datagram teaches is
 // only what a connection makes (inspect):
 //
-//   - Server IDs: the source connection ID of the server's Handshake and
-//     Retry packets, and of its Initials in a datagram that belongs to a
+//   - Server IDs: the source connection ID of the server's Handshake
+//     packets, and of its Initials in a datagram that belongs to a
 //     connection (with a Handshake packet, or padded to 1200 bytes as only
 //     an ack-eliciting Initial is, such as the ServerHello quic-go may send
 //     before its Handshake packets), each bound to the datagram's
@@ -32,7 +33,9 @@
 //     client's own destination ID, which a Retry token's holder may choose
 //     4 bytes long and send from any address: they teach nothing, whatever
 //     the ID's length (TestRefusalsTeachNothing makes them with a real
-//     quic-go).
+//     quic-go). Nor does a Retry: a stateless reply, which a spoofer has
+//     the server send to any address at the rate it likes (the client that
+//     answers it opens a connection, whose ID is taught then).
 //   - Peers: the destination of a datagram of a connection the server
 //     keeps: one holding a short-header packet, a Handshake packet or an
 //     Initial of a connection (see above). Never that of a stateless reply
@@ -42,29 +45,51 @@
 //     Retry the server answers any Initial with a connection, so a
 //     spoofer's forged source does become a peer, an answered one, for a
 //     while (TestStatelessRepliesTeachNoPeer shows both cases): a lower
-//     tier, which verifies nothing.
-//   - Proofs: a peer is proven when the server sends it a short header to a
-//     destination ID that none of the server's handshakes with it used:
-//     an ID the client issued in a NEW_CONNECTION_ID frame, which quic-go
-//     reads only from a packet it could decrypt, so from a client that
-//     received the server's handshake at that address. The server of a
-//     spoofed source never learns one. The filter proves an address too,
-//     on its own, when a datagram from it carries a server ID bound to it.
+//     tier, which verifies nothing by itself.
+//   - Credit: each datagram of a connection that holds a short-header
+//     packet grants its destination credit (Sink.Grant), which the filter
+//     spends on the datagrams from that address it cannot verify by an ID
+//     or a proof (decide.Credit): decide.CreditPerDatagram for an
+//     established connection's datagram, less for a handshake's 0.5-RTT
+//     data (CreditInHandshake: a spoofed Initial's answer holds some), one
+//     for a datagram shaped as quic-go's stateless replies to a datagram of
+//     the address's own (a path probe of 1200 bytes written alone, a
+//     stateless reset of 42), which pays back the datagram that asked for
+//     it. A new peer starts with decide.CreditFirst.
 //
 // What it cannot see: the IDs the server issues in NEW_CONNECTION_ID
 // frames, which are encrypted. A quic-go client moves to one of them as
 // soon as its handshake completes, which the server's first flight may
 // complete (its 1-RTT packets carry those frames): from then on, even its
 // Initial acknowledgement and its Finished carry an ID no learner saw, and
-// it may never send back the ID the server revealed. Its Handshake and
-// short-header packets are of an answered peer until the server's packets
-// show it proven, one round trip later (TestQUICGoTeaches counts them).
+// it may never send back the ID the server revealed. Its packets are
+// verified by its address's credit, which the server's packets to it
+// earn; TestQUICGoTeaches counts them, an upload included, whose
+// acknowledgements the server writes one for tens of the client's packets
+// when it reads them in batches (hence the size of CreditPerDatagram).
+//
+// # What it does not take as proof
+//
+// Nothing the server sends proves that an address receives it: quic-go
+// sends a short header to a new ID at any address one of a connection's
+// 1-RTT packets comes from (a PATH_CHALLENGE, to a fresh ID of the
+// connection's client), replays a closed connection's CONNECTION_CLOSE to
+// whoever sends to it, answers 0-RTT data before the handshake completes,
+// and with a reset key sends stateless resets to any address; an attacker
+// with a connection of its own can have each sent to an address it does
+// not receive at. Proofs are the filter's alone: a long header from the
+// address that carries a server ID bound to it (decide.Filter).
+// TestBorrowedProof tries the path probe and the resets with a real quic-go
+// server: the victim is never proven, and its credit grows by at most one
+// for each datagram the attacker sent from its address.
 //
 // # Cost and memory
 //
 // Learn allocates nothing. A short-header datagram (or GSO batch) costs a
 // clock read and one map lookup under the lock of one of 16 shards, chosen
-// by a keyed hash of the peer's address. A sink is called only for a new
+// by a keyed hash of the peer's address, and a grant (a hash and a set's
+// lookup in the engine's answered peers, and an atomic add). A sink is
+// called for a grant at every such write, and otherwise only for a new
 // ID, an ID not reported for a quarter of the lifetime, and a peer not
 // reported for PeerInterval (1 s). The sink is called before Learn returns,
 // under the shard's lock, so that a datagram carrying an ID or going to a
@@ -74,8 +99,9 @@
 // The Learner remembers at most MaxIDs server IDs (each for the lifetime
 // after it was last sent, to teach them to a new sink), each with the
 // address it was sent to, and MaxPeers peers (each for PeerInterval), each
-// with the destination IDs of the server's handshakes with it. An entry is
-// a map slot of 40 bytes for an ID and 52 for a peer; with Go's map
+// with the destination IDs of the server's latest long headers to it. An
+// entry is
+// a map slot of 40 bytes for an ID and 49 for a peer; with Go's map
 // overhead (a table doubles at 7/8 full) that is 45 to 120 bytes an entry:
 // with both tables full the Learner holds under 16 MiB (14 MiB measured on
 // amd64, TestMemoryBound). The tables hold no pointers, so the garbage

@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/cpu"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 )
 
 // Sink is what a Learner teaches: the engine that verifies the datagrams
@@ -23,10 +26,14 @@ type Sink interface {
 	// without a zone): only to proves itself with it.
 	LearnServerID(id ServerID, to netip.Addr) error
 	// LearnPeer records addr, an address the server sends a connection's
-	// datagrams to (an IPv4 address unmapped, without a zone); proven
-	// says that the server's own datagrams show that addr proved itself
-	// (see Learner).
-	LearnPeer(addr netip.Addr, proven bool) error
+	// datagrams to (an IPv4 address unmapped, without a zone): an answered
+	// peer.
+	LearnPeer(addr netip.Addr) error
+	// Grant adds credits to addr, an answered peer: what addr may send
+	// verified by its credit (decide.Credit), earned by the server's
+	// datagrams to it (see Learner.Learn). Called for every write, after
+	// LearnPeer taught addr; it must be cheap.
+	Grant(addr netip.Addr, credits int) error
 }
 
 // Defaults and bounds of a Learner.
@@ -77,9 +84,8 @@ type Stats struct {
 	IDs uint64
 	// Peers counts peer reports a sink accepted.
 	Peers uint64
-	// Proofs counts the peers the server's datagrams showed proven (see
-	// Learner).
-	Proofs uint64
+	// Grants counts the credits a sink granted (see Learner.Learn).
+	Grants uint64
 	// Errors counts reports a sink refused.
 	Errors uint64
 	// OddIDs counts the server's Handshake and Retry packets whose source
@@ -110,7 +116,7 @@ type Learner struct {
 	ids   [numShards]shard[boundID, entry]
 	peers [numShards]shard[[16]byte, peerEntry]
 
-	nIDs, nPeers, nProofs, nErrors, nOdd, nOverflows atomic.Uint64
+	nIDs, nPeers, nGrants, nErrors, nOdd, nOverflows atomic.Uint64
 }
 
 // boundID is a server ID with the address it was sent to (its 16 bytes,
@@ -135,24 +141,38 @@ type entry struct {
 // sentAt is when the server last sent the key.
 func (e entry) sentAt() int64 { return e.seen }
 
-// maxHandshakeIDs bounds the destination IDs a peer's entry keeps of the
-// server's long headers to it: its clients' own IDs in their handshakes.
-const maxHandshakeIDs = 4
+// recentHandshakes is how many destination IDs of the server's latest
+// long headers to a peer its entry keeps.
+const recentHandshakes = 4
 
 // peerEntry is what the peers' table remembers of an address: an entry,
-// and what shows that it proved itself (see Learner).
+// and the destination IDs (cidHash) of the server's latest long headers to
+// it, in a ring: its clients' own IDs in their handshakes (see grants).
 type peerEntry struct {
 	entry
-	// handshake holds the destination IDs (their cidHash) of the
-	// server's long headers to the address, n of them; crowded is set
-	// when there were more than it holds, and then nothing proves the
-	// address by them.
-	handshake [maxHandshakeIDs]uint32
-	n         uint8
-	crowded   bool
-	// proven is set once the server sent the address a short header to
-	// an ID that none of those handshakes used.
-	proven bool
+	handshakes [recentHandshakes]uint32
+	next       uint8
+}
+
+// addHandshake records the destination ID hash h of one of the server's
+// long headers to the peer, in place of the oldest.
+func (e *peerEntry) addHandshake(h uint32) {
+	if !slices.Contains(e.handshakes[:], h) {
+		e.handshakes[e.next%recentHandshakes] = h
+		e.next++
+	}
+}
+
+// inHandshake reports whether the short header d goes to a destination ID
+// of the server's latest long headers to the peer: the length of a short
+// header's ID is not on the wire, so d is read at the length of each.
+func (e *peerEntry) inHandshake(d []byte) bool {
+	for _, h := range e.handshakes {
+		if n := int(h >> 24); h != 0 && 1+n <= len(d) && cidHash(d[1:1+n]) == h {
+			return true
+		}
+	}
+	return false
 }
 
 // shard is a part of a table, with its own lock, on a cache line of its
@@ -200,7 +220,7 @@ func (l *Learner) Stats() Stats {
 	return Stats{
 		IDs:       l.nIDs.Load(),
 		Peers:     l.nPeers.Load(),
-		Proofs:    l.nProofs.Load(),
+		Grants:    l.nGrants.Load(),
 		Errors:    l.nErrors.Load(),
 		OddIDs:    l.nOdd.Load(),
 		Overflows: l.nOverflows.Load(),
@@ -267,27 +287,21 @@ func (l *Learner) replay(sh *shard[boundID, entry], now int64) {
 // yet, before it returns: call it before the datagram is written, so that
 // the engine knows an ID before a client can answer with it. It allocates
 // nothing, and for a short-header datagram takes one map lookup under a
-// shard's lock.
+// shard's lock and a grant.
 //
 // What a datagram teaches is inspect's: the server IDs of a connection's
-// Handshake packets (and of its ServerHello's Initial) and of Retry
-// packets, each bound to to's address, and to's address as a peer when the
-// datagram belongs to a connection. The address is a proven peer once the
-// server sends it a short header to a destination ID that none of the
-// server's handshakes with it used: an ID the client issued in a
-// NEW_CONNECTION_ID frame, which quic-go reads only from a packet it could
-// decrypt, that is from a client that received the server's handshake.
-// A spoofed address the server answered never receives it, so the server
-// never learns such an ID for it. (A client that moves to an ID the
-// server issued encrypted, as quic-go's does within its first flight,
-// never sends back an ID the filter knows: this is how it proves itself.)
+// Handshake packets (and of its ServerHello's Initial), each bound to to's
+// address, and to's address as a peer when the datagram belongs to a
+// connection. Each datagram that holds a short-header packet also grants
+// to's address credit (Sink.Grant, see grants).
 func (l *Learner) Learn(b, oob []byte, to netip.AddrPort) {
 	if l == nil || len(b) == 0 || !to.IsValid() || l.sink.Load() == nil {
 		return
 	}
 	seg := len(b)
+	gso := false
 	if s := segmentSize(oob); s > 0 {
-		seg = s
+		seg, gso = s, true
 	}
 	addr := to.Addr().Unmap().WithZone("")
 	now := l.now()
@@ -295,21 +309,19 @@ func (l *Learner) Learn(b, oob []byte, to netip.AddrPort) {
 	for off := 0; off < len(b); off += seg {
 		d := b[off:min(off+seg, len(b))]
 		if d[0]&headerForm == 0 { // a short header: no need to inspect
-			if d[0]&fixedBit != 0 {
-				p.peer = true
-				if p.short == nil {
-					p.short = d
-				}
-			}
+			p.short(d, gso)
 			continue
 		}
 		s := inspect(d)
 		p.peer = p.peer || s.peer
-		for _, id := range s.ids[:s.nIDs] {
-			l.learnID(boundID{id: id, to: addr.As16()}, now)
+		if s.short {
+			p.handshake++
 		}
 		for _, h := range s.dcids[:s.nDCIDs] {
-			p.addHandshake(h)
+			p.addDCID(h)
+		}
+		for _, id := range s.ids[:s.nIDs] {
+			l.learnID(boundID{id: id, to: addr.As16()}, now)
 		}
 		if s.odd > 0 {
 			l.nOdd.Add(uint64(s.odd))
@@ -323,23 +335,55 @@ func (l *Learner) Learn(b, oob []byte, to netip.AddrPort) {
 	}
 }
 
-// peerSeen is what one write shows of its destination.
+// Shapes of quic-go's stateless replies to a datagram of an address's own
+// that are short headers: a path probe (PATH_CHALLENGE or PATH_RESPONSE,
+// padded to 1200 bytes and written alone), which quic-go sends to any new
+// address a connection's 1-RTT packet comes from, validated or not; and a
+// stateless reset (42 bytes), when a reset key is set (Caddy sets none).
+// A spoofer that has one of its own connection's packets sent from an
+// address it does not receive at gets one of these there.
+const (
+	probeSize = quicclass.MinInitialDatagram
+	resetSize = 42
+)
+
+// peerSeen is what one write shows of its destination: whether it belongs
+// to a connection, the datagrams that grant credit by kind (see grants),
+// the destination IDs of its long headers (cidHash), and its first lone
+// short-header datagram.
 type peerSeen struct {
-	// peer: the write belongs to a connection.
 	peer bool
-	// handshake are the destination IDs of its connection long headers
-	// (cidHash), n of them.
-	handshake [maxIDsPerDatagram]uint32
-	n         int
-	// short is its first short-header datagram, if any.
-	short []byte
+	// replies are lone short-header datagrams, handshake those coalesced
+	// after long headers, shaped those shaped as a stateless reply.
+	replies, handshake, shaped int
+	dcids                      [maxIDsPerDatagram]uint32
+	nDCIDs                     int
+	first                      []byte
 }
 
-// addHandshake records the destination ID hash h of a long header.
-func (p *peerSeen) addHandshake(h uint32) {
-	if p.n < len(p.handshake) && !slices.Contains(p.handshake[:p.n], h) {
-		p.handshake[p.n] = h
-		p.n++
+// short records the short-header datagram d, written in a GSO batch or
+// alone (gso).
+func (p *peerSeen) short(d []byte, gso bool) {
+	if d[0]&fixedBit == 0 {
+		return
+	}
+	p.peer = true
+	switch {
+	case len(d) == resetSize || !gso && len(d) == probeSize:
+		p.shaped++
+	default:
+		p.replies++
+		if p.first == nil {
+			p.first = d
+		}
+	}
+}
+
+// addDCID records the destination ID hash h of a long header.
+func (p *peerSeen) addDCID(h uint32) {
+	if p.nDCIDs < len(p.dcids) && !slices.Contains(p.dcids[:p.nDCIDs], h) {
+		p.dcids[p.nDCIDs] = h
+		p.nDCIDs++
 	}
 }
 
@@ -387,10 +431,10 @@ func (l *Learner) learnID(k boundID, now int64) {
 	sh.m[k] = e
 }
 
-// learnPeer records what a write to addr shows (see Learn) and teaches the
-// sink addr, unless it was taught less than PeerInterval ago and nothing
-// new was proven since. The sink is called under the shard's lock: a
-// concurrent write to the same peer waits until the sink knows it.
+// learnPeer teaches the sink addr, unless it was taught less than
+// PeerInterval ago, and grants it what p earns (grants). The sink is
+// called under the shard's lock: a concurrent write to the same peer waits
+// until the sink knows it, and its credit.
 func (l *Learner) learnPeer(addr netip.Addr, now int64, p *peerSeen) {
 	key := addr.As16()
 	sh := &l.peers[l.shardOf(binary.LittleEndian.Uint64(key[:8]), binary.LittleEndian.Uint64(key[8:]))]
@@ -406,52 +450,47 @@ func (l *Learner) learnPeer(addr netip.Addr, now int64, p *peerSeen) {
 		e.reported = now - int64(PeerInterval) // never reported
 	}
 	e.seen = now
-	for _, h := range p.handshake[:p.n] {
+	for _, h := range p.dcids[:p.nDCIDs] {
 		e.addHandshake(h)
 	}
-	proved := !e.proven && p.short != nil && e.provesBy(p.short)
-	e.proven = e.proven || proved
 	// A refused peer is reported again after PeerInterval, as an accepted
 	// one: a failing sink is not called for every datagram.
-	if proved || now-e.reported >= int64(PeerInterval) {
+	if now-e.reported >= int64(PeerInterval) {
 		e.reported = now
-		l.report(box.LearnPeer(addr, e.proven), &l.nPeers)
-		if proved {
-			l.nProofs.Add(1)
-		}
+		l.report(box.LearnPeer(addr), &l.nPeers)
 	}
 	sh.m[key] = e
-}
-
-// addHandshake records the destination ID hash h of one of the server's
-// long headers to the peer.
-func (e *peerEntry) addHandshake(h uint32) {
-	switch {
-	case slices.Contains(e.handshake[:e.n], h):
-	case int(e.n) == len(e.handshake):
-		e.crowded = true
-	default:
-		e.handshake[e.n] = h
-		e.n++
-	}
-}
-
-// provesBy reports whether the short header d, which the server sends to
-// the peer, is to a destination ID that none of the server's handshakes
-// with it used: the length of a short header's ID is not on the wire, so
-// d is read at the length of each handshake's ID.
-func (e *peerEntry) provesBy(d []byte) bool {
-	if e.n == 0 || e.crowded {
-		return false
-	}
-	for _, h := range e.handshake[:e.n] {
-		n := int(h >> 24)
-		if 1+n > len(d) || cidHash(d[1:1+n]) == h {
-			return false
+	if credit := grants(&e, p); credit > 0 {
+		if err := box.Grant(addr, credit); err != nil {
+			l.nErrors.Add(1)
+		} else {
+			l.nGrants.Add(uint64(credit))
 		}
 	}
-	return true
 }
+
+// grants is the credit a write to a peer whose entry is e earns, by its
+// datagrams that hold a short-header packet (p): decide.CreditPerDatagram
+// for each lone one, an established connection's (an upload's
+// acknowledgements, written one for tens of the client's packets when the
+// server reads them in batches); CreditInHandshake for each one
+// coalesced after long headers, or to a destination ID of the server's
+// latest long headers to the peer: a handshake's 0.5-RTT data, which the
+// answer to a spoofed Initial holds too; and one for each shaped as a
+// stateless reply (a path probe, a stateless reset), which pays back the
+// datagram that asked for it, so that a spoofer gains nothing by it (a
+// connection's datagrams of those sizes grant one too).
+func grants(e *peerEntry, p *peerSeen) int {
+	perReply := decide.CreditPerDatagram
+	if p.first != nil && e.inHandshake(p.first) {
+		perReply = CreditInHandshake
+	}
+	return p.replies*perReply + p.handshake*CreditInHandshake + p.shaped
+}
+
+// CreditInHandshake is what a short-header datagram of a handshake under
+// way grants (see grants).
+const CreditInHandshake = 8
 
 // report counts the result of a report to a sink, in ok if it was
 // accepted, and says whether it was.

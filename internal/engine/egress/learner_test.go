@@ -29,14 +29,14 @@ type recSink struct {
 	ids            map[ServerID]int
 	to             map[ServerID]netip.Addr
 	peers          map[netip.Addr]int
-	proven         map[netip.Addr]int
+	credit         map[netip.Addr]int
 	idErr, peerErr error
 	gate, entered  chan struct{}
 }
 
 func newRecSink() *recSink {
 	return &recSink{ids: map[ServerID]int{}, to: map[ServerID]netip.Addr{}, peers: map[netip.Addr]int{},
-		proven: map[netip.Addr]int{}}
+		credit: map[netip.Addr]int{}}
 }
 
 func (s *recSink) wait() {
@@ -62,15 +62,26 @@ func (s *recSink) boundTo(id ServerID) netip.Addr {
 	return s.to[id]
 }
 
-func (s *recSink) LearnPeer(addr netip.Addr, proven bool) error {
+func (s *recSink) LearnPeer(addr netip.Addr) error {
 	s.wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.peers[addr]++
-	if proven {
-		s.proven[addr]++
-	}
 	return s.peerErr
+}
+
+func (s *recSink) Grant(addr netip.Addr, credits int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.credit[addr] += credits
+	return nil
+}
+
+// credits returns the credits addr was granted.
+func (s *recSink) credits(addr netip.Addr) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.credit[addr]
 }
 
 // counts returns how often id and addr were taught.
@@ -84,7 +95,8 @@ func (s *recSink) counts(id ServerID, addr netip.Addr) (int, int) {
 type nopSink struct{}
 
 func (nopSink) LearnServerID(ServerID, netip.Addr) error { return nil }
-func (nopSink) LearnPeer(netip.Addr, bool) error         { return nil }
+func (nopSink) LearnPeer(netip.Addr) error               { return nil }
+func (nopSink) Grant(netip.Addr, int) error              { return nil }
 
 // testLearner returns a Learner teaching sink on a fake clock.
 func testLearner(t testing.TB, sink Sink, o Options) (*Learner, *testutil.Clock) {
@@ -282,7 +294,7 @@ func TestGSOBatch(t *testing.T) {
 		{"one datagram", cat(initial, handshake, quicclass.ShortHeader(500)), nil, []ServerID{idA}, true},
 		{"short headers", cat(quicclass.ShortHeader(size), quicclass.ShortHeader(size), quicclass.ShortHeader(10)), segmentMsg(size), nil, true},
 		{"last segment a Handshake", cat(pad(quicclass.ShortHeader(100), size), handshakeTo(idB)), segmentMsg(size), []ServerID{idB}, true},
-		{"retry", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("token"), 0), segmentMsg(size), []ServerID{idB}, false},
+		{"retry", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("token"), 0), segmentMsg(size), nil, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -301,16 +313,66 @@ func TestGSOBatch(t *testing.T) {
 	}
 }
 
+// TestCredit: each lone short-header datagram of a connection grants its
+// destination decide.CreditPerDatagram, but one to a destination ID of the
+// server's latest long headers there, or coalesced after long headers (a
+// handshake's), CreditInHandshake, and one shaped as quic-go's stateless
+// replies to a datagram of the address's own (a path probe, 1200 bytes
+// written alone; a stateless reset, 42 bytes) one; long headers alone,
+// Retries and what is not QUIC grant nothing.
+func TestCredit(t *testing.T) {
+	const k, hs = decide.CreditPerDatagram, CreditInHandshake
+	small := quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300)
+	initial := pad(small, 1200)
+	var c4 decide.ServerID
+	copy(c4[:], client[:4])
+	tests := []struct {
+		name   string
+		before []byte // written first, to the same peer
+		b      []byte
+		oob    []byte
+		want   int
+	}{
+		{"short header", nil, quicclass.ShortHeader(100), nil, k},
+		{"short header, fixed bit clear", nil, make([]byte, 100), nil, 0},
+		{"a path probe's shape", nil, quicclass.ShortHeader(1200), nil, 1},
+		{"a stateless reset's shape", nil, quicclass.ShortHeader(42), nil, 1},
+		{"1200 bytes in a GSO batch", nil, cat(quicclass.ShortHeader(1200), quicclass.ShortHeader(1200), quicclass.ShortHeader(42)), segmentMsg(1200), 2*k + 1},
+		{"1201 bytes alone", nil, quicclass.ShortHeader(1201), nil, k},
+		{"Initial and Handshake", nil, cat(small, handshakeTo(idA)), nil, 0},
+		{"Initial, Handshake and 1-RTT", nil, cat(small, handshakeTo(idA), quicclass.ShortHeader(60)), nil, hs},
+		{"a batch of the first flight", nil, cat(initial, pad(handshakeTo(idA), 1200), quicclass.ShortHeader(300)), segmentMsg(1200), k},
+		{"0.5-RTT to the handshake's ID, alone", handshakeTo(idA), quicclass.ShortPacket(c4, 300), nil, hs},
+		{"to another ID after a handshake", handshakeTo(idA), quicclass.ShortPacket(idB, 300), nil, k},
+		{"Retry", nil, quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("token"), 0), nil, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sink := newRecSink()
+			l, _ := testLearner(t, sink, Options{})
+			if tt.before != nil {
+				l.Learn(tt.before, nil, peerA)
+			}
+			before := sink.credits(peerA.Addr())
+			l.Learn(tt.b, tt.oob, peerA)
+			if got := sink.credits(peerA.Addr()) - before; got != tt.want {
+				t.Fatalf("granted %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
 // TestTeachBeforeWrite: a second writer to the same peer, or with the same
 // ID, returns only after the sink has learned it for the first.
 func TestTeachBeforeWrite(t *testing.T) {
 	tests := []struct {
-		name  string
-		first []byte
-		then  []byte
+		name    string
+		first   []byte
+		then    []byte
+		reports int // the ID and the peer of a Handshake
 	}{
-		{"peer", quicclass.ShortHeader(50), quicclass.ShortHeader(60)},
-		{"ID", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idA[:], []byte("token"), 0), quicclass.AppendLongPacket(nil, v1, typeRetry, client, idA[:], []byte("token"), 0)},
+		{"peer", quicclass.ShortHeader(50), quicclass.ShortHeader(60), 1},
+		{"ID", handshakeTo(idA), handshakeTo(idA), 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -329,8 +391,8 @@ func TestTeachBeforeWrite(t *testing.T) {
 			close(sink.gate)
 			<-firstDone
 			<-thenDone
-			if len(sink.ids)+len(sink.peers) != 1 {
-				t.Fatalf("taught %v and %v, want one report", sink.ids, sink.peers)
+			if len(sink.ids)+len(sink.peers) != tt.reports {
+				t.Fatalf("taught %v and %v, want %d reports", sink.ids, sink.peers, tt.reports)
 			}
 		})
 	}
@@ -461,5 +523,5 @@ func ExampleLearner_Stats() {
 	l, _ := NewLearner(sink, Options{})
 	l.Learn(quicclass.ShortHeader(100), nil, netip.MustParseAddrPort("127.0.0.1:443"))
 	fmt.Printf("%+v\n", l.Stats())
-	// Output: {IDs:0 Peers:0 Proofs:0 Errors:1 OddIDs:0 Overflows:0}
+	// Output: {IDs:0 Peers:0 Grants:64 Errors:1 OddIDs:0 Overflows:0}
 }

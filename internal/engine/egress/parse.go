@@ -67,14 +67,10 @@ func longType(typ uint8, v uint32) uint8 {
 type sent struct {
 	// ids are the server IDs to bind to the datagram's destination, in
 	// order, without repeats: the source connection IDs of its Handshake
-	// and Retry packets, and of its Initials when it belongs to a
-	// connection (see peer).
+	// packets, and of its Initials when it belongs to a connection (see
+	// peer).
 	ids  [maxIDsPerDatagram]ServerID
 	nIDs int
-	// dcids are the destination IDs (cidHash) of the long headers of a
-	// datagram that belongs to a connection: the IDs its client chose.
-	dcids  [maxIDsPerDatagram]uint32
-	nDCIDs int
 	// odd counts the server's Handshake and Retry packets whose source
 	// connection ID is not ServerIDLen bytes long, which no ServerID can
 	// hold.
@@ -84,6 +80,13 @@ type sent struct {
 	// short-header packet, or an Initial padded as only an ack-eliciting
 	// one is (see inspect).
 	peer bool
+	// short: it holds a short-header packet after long headers, which
+	// grants its destination credit (see Learner.grants).
+	short bool
+	// dcids are the destination IDs (cidHash) of the long headers of a
+	// datagram that belongs to a connection: the IDs its client chose.
+	dcids  [maxIDsPerDatagram]uint32
+	nDCIDs int
 }
 
 // inspect reads the datagram b the server sends: the source connection IDs
@@ -107,9 +110,10 @@ type sent struct {
 // their source ID is the client's chosen destination ID, which may be
 // ServerIDLen bytes long (a Retry token's holder chooses it), sent to any
 // address a spoofer names: they teach nothing, whatever their ID's length.
-// A Retry's ID is taught, bound to the Retry's destination, which answers
-// it with that ID if it is the client it claims to be, but its destination
-// is not a peer. A packet whose header does not fit the datagram (or whose
+// A Retry teaches nothing, neither its ID nor its destination: it is a
+// stateless reply, which a spoofer has the server send to any address at
+// the rate it likes (a client that answers it opens a connection, whose
+// server ID is taught then). A packet whose header does not fit the datagram (or whose
 // Length is too small to be decrypted) teaches nothing, nor does anything
 // after it; nor do Version Negotiation packets, unknown versions, 0-RTT
 // (which only clients send) and packets with the fixed bit clear.
@@ -120,7 +124,8 @@ func inspect(b []byte) (s sent) {
 	var initial, handshake bool
 	for len(b) > 0 {
 		if b[0]&headerForm == 0 {
-			s.peer = s.peer || b[0]&fixedBit != 0
+			s.short = b[0]&fixedBit != 0
+			s.peer = s.peer || s.short
 			break
 		}
 		size, typ, scid, ok := parseLong(b)
@@ -141,7 +146,7 @@ func inspect(b []byte) (s sent) {
 			}
 		case !server: // a Handshake or Retry packet with an ID of another length
 			s.odd++
-		default:
+		case typ == typeHandshake:
 			s.add(ServerID(scid))
 		}
 		handshake = handshake || typ == typeHandshake
@@ -159,7 +164,7 @@ func inspect(b []byte) (s sent) {
 
 // cidHash is a connection ID's hash, its length in the top byte: FNV-1a
 // over its bytes in the rest. Two IDs of one peer that collide only make a
-// proof look like a handshake (a proof missed).
+// reply's credit a handshake's.
 func cidHash(id []byte) uint32 {
 	h := uint32(2166136261)
 	for _, c := range id {

@@ -53,8 +53,9 @@ func TestInspect(t *testing.T) {
 		{"v2 Initial, padded", quicclass.AppendLongPacket(nil, v2, typeInitial, client[:4], idA[:], nil, 1250), []ServerID{idA}, 0, true},
 		{"v1 Handshake", handshake, []ServerID{idA}, 0, true},
 		{"v2 Handshake", quicclass.AppendLongPacket(nil, v2, typeHandshake, client[:4], idA[:], nil, 300), []ServerID{idA}, 0, true},
-		{"v1 Retry", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("retry token"), 0), []ServerID{idB}, 0, false},
-		{"v2 Retry", quicclass.AppendLongPacket(nil, v2, typeRetry, client, idB[:], []byte("retry token"), 0), []ServerID{idB}, 0, false},
+		// A Retry is a stateless reply: it teaches nothing.
+		{"v1 Retry", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("retry token"), 0), nil, 0, false},
+		{"v2 Retry", quicclass.AppendLongPacket(nil, v2, typeRetry, client, idB[:], []byte("retry token"), 0), nil, 0, false},
 		{"Retry without a token", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], nil, 0), nil, 0, false},
 		{"coalesced Initial and Handshake", cat(initial, handshake), []ServerID{idA}, 0, true},
 		{"coalesced Initial, Handshake and 1-RTT", cat(initial, handshake, quicclass.ShortHeader(60)), []ServerID{idA}, 0, true},

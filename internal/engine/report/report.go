@@ -131,10 +131,14 @@ type Verification struct {
 	ServerIDs uint64 `json:"server_ids"`
 	Peers     uint64 `json:"peers"`
 	OddIDs    uint64 `json:"odd_ids"`
-	// Proofs counts the addresses that proved themselves: by sending back
-	// a server ID bound to them (the filter saw it), or shown by the
-	// server's own packets (the learner saw them).
-	Proofs uint64 `json:"proofs"`
+	// Credits counts the credits the server's datagrams granted to the
+	// addresses they went to (see decide.Credit).
+	Credits uint64 `json:"credits"`
+	// Proofs counts the addresses that proved themselves, by sending back
+	// a server ID bound to them; UnpacedAttempts the attempts at a proof
+	// the proof pacer had no room for (decide.ProofAttemptsPerSecond).
+	Proofs          uint64 `json:"proofs"`
+	UnpacedAttempts uint64 `json:"unpaced_attempts"`
 	// Held counts what the learned sets hold now, by set: server_ids,
 	// proven_peers, answered_peers.
 	Held map[string]int `json:"held"`

@@ -54,7 +54,9 @@
 #define VERIFIED_OPENING_FROM_PEER 4 // quicclass.OpeningFromPeer
 #define VERIFIED_HANDSHAKE_FROM_PEER 5 // quicclass.HandshakeFromPeer
 #define VERIFIED_FROM_ANSWERED 6 // quicclass.FromAnswered
-#define NUM_VERIFICATIONS 7 // quicclass.NumVerifications
+#define VERIFIED_OPENING_FROM_ANSWERED 7 // quicclass.OpeningFromAnswered
+#define VERIFIED_OVER_CREDIT 8 // quicclass.OverCredit
+#define NUM_VERIFICATIONS 9 // quicclass.NumVerifications
 #define VARINT_OK 0 // quicclass.varintOK
 #define VARINT_PAST 1 // quicclass.varintPast
 #define VARINT_UNREAD 2 // quicclass.varintUnread
@@ -130,6 +132,8 @@
 #define LEARNED_ANSWERED 2 // decide.LearnedAnswered
 #define NUM_LEARNED 3 // decide.NumLearned
 #define IPV4_MAPPED_WORD 0xffff // decide.ipv4MappedWord
+#define CREDIT_PER_DATAGRAM 64 // decide.CreditPerDatagram
+#define CREDIT_MAX 65536 // decide.CreditMax = 1 << 16
 #define IPV4_MIN_HDR_LEN 20 // decide.ipv4MinHeader
 #define IPV4_FRAG_OFFSET_MASK 0x1fff // decide.ipv4FragOffsetMask
 #define IPV6_HDR_LEN 40 // decide.ipv6Header
@@ -146,7 +150,9 @@
 #define ALLOW_HASH_MUL 0x9e3779b1U // kernel.allowHashMul
 #define PACER_NEGOTIATION 0 // kernel.pacerNegotiation
 #define PACER_TRACKING 1 // kernel.pacerTracking
-#define NUM_PACERS 2 // kernel.numPacers
+#define PACER_PROOF 2 // kernel.pacerProof
+#define PACER_RETURNING 3 // kernel.pacerReturning
+#define NUM_PACERS 4 // kernel.numPacers
 #define LISTEN_ANY4 1 // kernel.listenAny4
 #define LISTEN_ANY6 2 // kernel.listenAny6
 #define LISTEN_SOME4 4 // kernel.listenSome4

@@ -1,15 +1,21 @@
 // fair.h: the fair total, which shares the socket's total max-min fairly
-// among networks. Go twin: internal/decide/sketch/fair.go (admitFair,
-// fairCoin; the package doc's "The fair total").
+// among networks, and the returning part of it. Go twin:
+// internal/decide/sketch/fair.go (admitFair, fairCoin, Limiter.admitTotal,
+// Limiter.rankRest, lessPart; the package doc's "The fair total").
 #ifndef RAKELIMIT_FAIR_H
 #define RAKELIMIT_FAIR_H
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "cells.h"
 #include "contract.h"
 #include "fixed.h"
+#include "hash.h"
+#include "maps.h"
 #include "node.h"
+#include "pace.h"
+#include "parse.h"
 
 // One, as the fair total's fractions (Q16) hold it.
 #define FAIR_ONE (1ULL << 16)
@@ -53,6 +59,61 @@ __noinline int admit_fair(__u64 *share, const struct node_work *nw, __u32 rank, 
 	if (fl > bar && (__u64)nw->coin * ((network << 16) - bar) < (fl - bar) << 16)
 		return FAIR_FLOOR;
 	return FAIR_REFUSE;
+}
+
+// less_part (sketch lessPart): n less the returning part's count r, at
+// least 1: the part passed at most what the total counted.
+static __always_inline __u32 less_part(__u32 n, __u32 r)
+{
+	return n > r ? n - r : 1;
+}
+
+// returning_cell: the cell that counts what the returning part of the
+// total passed (config.returning_line), or NULL.
+static __always_inline struct cell *returning_cell(const struct config *cfg)
+{
+	__u32 idx = cfg->returning_line;
+	struct line *ln = bpf_map_lookup_elem(&cells, &idx);
+
+	return ln ? &ln->cells[0] : NULL;
+}
+
+// rank_rest (sketch Limiter.rankRest) ranks by admit_fair a packet over
+// the fair total's limit t that the returning part does not pass, against
+// what the part leaves: the total's offered and forwarded counts in nw and
+// its limit, less what the part passed. nw's counts are changed in place:
+// no caller reads them after (the Go twin ranks a copy).
+static __always_inline int rank_rest(const struct config *cfg, __u64 *share, const struct key *k, struct node_work *nw,
+				     __u64 t)
+{
+	struct cell *c = returning_cell(cfg);
+	__u32 r = c ? mulq32(c->budget[BUDGET_CLEAN].forwarded, idle_factor(cfg, c->epoch, nw->epoch)) : 0;
+
+	nw->omin = less_part(nw->omin, r);
+	nw->fmin = less_part(nw->fmin, r);
+	return admit_fair(share, nw, rank(cfg, k, nw->now >> PERIOD_SHIFT), less_part(min64(t, U32_MAX), r));
+}
+
+// admit_total (sketch Limiter.admitTotal) decides a packet over the fair
+// total's limit t, in nw's counts, at the end of the walk: a returning
+// user's packet while the returning part of the total has room passes, and
+// is counted in the part's cell; any other is ranked (rank_rest). A
+// subprogram of its own, verified in place, and reached only by packets of
+// a flood over the total's limit.
+static __noinline int admit_total(const struct config *cfg, __u64 *share, const struct key *k, struct node_work *nw,
+				  __u64 t)
+{
+	if (k->returning && gcra(PACER_RETURNING, cfg->returning_interval, cfg->returning_tau, nw->now)) {
+		struct cell *c = returning_cell(cfg);
+		if (c) {
+			rescale(c, cfg, nw->epoch);
+			// Every CPU's returning packets count here: no increment
+			// lost.
+			forward_one(&c->budget[BUDGET_CLEAN], nw->w, 1);
+		}
+		return FAIR_RANK;
+	}
+	return rank_rest(cfg, share, k, nw, t);
 }
 
 #endif

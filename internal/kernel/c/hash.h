@@ -49,12 +49,9 @@ static __always_inline __u64 mix(__u64 h)
 	return h * MIX_MUL;
 }
 
-// rank: the rank of the packet's source in the current period; 0, the
-// first, for a returning user's opening (rank_first).
+// rank: the rank of the packet's source in the current period.
 static __always_inline __u32 rank(const struct config *cfg, const struct key *k, __u64 period)
 {
-	if (k->rank_first)
-		return 0;
 	__u64 h = cfg->rank_a[0] * period + cfg->rank_a[PORT_WORD] * (__u64)k->sport + cfg->rank_b;
 
 #pragma unroll

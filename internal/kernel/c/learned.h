@@ -1,9 +1,9 @@
 // learned.h: what the filter knows of the server, looked up to verify a
 // datagram: the server IDs, each bound to the address it was sent to, the
-// proven peers and the answered peers. Go twin: internal/decide/learned.go
-// (the sets, their hashes and stamps, which userspace writes with the same
-// code in the Go twin's memory or, through package kernel, in these maps,
-// mapped) and decide.Filter.verify and prove (internal/decide/datagram.go).
+// proven peers, the answered peers and their credits. Go twin:
+// internal/decide/learned.go (the sets, their hashes and stamps, the
+// credits, which userspace writes with the same code in the Go twin's
+// memory or, through package kernel, in these maps, mapped).
 #ifndef RAKELIMIT_LEARNED_H
 #define RAKELIMIT_LEARNED_H
 
@@ -63,11 +63,18 @@ static __always_inline __u64 addr_words_hash(const __u64 *a, const struct key *k
 	       a[3] * (__u64)k->words[3];
 }
 
+// SET_BITS_MASK keeps the bits of a hash that pick its set.
+#define SET_BITS_MASK (~((1ULL << (64 - LEARNED_SET_SHIFT)) - 1))
+
 // bound_hash (decide.BoundHash): the hash of server ID w bound to the
-// source of k, its key in server_ids.
+// source of k, its key in server_ids: the set of the address alone, then
+// the top bits of the hash of the ID and the address.
 static __always_inline __u64 bound_hash(const struct config *cfg, __u32 w, const struct key *k)
 {
-	return cfg->learn_id[0] * (__u64)w + addr_words_hash(&cfg->learn_id[1], k) + cfg->learn_id[LEARN_ID_WORDS];
+	__u64 a = addr_words_hash(&cfg->learn_id[1], k) + cfg->learn_id[LEARN_ID_WORDS];
+	__u64 h = cfg->learn_id[0] * (__u64)w + a;
+
+	return (a & SET_BITS_MASK) | (h >> LEARNED_SET_SHIFT);
 }
 
 // peer_hash (decide.PeerHash): the hash of the source of k, its key in
@@ -109,21 +116,53 @@ static __always_inline int maybe_in(__u32 which, __u64 h)
 	return (q->words[b / 64] >> (b % 64)) & 1;
 }
 
-// find_slot: decide.LearnedSet.Find after maybe_in, the slot of the key of
-// hash h in map (server_ids, proven_peers or answered_peers), or NULL.
-static __always_inline __u64 *find_slot(void *map, __u64 h)
+// find_way: decide.LearnedSet.Find after maybe_in, the way of the key of
+// hash h in its set of map (server_ids, proven_peers or answered_peers), or
+// -1. A subprogram of its own, called for each set: the program's size is
+// charged to each socket's option memory.
+static __noinline int find_way(void *map, __u64 h)
 {
 	__u32 set = h >> (64 - LEARNED_SET_SHIFT);
 	struct learned_set *s = bpf_map_lookup_elem(map, &set);
 	__u64 key = slot_key(h);
 
 	if (!s)
-		return NULL;
+		return -1;
 #pragma unroll
 	for (int i = 0; i < LEARNED_WAYS; i++)
 		if ((s->slot[i] & SLOT_KEY_MASK) == key)
-			return &s->slot[i];
-	return NULL;
+			return i;
+	return -1;
+}
+
+// find_slot: find_way's slot of the key of hash h in map, or NULL.
+static __always_inline __u64 *find_slot(void *map, __u64 h)
+{
+	int way = find_way(map, h);
+	__u32 set = h >> (64 - LEARNED_SET_SHIFT);
+
+	if (way < 0)
+		return NULL;
+	struct learned_set *s = bpf_map_lookup_elem(map, &set);
+	// Bounds the index for the verifier: way is 0 to LEARNED_WAYS - 1.
+	return s ? &s->slot[way & (LEARNED_WAYS - 1)] : NULL;
+}
+
+// spend_credit: decide.Credit.Spend, one credit of the answered peer of
+// hash h in way `way` of its set: 0 when it has none, or when another
+// writer changed the counter since it was read (it tries once, as the Go
+// twin does).
+static __always_inline int spend_credit(__u64 h, int way)
+{
+	__u32 set = h >> (64 - LEARNED_SET_SHIFT);
+	struct credit_set *cs = bpf_map_lookup_elem(&answered_credit, &set);
+
+	if (!cs)
+		return 0;
+	// Bounds the index for the verifier: way is 0 to LEARNED_WAYS - 1.
+	__u32 *c = &cs->credit[way & (LEARNED_WAYS - 1)];
+	__u32 v = *c;
+	return v != 0 && __sync_val_compare_and_swap(c, v, v - 1) == v;
 }
 
 // refresh_slot: decide.LearnedSet.Refresh, the slot's stamp moved on to st
@@ -200,19 +239,6 @@ static __always_inline int learn_slot(void *map, __u32 which, __u64 h, __u32 st)
 		return 0;
 	set_quick(which, h);
 	return 1;
-}
-
-// prove: decide.Filter.prove, the source of k proved its address through a
-// server ID bound to it at stamp st: it becomes a proven peer. Returns 1
-// when it is one; the caller then marks the ID's slot, so that the next
-// datagrams through it skip this, and counts the proof. A global function,
-// called once per ID: inlined, learn_slot's locals took the program's
-// frame, with the node loop's, past the verifier's 512 bytes.
-__noinline int prove(const struct config *cfg, const struct key *k, __u32 st)
-{
-	if (!cfg || !k)
-		return 0;
-	return learn_slot(&proven_peers, LEARNED_PROVEN, peer_hash(cfg, k), st);
 }
 
 #endif

@@ -80,9 +80,24 @@ struct config {
 	// track_tau ns (decide.TrackPacing).
 	__u64 track_interval;
 	__u64 track_tau;
+	// The proof pacer (decide.ProofPacing): attempts at a proof pay one
+	// token each.
+	__u64 proof_interval;
+	__u64 proof_tau;
+	// The returning part of the opening class's fair total
+	// (sketch.Params.Returning).
+	__u64 returning_interval;
+	__u64 returning_tau;
 	// The timer tick's length in ns (the coarse clock's resolution), or 0
 	// when it is unknown (see tick_clock).
 	__u64 tick_ns;
+	// returning_line: the line whose first cell counts what the returning
+	// part of the opening class's fair total passed
+	// (sketch.Params.ReturningLine).
+	__u32 returning_line;
+	// returning_exempt: bit i for each node that a returning user's packet
+	// passes as if under its limit (sketch.Params.ReturningExempt).
+	__u16 returning_exempt;
 	__u8 nodes[MAX_NODES];
 	// visited: how many of the nodes, from the first, each class visits
 	// (sketch.Params.Visited): up to its last limited node.
@@ -143,6 +158,9 @@ struct stats {
 	__u64 errors;
 	// proofs: addresses that became proven peers (prove).
 	__u64 proofs;
+	// unpaced_attempts: attempts at a proof the proof pacer had no room
+	// for (verify).
+	__u64 unpaced_attempts;
 };
 
 // The fair share of the total, by class and budget (sketch.admitFair).
@@ -235,6 +253,10 @@ struct quick {
 struct learned_set {
 	__u64 slot[LEARNED_WAYS];
 };
+// The credits of a set of the answered peers, way by way.
+struct credit_set {
+	__u32 credit[LEARNED_WAYS];
+};
 
 // Sized by the loader: the lines of every node's rows, for every class.
 struct {
@@ -297,7 +319,9 @@ struct {
 } totals SEC(".maps");
 
 // The pacers' theoretical arrival times (ns): PACER_NEGOTIATION, the
-// version negotiation cap; PACER_TRACKING, new tracked streams.
+// version negotiation cap; PACER_TRACKING, new tracked streams;
+// PACER_PROOF, attempts at a proof; PACER_RETURNING, the returning part of
+// the opening class's fair total.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
@@ -381,6 +405,17 @@ struct {
 	__uint(max_entries, LEARNED_SETS);
 	__uint(map_flags, BPF_F_MMAPABLE);
 } answered_peers SEC(".maps");
+// The answered peers' credits (decide.Credit): a counter beside each slot
+// of answered_peers, set by set. Mapped into userspace, which grants them
+// and resets a slot's when a new address takes it; the program spends
+// them with a compare-and-swap.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct credit_set);
+	__uint(max_entries, LEARNED_SETS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+} answered_credit SEC(".maps");
 
 // A CPU's own state on the packet path: its xorshift state, seeded with a
 // random non-zero value by the loader, and the coarse clock's reading at its

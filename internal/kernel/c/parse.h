@@ -21,7 +21,7 @@
 #define PROBE_MASK 31
 
 // What the filter reads of a datagram: the key of the limiter (as
-// sketch.Key, rank_first included), the UDP payload's length, its first
+// sketch.Key, returning included), the UDP payload's length, its first
 // bytes and its offset from the packet's start (pkt_load).
 struct key {
 	__u32 words[4];
@@ -31,7 +31,8 @@ struct key {
 	__u8 has_ports;
 	__u16 length;
 	__u8 probe[PROBE_BYTES];
-	__u8 rank_first;
+	// returning: a returning user's opening (sketch.Key.Returning).
+	__u8 returning;
 	__u16 payload_at;
 	__u8 pad[2];
 };

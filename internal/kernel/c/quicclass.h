@@ -234,18 +234,21 @@ static __always_inline int resolved(int class, int reason, int verified)
 
 // resolve: quicclass.Header.Resolve, for a check other than CHECK_NONE:
 // id_known says whether the ID is a server ID bound to the source, proven
-// and answered whether the source is a proven peer and (for a short header
-// or a Handshake packet from one that is not) an answered one. Returns the
-// class, the reason and the verification (HDR_*).
-static __always_inline int resolve(int check, int id_known, int proven, int answered)
+// whether the source is a proven peer, answered whether it is an answered
+// one and credited whether it spent a credit (each asked only when the ones
+// before it are 0). Returns the class, the reason and the verification
+// (HDR_*).
+static __always_inline int resolve(int check, int id_known, int proven, int answered, int credited)
 {
 	if (check == CHECK_SHORT) {
 		if (id_known)
 			return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_SHORT_BY_ID);
 		if (proven)
 			return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_SHORT_BY_PEER);
+		if (credited)
+			return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_FROM_ANSWERED);
 		if (answered)
-			return resolved(CLASS_UNVERIFIED, REASON_NONE, VERIFIED_FROM_ANSWERED);
+			return resolved(CLASS_UNVERIFIED, REASON_NONE, VERIFIED_OVER_CREDIT);
 		return resolved(CLASS_UNVERIFIED, REASON_NONE, VERIFIED_NONE);
 	}
 	if (check == CHECK_OPENING) {
@@ -253,27 +256,34 @@ static __always_inline int resolve(int check, int id_known, int proven, int answ
 			return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_OPENING_BY_ID);
 		if (proven)
 			return resolved(CLASS_OPENING, REASON_NONE, VERIFIED_OPENING_FROM_PEER);
+		if (credited)
+			return resolved(CLASS_OPENING, REASON_NONE, VERIFIED_OPENING_FROM_ANSWERED);
+		if (answered)
+			return resolved(CLASS_OPENING, REASON_NONE, VERIFIED_OVER_CREDIT);
 		return resolved(CLASS_OPENING, REASON_NONE, VERIFIED_NONE);
 	}
 	if (id_known)
 		return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_OPENING_BY_ID);
 	if (proven)
 		return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_HANDSHAKE_FROM_PEER);
+	if (credited)
+		return resolved(CLASS_ESTABLISHED, REASON_NONE, VERIFIED_FROM_ANSWERED);
 	if (answered)
-		return resolved(CLASS_UNVERIFIED, REASON_NONE, VERIFIED_FROM_ANSWERED);
+		return resolved(CLASS_UNVERIFIED, REASON_NONE, VERIFIED_OVER_CREDIT);
 	return resolved(CLASS_INVALID, REASON_UNKNOWN_CONNECTION_ID, VERIFIED_NONE);
 }
 
-// needs_answered: quicclass.Header.NeedsAnswered.
-static __always_inline int needs_answered(int check)
+// attempts: quicclass.Header.Attempts, for a header classify found has_id:
+// a long header whose ID may be a server ID bound to its source.
+static __always_inline int attempts(int check, int has_id)
 {
-	return check == CHECK_SHORT || check == CHECK_HANDSHAKE;
+	return has_id && (check == CHECK_OPENING || check == CHECK_HANDSHAKE);
 }
 
-// rank_first: quicclass.Verification.RanksFirst.
-static __always_inline int rank_first(int verified)
+// returning: quicclass.Verification.Returning.
+static __always_inline int returning(int verified)
 {
-	return verified == VERIFIED_OPENING_FROM_PEER;
+	return verified == VERIFIED_OPENING_FROM_PEER || verified == VERIFIED_OPENING_FROM_ANSWERED;
 }
 
 #endif

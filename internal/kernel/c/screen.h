@@ -185,7 +185,7 @@ __noinline int screen_fair(const struct config *cfg, const struct key *k, struct
 	nw->network = network;
 	__u64 *share = &fs->share[class][BUDGET_CLEAN];
 	__u64 was = *share;
-	if (admit_fair(share, nw, rank(cfg, k, nw->now >> PERIOD_SHIFT), thr) != FAIR_REFUSE) {
+	if (rank_rest(cfg, share, k, nw, thr) != FAIR_REFUSE) {
 		*share = was;
 		return 0;
 	}

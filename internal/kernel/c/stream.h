@@ -1,6 +1,7 @@
-// stream.h: the pacers, and the tracking of the streams the filter drops.
-// Go twins: internal/decide/datagram.go (Pacing.Admit),
-// internal/decide/contract.go (TrackPacing), internal/decide/stream.go
+// stream.h: the version negotiation cap, and the tracking of the streams
+// the filter drops. Go twins: internal/decide/datagram.go (the negotiation
+// pacer in Filter.Decide), internal/decide/contract.go (TrackPacing),
+// internal/decide/stream.go
 // (Stream), and internal/kernel/streams.go, which reads the tracked streams
 // and their events. Only a sample of drops (config.track_mask) looks up
 // the tracking map, which keeps the drop path's cost flat under a flood.
@@ -13,24 +14,8 @@
 #include "contract.h"
 #include "lattice.h"
 #include "maps.h"
+#include "pace.h"
 #include "parse.h"
-
-// gcra admits an event at now to the pacer in slot which: at most one per
-// interval ns with a burst tolerance of tau ns (decide.Pacing.Admit).
-// Returns 1 when it conforms. Two CPUs racing for one slot: the loser's
-// compare-and-swap fails and its event is refused.
-static __always_inline int gcra(__u32 which, __u64 interval, __u64 tau, __u64 now)
-{
-	__u64 *tat = bpf_map_lookup_elem(&pacer, &which);
-
-	if (!tat || interval == 0)
-		return 0;
-	__u64 t = *tat;
-	if (t > now + tau)
-		return 0;
-	__u64 next = (t > now ? t : now) + interval;
-	return __sync_val_compare_and_swap(tat, t, next) == t;
-}
 
 // pace: the version negotiation cap.
 static __always_inline int pace(const struct config *cfg, __u64 now)

@@ -14,6 +14,7 @@
 #include "lattice.h"
 #include "maps.h"
 #include "node.h"
+#include "pace.h"
 #include "parse.h"
 #include "screen.h"
 #include "total.h"
@@ -38,8 +39,10 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 	struct fair *fs = last && i == cfg->fair_node ? bpf_map_lookup_elem(&fair_shares, &zero) : NULL;
 	// A packet under the limit passes, and needs the enforcing threshold
 	// only at the fair total, whose share it resets when the total does
-	// not enforce.
-	int under = thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g);
+	// not enforce. A returning user's packet passes its network's nodes as
+	// if under their limits.
+	int under = thr == THRESH_UNLIMITED || omin <= scale(thr, nw->g) ||
+		    (k->returning && ((cfg->returning_exempt >> i) & 1));
 	int enf = (!under || fs) && enforcing(cfg, class, i, omin, nw->g);
 	if (fs) {
 		if (!enf && fs->share[class][budget] != FAIR_UNBOUNDED)
@@ -58,7 +61,7 @@ static __always_inline int judge_node(const struct config *cfg, const struct key
 		__u64 t = scale(thr, nw->g);
 		if (fmin < t)
 			return JUDGE_OVER;
-		int a = admit_fair(&fs->share[class][budget], nw, rank(cfg, k, nw->now >> PERIOD_SHIFT), t);
+		int a = admit_total(cfg, &fs->share[class][budget], k, nw, t);
 		note_screen(fs, nw, class, budget);
 		if (a == FAIR_RANK)
 			return JUDGE_OVER;
@@ -191,7 +194,9 @@ static __always_inline int decide(const struct config *cfg, int class, const str
 	// walk starts it afresh, as in Limiter.Decide.
 	__u32 c = limiter_class(class);
 	__u8 on = cfg->screen[c] & nw->screening[c];
-	if (on) {
+	// A returning user's packet is walked: the screen judges a packet by
+	// its network alone, which a returning one passes.
+	if (on && !k->returning) {
 		if (screen(cfg, k, v, nw, on))
 			return 1;
 		nw->hashed = 0;

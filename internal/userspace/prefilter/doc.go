@@ -16,6 +16,24 @@
 // userspace limiter still decides every datagram that passes, so the pair
 // never protects less than the userspace limiter alone.
 //
+// A stream's rule matches the stream's source, its ports when the stream's
+// node counts them, and the header forms of its class (Form, FormOf).
+// Classic BPF cannot verify a connection ID, so only the established
+// class's rules may match a packet that verification makes established, or
+// a spoofer sending junk "from" a network would take the network's verified
+// clients' packets away in the kernel. The unverified class has no rules
+// (its short headers and Handshakes look like the established class's).
+// The opening class's, with verification, match only Initial and 0-RTT
+// packets whose destination ID cannot be a server ID (not
+// quicclass.ServerIDLen bytes long): never a Handshake packet nor one
+// addressed to an ID of the server's length, which a server ID bound to its
+// source makes established. The established class's match every header
+// that class holds, and drop its verified packets in the share the
+// userspace limiter would drop of them. What a rule cannot tell apart
+// within its class stays: a returning user's Initial (from a proven peer,
+// which the userspace limiter's fair total ranks first) is dropped with its
+// network's probability, as a stranger's is.
+//
 // The program sees the datagram at its UDP header; it reads the source
 // address relative to the network header (SKF_NET_OFF), IPv4 or IPv6 by the
 // version nibble, since a dual-stack socket receives both, and draws random

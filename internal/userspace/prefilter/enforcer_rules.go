@@ -119,10 +119,12 @@ func (h history) Counted(k ruleKey, s *decide.Stream) (pps, kernel float64, ok b
 // peff(k) is rule k's drop probability averaged as the limiter's decayed
 // count averages (0 for a new rule). Its probability p = 1 -
 // Headroom*limit/rate leaves the limiter Headroom times the stream's limit
-// (DropFor). Left out: dry runs, invalid streams (the stateless part drops
-// what it can of them), streams of the whole socket (prefix length 0: the
-// fair total chooses whom to drop, which a uniform probability cannot; see
-// FairRulesOf), unlimited nodes, and probabilities under MinDrop.
+// (DropFor). A rule matches the header forms of its stream's class
+// (FormOf). Left out: dry runs, invalid streams (the stateless part drops
+// what it can of them), unverified ones (FormOf), streams of the whole
+// socket (prefix length 0: the fair total chooses whom to drop, which a
+// uniform probability cannot; see FairRulesOf), unlimited nodes, and
+// probabilities under MinDrop.
 func RulesOf(c decide.Config, p *sketch.Params, streams []decide.Stream, rate RateFunc, h History) []Rule {
 	var rules []Rule
 	seen := map[ruleKey]bool{}
@@ -177,11 +179,76 @@ func sortRules(rules []Rule) {
 	slices.SortStableFunc(rules, func(a, b Rule) int { return cmp.Compare(b.rate, a.rate) })
 }
 
+// FormOf returns the header forms a rule of the limiter class class at
+// lattice node n matches under configuration c, and false for a class and
+// node that have no rules.
+// Classic BPF cannot verify a connection ID, and only the established
+// class's rules may match a packet that verification makes established: a
+// spoofer sending junk "from" a network would otherwise take its verified
+// clients' packets away in the kernel, where the userspace limiter counts
+// them apart from the junk and passes them. So:
+//
+//   - without classification, AnyForm: every datagram is of the opening
+//     class;
+//   - the opening class, with verification, OpeningForm: Initial and 0-RTT
+//     packets whose destination ID cannot be a server ID, which
+//     verification never makes established. Never a Handshake packet nor
+//     one addressed to an ID of the server's length, which a server ID
+//     bound to its source makes established (a client's handshake under
+//     way). The class's Initials to a 4-byte ID that verifies nothing are
+//     left to the userspace limiter, as the shed leaves them. Without
+//     verification, LongForm: every long header of a known version is the
+//     class, and nothing is verified;
+//   - the established class, with verification, EstablishedForm (short
+//     headers and answering long headers), without, ShortForm: every header
+//     the class holds, so that the rule drops its stream's packets at its
+//     probability whatever their form (a rule of short headers alone would
+//     find a stream of Handshakes undiminished, and raise its probability
+//     on the stream's short headers). The established packets it matches
+//     are its stream's own, dropped in the share the userspace limiter
+//     would drop of them (the rule leaves the stream Headroom times its
+//     limit, of which the limiter passes the limit); the others are not
+//     established (the unverified class's, invalid Handshakes, Initial and
+//     0-RTT packets to a 4-byte ID not bound to their source);
+//   - the unverified class, EstablishedForm for a stream of one source
+//     address and port (the lattice's most specific node), and none for a
+//     wider one: its packets are short headers and Handshakes the program
+//     cannot tell from the established class's, and a rule of a network
+//     would take the verified packets of its other addresses. A rule of one
+//     address and port takes only packets from the flooding stream's own
+//     source, whose own verified packets would meet its limits in the
+//     userspace limiter too (peers are addresses: a spoofer who sends
+//     from a verified client's very address and port is that client's
+//     flood). A flood of such junk from one source is so shed in the
+//     kernel; from many, the class's small total in userspace holds it.
+func FormOf(c decide.Config, class quicclass.Class, n sketch.Node) (Form, bool) {
+	switch {
+	case !c.Classify:
+		return AnyForm, true
+	case class == quicclass.Opening && c.VerifyIDs:
+		return OpeningForm, true
+	case class == quicclass.Opening:
+		return LongForm, true
+	case class == quicclass.Established && c.VerifyIDs:
+		return EstablishedForm, true
+	case class == quicclass.Established:
+		return ShortForm, true
+	case class == quicclass.Unverified && n.Prefix() == 0 && !n.SrcPortAny():
+		return EstablishedForm, true
+	}
+	return AnyForm, false
+}
+
 // baseRule is the rule of stream s without its probability, and the index
 // of its node; false for a stream that cannot have one: a dry run's, an
-// invalid one, of another family or of a node the configuration lacks.
+// invalid or unverified one (FormOf), of another family or of a node the
+// configuration lacks.
 func baseRule(c decide.Config, p *sketch.Params, s *decide.Stream) (Rule, int, bool) {
 	if s.DryRun || s.Class >= quicclass.LimiterClasses || s.Level < 0 {
+		return Rule{}, 0, false
+	}
+	form, ok := FormOf(c, s.Class, s.Node)
+	if !ok {
 		return Rule{}, 0, false
 	}
 	if s.Key.Family != sketch.IPv4 && s.Key.Family != sketch.IPv6 {
@@ -192,7 +259,7 @@ func baseRule(c decide.Config, p *sketch.Params, s *decide.Stream) (Rule, int, b
 		return Rule{}, 0, false
 	}
 	bits := p.PrefixLen(s.Key.Family, s.Node.Prefix())
-	r := Rule{Family: s.Key.Family, Bits: bits, Form: AnyForm, class: s.Class}
+	r := Rule{Family: s.Key.Family, Bits: bits, Form: form, class: s.Class}
 	for w := range r.Words {
 		r.Words[w] = s.Key.Words[w] & prefixMask(bits, w)
 	}
@@ -204,12 +271,6 @@ func baseRule(c decide.Config, p *sketch.Params, s *decide.Stream) (Rule, int, b
 	}
 	if p.PerDstPort && !s.Node.DstPortAny() {
 		r.DstPort, r.MatchDstPort = s.Key.DstPort, true
-	}
-	if c.Classify {
-		r.Form = ShortForm
-		if s.Class == quicclass.Opening {
-			r.Form = LongForm
-		}
 	}
 	return r, idx, true
 }
@@ -224,7 +285,9 @@ func baseRule(c decide.Config, p *sketch.Params, s *decide.Stream) (Rule, int, b
 // packet in the kernel, and the userspace limiter still picks among the
 // rest. Rates are corrected for the kernel's drops as in RulesOf, and so
 // is the total (rate at the total node): what the limiter sees of it plus
-// what the kernel dropped of the networks.
+// what the kernel dropped of the networks. A rule matches the header forms
+// of its network's class (FormOf): the unverified class's networks get
+// none.
 func FairRulesOf(c decide.Config, p *sketch.Params, fair []decide.Stream, rate RateFunc, h History) []Rule {
 	if p.FairNode < 0 || p.FairSource < 0 {
 		return nil

@@ -3,6 +3,7 @@ package prefilter
 import (
 	"math"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -63,7 +64,7 @@ func TestDropFor(t *testing.T) {
 }
 
 // TestRulesOf checks which streams become rules, with what probability,
-// form and match, and in which order.
+// form (FormOf) and match, and in which order.
 func TestRulesOf(t *testing.T) {
 	c := testutil.QUICLimits(200, 1000)
 	p, err := sketch.Compile(c.Limiter)
@@ -80,6 +81,9 @@ func TestRulesOf(t *testing.T) {
 	dry.DryRun = true
 	invalid := streamAt(p, 0, quicclass.Invalid, "127.0.0.2:40000")
 	invalid.Level = -1
+	verifying := c
+	verifying.VerifyIDs = true
+	addressNode := slices.IndexFunc(p.Nodes, func(n sketch.Node) bool { return n.Prefix() == 0 && n.SrcPortAny() })
 	tests := []struct {
 		name    string
 		c       decide.Config
@@ -104,6 +108,18 @@ func TestRulesOf(t *testing.T) {
 		{"dry run", c, []decide.Stream{dry}, rates(10), none, nil, 0},
 		{"invalid", c, []decide.Stream{invalid}, rates(10), none, nil, 0},
 		{"the whole socket", c, []decide.Stream{streamAt(p, last, quicclass.Opening, "127.0.0.2:40000")}, rates(10), none, nil, 0},
+		// With verification, an opening rule matches only what opens
+		// connections, an established one every header of its class,
+		// and the unverified class has rules of one address and port
+		// only (FormOf).
+		{"verifying: openings", verifying, []decide.Stream{streamAt(p, 0, quicclass.Opening, "127.0.0.2:40000")}, rates(10), none,
+			[]float64{quantized(0.8)}, OpeningForm},
+		{"verifying: established", verifying, []decide.Stream{streamAt(p, 0, quicclass.Established, "[::1]:40000")}, rates(1e6),
+			none, []float64{quantized(MaxDrop)}, EstablishedForm},
+		{"verifying: unverified, one address and port", verifying, []decide.Stream{streamAt(p, 0, quicclass.Unverified, "127.0.0.2:40000")},
+			rates(1e6), none, []float64{quantized(MaxDrop)}, EstablishedForm},
+		{"verifying: unverified, one address", verifying, []decide.Stream{streamAt(p, addressNode, quicclass.Unverified, "127.0.0.2:40000")},
+			rates(1e6), none, nil, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -127,8 +143,9 @@ func TestRulesOf(t *testing.T) {
 // TestFairRulesOf checks the rules of the networks the fair total drops
 // packets of: each keeps Headroom times the larger of its proportional
 // floor and an equal split of the total's limit, corrected for the kernel's
-// drops; a quiet network, a stream of another node and a lattice without a
-// fair total get none.
+// drops, and matches its class's header forms (FormOf); a quiet network, a
+// stream of another node, a lattice without a fair total and the
+// unverified class's networks get none.
 func TestFairRulesOf(t *testing.T) {
 	c := testutil.QUICLimits(200, 1000)
 	p, err := sketch.Compile(c.Limiter)
@@ -167,30 +184,43 @@ func TestFairRulesOf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	verifying := c
+	verifying.VerifyIDs = true
+	var unverified []decide.Stream
+	for _, s := range flood {
+		s.Class = quicclass.Unverified
+		unverified = append(unverified, s)
+	}
 	tests := []struct {
 		name    string
+		c       decide.Config
 		p       *sketch.Params
 		streams []decide.Stream
 		rate    RateFunc
 		peff    History
 		want    float64 // every rule's probability
 		rules   int
+		form    Form
 	}{
-		{"four networks at ten times the limit", p, append(flood, quiet), rates(10, 0), none, quantized(1 - 2*0.25/10), 4},
-		{"the same, half dropped in the kernel", p, append(flood, quiet), rates(10, 0.5), half, quantized(1 - 2*0.25/10), 4},
-		{"under twice an equal split", p, flood, rates(0.4, 0), none, 0, 0},
-		{"a stream of another node", p, []decide.Stream{streamAt(p, 0, quicclass.Opening, "127.90.0.1:1")}, rates(10, 0), none, 0, 0},
-		{"no fair total", pp, append(flood, quiet), rates(10, 0), none, 0, 0},
+		{"four networks at ten times the limit", c, p, append(flood, quiet), rates(10, 0), none, quantized(1 - 2*0.25/10), 4, LongForm},
+		{"the same, half dropped in the kernel", c, p, append(flood, quiet), rates(10, 0.5), half, quantized(1 - 2*0.25/10), 4,
+			LongForm},
+		{"under twice an equal split", c, p, flood, rates(0.4, 0), none, 0, 0, 0},
+		{"a stream of another node", c, p, []decide.Stream{streamAt(p, 0, quicclass.Opening, "127.90.0.1:1")}, rates(10, 0), none, 0,
+			0, 0},
+		{"no fair total", c, pp, append(flood, quiet), rates(10, 0), none, 0, 0, 0},
+		{"verifying: openings", verifying, p, append(flood, quiet), rates(10, 0), none, quantized(1 - 2*0.25/10), 4, OpeningForm},
+		{"verifying: unverified networks", verifying, p, unverified, rates(1000, 0), none, 0, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rules := FairRulesOf(c, tt.p, tt.streams, tt.rate, tt.peff)
+			rules := FairRulesOf(tt.c, tt.p, tt.streams, tt.rate, tt.peff)
 			if len(rules) != tt.rules {
 				t.Fatalf("%d rules %+v, want %d", len(rules), rules, tt.rules)
 			}
 			for i, r := range rules {
-				if math.Abs(r.Drop-tt.want) > 1e-9 || r.Bits != 24 || r.MatchSrcPort || r.Form != LongForm {
-					t.Errorf("rule %d: %+v, want /24, any port, long headers, drop %v", i, r, tt.want)
+				if math.Abs(r.Drop-tt.want) > 1e-9 || r.Bits != 24 || r.MatchSrcPort || r.Form != tt.form {
+					t.Errorf("rule %d: %+v, want /24, any port, forms %#x, drop %v", i, r, tt.form, tt.want)
 				}
 				if r.Words[0]>>16&0xff == 91 {
 					t.Errorf("rule %d drops the quiet network", i)
@@ -285,5 +315,142 @@ func TestCounted(t *testing.T) {
 	anew := &decide.Stream{First: t0.Add(750 * time.Millisecond), Last: t0.Add(790 * time.Millisecond), Drops: 400}
 	if pps, _, ok := h.Counted(k, anew); !ok || math.Abs(pps-10_000) > 1e-6 {
 		t.Errorf("stream tracked anew: %v, %v; want 10,000/s from its own first drop", pps, ok)
+	}
+}
+
+// verifiedReplayN is how many packets of each kind the spoofing tests run
+// through a program.
+const verifiedReplayN = 10_000
+
+// keptOf runs n copies of payload from src through prog with random numbers
+// spread evenly over [0, 2^32) (the i-th at (i+1/2)/n of the range), and
+// returns how many it keeps: a rule of probability p keeps n(1-p) of them,
+// within one.
+func keptOf(t *testing.T, prog *Program, src string, payload []byte, n int) int {
+	t.Helper()
+	keeps, kept := runner(t, prog, packet{src: netip.MustParseAddrPort(src), dport: 443, payload: payload}), 0
+	for i := range n {
+		if keeps(uint32((float64(i) + 0.5) / float64(n) * (1 << 32))) {
+			kept++
+		}
+	}
+	return kept
+}
+
+// TestSpoofedNetworkKeepsVerified replays a review's findings. A spoofer
+// floods "from" 192.0.2.0/24 at 200 times a limit, with unverified short
+// headers or with Initials; the userspace limiter drops the /24's stream of
+// that class (or its network at the fair total), and the pre-filter gets
+// its rule. A client at 192.0.2.50 whose short headers, Handshakes and
+// later Initials carry a server ID bound to its address, or whose address
+// is a proven peer (the established class: short_by_id, opening_by_id,
+// handshake_from_peer), must keep 99% of them at least: the rule of another
+// class must not match them. Before, the unverified class's rule matched
+// every short header of the /24 and the opening class's every long header,
+// and the client kept about 1% (99 of 10,000 in the review). The flood's
+// own Initials and 0-RTT packets (v1 and v2, destination IDs of 8 bytes or
+// none) are still dropped at the rule's probability.
+func TestSpoofedNetworkKeepsVerified(t *testing.T) {
+	c := testutil.QUICLimits(200, 1000)
+	c.VerifyIDs = true
+	p, err := sketch.Compile(c.Limiter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	net24 := slices.IndexFunc(p.Nodes, func(n sketch.Node) bool {
+		return p.PrefixLen(sketch.IPv4, n.Prefix()) == 24 && n.SrcPortAny()
+	})
+	if net24 < 0 {
+		t.Fatalf("no /24 node of any port in %v", p.Nodes)
+	}
+	id := [quicclass.ServerIDLen]byte{0xc1, 0x1e, 0x47, 0x01} // the client's server ID
+	scid := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	dcid8 := []byte{9, 9, 9, 9, 9, 9, 9, 9}
+	const client, flooder = "192.0.2.50:40000", "192.0.2.77:50000"
+	type datagram struct {
+		name string
+		b    []byte
+	}
+	verified := []datagram{
+		{"short header, ID bound", quicclass.ShortPacket(id, 100)},
+		{"v1 Handshake, ID bound", quicclass.LongPacket(quicclass.Version1, 2, id[:], scid, nil, 300)},
+		{"v2 Handshake, ID bound", quicclass.LongPacket(quicclass.Version2, 3, id[:], scid, nil, 300)},
+		{"v1 Initial to its ID", quicclass.LongPacket(quicclass.Version1, 0, id[:], scid, nil, 1200)},
+		{"v2 Initial to its ID", quicclass.LongPacket(quicclass.Version2, 1, id[:], scid, nil, 1200)},
+		{"v2 0-RTT to its ID", quicclass.LongPacket(quicclass.Version2, 2, id[:], scid, nil, 300)},
+		{"v1 Handshake from a proven peer", quicclass.LongPacket(quicclass.Version1, 2, dcid8, scid, nil, 300)},
+	}
+	flood := []datagram{
+		{"v1 Initial", quicclass.LongPacket(quicclass.Version1, 0, dcid8, scid, nil, 1200)},
+		{"v2 Initial", quicclass.LongPacket(quicclass.Version2, 1, dcid8, scid, nil, 1200)},
+		{"v1 0-RTT", quicclass.LongPacket(quicclass.Version1, 1, dcid8, scid, nil, 300)},
+		{"v2 0-RTT", quicclass.LongPacket(quicclass.Version2, 2, dcid8, scid, nil, 300)},
+		{"v1 Initial, empty ID", quicclass.LongPacket(quicclass.Version1, 0, nil, scid, nil, 1200)},
+	}
+	for _, d := range verified {
+		h := quicclass.Inspect(nil, 40000, d.b, len(d.b), true)
+		if cl, _, _ := h.Resolve(h.HasID, true, false, false); cl != quicclass.Established {
+			t.Fatalf("%s: %v (%v) once verified, want established", d.name, cl, h.Reason)
+		}
+	}
+	for _, d := range flood {
+		if h := quicclass.Inspect(nil, 50000, d.b, len(d.b), true); h.Class != quicclass.Opening || h.HasID {
+			t.Fatalf("%s: %v (%v), want an opening without a server ID", d.name, h.Class, h.Reason)
+		}
+	}
+	// rulesFor returns the rules of a flood of class at 200 times its
+	// limit at the /24, as a tracked stream (RulesOf) or as a network the
+	// fair total drops (FairRulesOf).
+	rulesFor := func(class quicclass.Class, fair bool) []Rule {
+		if !fair {
+			s := streamAt(p, net24, class, flooder)
+			thresh := p.Thresh[class][net24]
+			return RulesOf(c, p, []decide.Stream{s}, func(*decide.Stream) uint64 { return 200 * uint64(thresh) }, fakeHistory{})
+		}
+		s := streamAt(p, p.FairSource, class, flooder)
+		thr := p.Thresh[class][p.FairNode]
+		return FairRulesOf(c, p, []decide.Stream{s}, func(*decide.Stream) uint64 { return 200 * uint64(thr) }, fakeHistory{})
+	}
+	tests := []struct {
+		name  string
+		class quicclass.Class
+		fair  bool
+		// rules is how many rules the flood makes.
+		rules int
+	}{
+		{"unverified short headers, the /24's stream", quicclass.Unverified, false, 0},
+		{"unverified short headers, the /24 at the fair total", quicclass.Unverified, true, 0},
+		{"Initials, the /24's stream", quicclass.Opening, false, 1},
+		{"Initials, the /24 at the fair total", quicclass.Opening, true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rules := rulesFor(tt.class, tt.fair)
+			if len(rules) != tt.rules {
+				t.Errorf("%d rules %+v, want %d", len(rules), rules, tt.rules)
+			}
+			prog, err := Build(Spec{Classify: true, BlockedPorts: c.BlockedPorts, SampleShift: DefaultSampleShift, Rules: rules})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range verified {
+				if kept := keptOf(t, prog, client, d.b, verifiedReplayN); kept < verifiedReplayN*99/100 {
+					t.Errorf("the verified client's %s: kept %d of %d, want 99%% at least", d.name, kept, verifiedReplayN)
+				}
+			}
+			if tt.rules == 0 || len(rules) == 0 {
+				return
+			}
+			if rules[0].Drop < 0.98 {
+				t.Fatalf("the rule drops %v of a flood at 200 times its limit, want about 0.99", rules[0].Drop)
+			}
+			want := float64(verifiedReplayN) * (1 - rules[0].Drop)
+			for _, d := range flood {
+				if kept := keptOf(t, prog, flooder, d.b, verifiedReplayN); math.Abs(float64(kept)-want) > 1 {
+					t.Errorf("the flood's %s: kept %d of %d, want %.0f (the rule's probability %v)", d.name, kept, verifiedReplayN,
+						want, rules[0].Drop)
+				}
+			}
+		})
 	}
 }

@@ -60,7 +60,7 @@ const (
 	mSrc1
 	mSrc2
 	mSrc3
-	mForm // the header's Form (0 when the filter does not classify)
+	mForm // the header's Form, one bit (AnyForm when the filter does not classify)
 	mB0   // the first byte of the QUIC packet
 	mDCIL // a long header's destination connection ID length
 	mVer  // a long header's version
@@ -71,23 +71,52 @@ const (
 // Classic BPF has 16 scratch slots: this fails to compile with more.
 var _ [16 - numScratch]struct{}
 
-// Form is what a stream rule matches of a datagram's QUIC header.
+// Form is a set of the header forms the program tells the datagrams that
+// reach the rules apart by: a datagram has one (ShortForm, OpeningForm or
+// AnsweringForm; none when the program does not classify), a rule matches
+// those in its set, and AnyForm, the empty set, matches every datagram.
+// Classic BPF cannot verify a connection ID: the forms are what the header
+// says without the server's state, drawn so that only the established
+// class's rules match a packet that verification makes established (see
+// FormOf).
 type Form uint8
 
 // Forms.
 const (
 	// AnyForm matches every datagram (the limiter does not classify).
-	AnyForm Form = iota
-	// ShortForm matches short headers: the established and unverified
-	// classes.
-	ShortForm
-	// LongForm matches long headers of a known version: the opening class.
-	LongForm
+	AnyForm Form = 0
+	// ShortForm is a short header: the established class without
+	// verification; with it, the established class (a server ID bound to
+	// the source, or a proven peer) or the unverified one, which the
+	// program cannot tell apart.
+	ShortForm Form = 1 << 0
+	// OpeningForm is an Initial or 0-RTT packet of a known version whose
+	// destination connection ID is not quicclass.ServerIDLen bytes long:
+	// it opens a connection and cannot carry a server ID, so verification
+	// never makes it established: it is of the opening class (or, with
+	// verification, invalid by its lengths).
+	OpeningForm Form = 1 << 1
+	// AnsweringForm is any other long header of a known version: a
+	// Handshake packet, or an Initial or 0-RTT packet addressed to an ID
+	// of quicclass.ServerIDLen bytes (a client's packets after the
+	// server's first Initial or a Retry carry the server's ID; a client's
+	// first Initial carries one of 8 bytes at least, RFC 9000 section
+	// 7.2). Verification makes it established (a server ID bound to the
+	// source, a Handshake from a proven peer), unverified, invalid, or,
+	// an Initial or 0-RTT packet to an ID that verifies nothing, of the
+	// opening class; without verification it is of the opening class.
+	AnsweringForm Form = 1 << 2
+	// LongForm is every long header of a known version: the opening
+	// class without verification.
+	LongForm = OpeningForm | AnsweringForm
+	// EstablishedForm is every header the established class holds with
+	// verification: short headers and answering long headers.
+	EstablishedForm = ShortForm | AnsweringForm
 )
 
 // Rule is a stream the kernel drops packets of with probability Drop: a
 // source prefix, optionally the source and destination ports, and the
-// header form of the stream's class.
+// header forms its class's rules match (FormOf).
 type Rule struct {
 	Family sketch.Family
 	// Words is the source address (IPv4 in Words[0]), masked to Bits.
@@ -133,12 +162,12 @@ type Spec struct {
 	// version (the opening class), in [0, 1], when classifying: a
 	// Shedder (package backlog) raises it while the receive queue
 	// overflows, so that short headers keep their room in it. It applies
-	// to the packets of the opening class's rules, on top of each rule's
-	// probability, and, when there is no such rule (a flood no stream
-	// stands out of, a spoofed one), to every long header but one
-	// addressed to an ID of the server's length (a handshake under way).
-	// Networks and sources no rule names so keep what they have while
-	// rules name the flood's.
+	// to the packets of the opening class's rules (those whose Form holds
+	// OpeningForm), on top of each rule's probability, and, when there is
+	// no such rule (a flood no stream stands out of, a spoofed one), to
+	// every long header but one addressed to an ID of the server's length
+	// (a handshake under way). Networks and sources no rule names so keep
+	// what they have while rules name the flood's.
 	Shed float64
 }
 
@@ -196,20 +225,28 @@ func Build(s Spec) (*Program, error) {
 		a.invalid(s.SampleShift)
 	}
 	a.mark(rulesL)
-	// The rules that fit: ruleLen counts a check of the form per rule,
-	// which rules makes once per group, in 3 instructions (groupGuards
-	// for all the forms at most).
-	n, used := 0, len(a.ins)+groupGuards
+	// The rules that fit, with what follows them (the shed, at most
+	// shedLen, and the accept): each rule's code (ruleLen) and, for the
+	// first rule of each form, its group's check (groupGuardLen).
+	n, used := 0, len(a.ins)+shedLen+1
+	var forms []Form
 	for _, r := range s.Rules {
-		if used+ruleLen(&r)+2 > MaxInstructions {
+		l, group := ruleLen(&r), r.Form != AnyForm && !slices.Contains(forms, r.Form)
+		if group {
+			l += groupGuardLen
+		}
+		if used+l > MaxInstructions {
 			break
 		}
-		used += ruleLen(&r)
+		if group {
+			forms = append(forms, r.Form)
+		}
+		used += l
 		n++
 	}
 	rules := shedRules(s.Rules[:n], s.Shed)
 	a.rules(rules)
-	if s.Classify && !slices.ContainsFunc(rules, func(r Rule) bool { return r.Form == LongForm }) {
+	if s.Classify && !slices.ContainsFunc(rules, opening) {
 		a.shed(s.Shed)
 	}
 	a.mark(acceptL)

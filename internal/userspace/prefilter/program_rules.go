@@ -95,6 +95,10 @@ func be32(b []byte) uint32 {
 	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 }
 
+// opening reports whether r is a rule of the opening class: its forms hold
+// OpeningForm (FormOf).
+func opening(r Rule) bool { return r.Form&OpeningForm != 0 }
+
 // shedRules applies the shed of long headers to the rules of the opening
 // class: a packet of a limited stream or network passes both its rule and
 // the shed, 1 - (1-Drop)(1-shed).
@@ -104,14 +108,15 @@ func shedRules(rules []Rule, shed float64) []Rule {
 	}
 	out := slices.Clone(rules)
 	for i := range out {
-		if out[i].Form == LongForm {
+		if opening(out[i]) {
 			out[i].Drop = 1 - (1-out[i].Drop)*(1-min(shed, 1))
 		}
 	}
 	return out
 }
 
-// ruleLen is the length of rule's code.
+// ruleLen is the length of rule's code, its group's check of the form
+// aside (groupGuardLen).
 func ruleLen(r *Rule) int {
 	n := matchLen(r.Bits) + 3
 	if r.MatchSrcPort {
@@ -120,21 +125,18 @@ func ruleLen(r *Rule) int {
 	if r.MatchDstPort {
 		n += 2
 	}
-	if r.Form != AnyForm {
-		n += 2
-	}
 	return n
 }
 
-// groupGuards bounds the instructions of the groups' checks of the form.
-const groupGuards = 3 * 3
+// groupGuardLen is the length of a group's check of the form (rules).
+const groupGuardLen = 3
 
-// rules emits rs grouped by header form, each group in the order of rs and
+// rules emits rs grouped by their Form, each group in the order of rs and
 // the groups in the order of their first rule, behind one check of the
-// form: a datagram walks only the rules of its form (a short header, most
-// of an established connection's traffic, skips the opening class's rules
-// of a flood from many networks). The form is checked once per group
-// rather than per rule, so the program is no longer than ruleLen counts.
+// form: a datagram walks only the rules whose forms hold its own (a short
+// header, most of an established connection's traffic, skips the opening
+// class's rules of a flood from many networks). A group of AnyForm is
+// checked for nothing; any other in groupGuardLen instructions.
 func (a *asm) rules(rs []Rule) {
 	var forms []Form
 	for i := range rs {
@@ -147,23 +149,21 @@ func (a *asm) rules(rs []Rule) {
 		if f != AnyForm {
 			in := a.newLabel()
 			a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mForm})
-			a.jump(bpf.JumpEqual, uint32(f), in, next)
+			a.jump(bpf.JumpBitsSet, uint32(f), in, next)
 			a.ja(end) // the group may be beyond a conditional jump's reach
 			a.mark(in)
 		}
 		for i := range rs {
 			if rs[i].Form == f {
-				r := rs[i]
-				r.Form = AnyForm // checked for the group
-				a.rule(&r)
+				a.rule(&rs[i])
 			}
 		}
 		a.mark(end)
 	}
 }
 
-// rule drops a datagram of r's stream with probability r.Drop; any other
-// goes on to the next rule.
+// rule drops a datagram of r's source and ports with probability r.Drop;
+// any other goes on to the next rule. Its group checked the form.
 func (a *asm) rule(r *Rule) {
 	miss := a.newLabel()
 	a.matchPrefix(r.Family, r.Words, r.Bits, miss)
@@ -174,10 +174,6 @@ func (a *asm) rule(r *Rule) {
 	if r.MatchDstPort {
 		a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mDport})
 		a.jump(bpf.JumpEqual, uint32(r.DstPort), next, miss)
-	}
-	if r.Form != AnyForm {
-		a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mForm})
-		a.jump(bpf.JumpEqual, uint32(r.Form), next, miss)
 	}
 	a.emit(bpf.LoadExtension{Num: bpf.ExtRand})
 	a.jump(bpf.JumpLessThan, dropThreshold(r.Drop), next, miss)

@@ -19,6 +19,7 @@ const (
 	dcilOff            = 5
 	scilOffAfterDCID   = 6
 	typeInitial        = 0
+	typeHandshake      = 2
 	typeRetry          = 3
 	v2TypeRotation     = 3
 	numLongPacketTypes = 4
@@ -68,7 +69,7 @@ func (a *asm) ports(s *quicclass.Ports, invalidL label) {
 // invalid: an invalid datagram goes to invalidL, one with an unknown
 // version (the negotiation class, paced in userspace) is dropped with
 // probability negotiation and otherwise kept, and the others go to rulesL
-// with their Form stored.
+// with their Form stored: ShortForm, OpeningForm or AnsweringForm.
 func (a *asm) classify(invalidL, rulesL label, negotiation float64) {
 	long, known, notInitial, sameType := a.newLabel(), a.newLabel(), a.newLabel(), a.newLabel()
 	// Empty.
@@ -145,9 +146,26 @@ func (a *asm) classify(invalidL, rulesL label, negotiation float64) {
 	a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mLen})
 	a.jump(bpf.JumpLessThan, quicclass.MinInitialDatagram, invalidL, next)
 	a.mark(notInitial)
-	a.emit(bpf.LoadConstant{Dst: bpf.RegA, Val: uint32(LongForm)}, bpf.StoreScratch{Src: bpf.RegA, N: mForm})
+	// An Initial or 0-RTT packet whose destination ID cannot be a server
+	// ID opens a connection (OpeningForm); a Handshake packet, or one
+	// addressed to an ID of the server's length, answers the server
+	// (AnsweringForm).
+	answering := a.newLabel()
+	a.emit(
+		bpf.LoadConstant{Dst: bpf.RegA, Val: uint32(AnsweringForm)},
+		bpf.StoreScratch{Src: bpf.RegA, N: mForm},
+		bpf.LoadScratch{Dst: bpf.RegA, N: mType},
+	)
+	a.jump(bpf.JumpGreaterOrEqual, typeHandshake, answering, next)
+	a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mDCIL})
+	a.jump(bpf.JumpEqual, quicclass.ServerIDLen, answering, next)
+	a.emit(bpf.LoadConstant{Dst: bpf.RegA, Val: uint32(OpeningForm)}, bpf.StoreScratch{Src: bpf.RegA, N: mForm})
+	a.mark(answering)
 	a.ja(rulesL)
 }
+
+// shedLen is the length of shed's code.
+const shedLen = 7
 
 // shed drops a long header that matched no rule with probability p, but
 // not one addressed to a connection ID of the length of the server's
@@ -161,7 +179,7 @@ func (a *asm) shed(p float64) {
 	}
 	keep := a.newLabel()
 	a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mForm})
-	a.jump(bpf.JumpEqual, uint32(LongForm), next, keep)
+	a.jump(bpf.JumpBitsSet, uint32(LongForm), next, keep)
 	a.emit(bpf.LoadAbsolute{Off: udpHeaderLen + dcilOff, Size: 1})
 	a.jump(bpf.JumpEqual, quicclass.ServerIDLen, keep, next)
 	a.dropWith(p)

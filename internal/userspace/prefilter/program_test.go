@@ -1,6 +1,8 @@
 package prefilter
 
 import (
+	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/netip"
@@ -8,6 +10,7 @@ import (
 
 	"golang.org/x/net/bpf"
 
+	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
@@ -66,11 +69,36 @@ func corpus() [][]byte {
 	return out
 }
 
+// formOf is the Form the program gives a datagram of class (Classify's,
+// without verification) whose UDP payload is b: a short header's, or for a
+// long header, an Initial's or 0-RTT packet's whose destination ID is not
+// of the server's length OpeningForm, any other's AnsweringForm.
+func formOf(b []byte, class quicclass.Class) Form {
+	switch class {
+	case quicclass.Established:
+		return ShortForm
+	case quicclass.Opening:
+		typ := b[0] & longTypeMask >> longTypeShift
+		if binary.BigEndian.Uint32(b[versionOff:]) == quicclass.Version2 {
+			typ = (typ + v2TypeRotation) % numLongPacketTypes
+		}
+		if typ < typeHandshake && b[dcilOff] != quicclass.ServerIDLen {
+			return OpeningForm
+		}
+		return AnsweringForm
+	}
+	return AnyForm
+}
+
+// ruleForms are the forms of the rules the tests compile: each datagram
+// form, and the sets FormOf gives the limiter's classes.
+var ruleForms = []Form{ShortForm, OpeningForm, AnsweringForm, LongForm, EstablishedForm}
+
 // TestInvalidMatchesQuicclass runs the stateless program on the corpus from
 // several source ports and addresses and compares its verdicts with
 // quicclass: it drops exactly what Classify calls invalid (never what
 // quicclass keeps, with or without verification), lets the sample through,
-// and stores the header form the stream rules match.
+// and stores the header form the stream rules match (formOf).
 func TestInvalidMatchesQuicclass(t *testing.T) {
 	blocked := quicclass.DefaultBlockedPorts()
 	build := func(rules ...Rule) *Program {
@@ -81,8 +109,10 @@ func TestInvalidMatchesQuicclass(t *testing.T) {
 		return p
 	}
 	plain := build()
-	all := func(f Form) Rule { return Rule{Family: sketch.IPv4, Form: f, Drop: 1} }
-	short, long := build(all(ShortForm)), build(all(LongForm))
+	ruled := map[Form]*Program{}
+	for _, f := range ruleForms {
+		ruled[f] = build(Rule{Family: sketch.IPv4, Form: f, Drop: 1})
+	}
 	sources := []netip.Addr{netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("::1"), netip.MustParseAddr("::ffff:127.0.0.3")}
 	ports := []uint16{50000, 443, 0, 1023, 1024, 1900, 5353, 11211, 65535}
 	drops, checked := 0, 0
@@ -107,11 +137,15 @@ func TestInvalidMatchesQuicclass(t *testing.T) {
 		if !run(t, plain, p) {
 			t.Fatalf("datagram %d: the sampled invalid datagram is dropped", i)
 		}
-		if got, want := !run(t, short, p), class == quicclass.Established; got != want && src.Addr().Unmap().Is4() {
-			t.Fatalf("datagram %d % x: short-header rule drops %v, class %v", i, b[:min(len(b), 32)], got, class)
+		if !src.Addr().Unmap().Is4() {
+			continue // the rules are IPv4's
 		}
-		if got, want := !run(t, long, p), class == quicclass.Opening; got != want && src.Addr().Unmap().Is4() {
-			t.Fatalf("datagram %d % x: long-header rule drops %v, class %v", i, b[:min(len(b), 32)], got, class)
+		form := formOf(b, class)
+		for _, f := range ruleForms {
+			if got, want := !run(t, ruled[f], p), form&f != 0; got != want {
+				t.Fatalf("datagram %d % x: a rule of forms %#x drops %v, class %v of form %#x", i, b[:min(len(b), 32)], f, got,
+					class, form)
+			}
 		}
 	}
 	if drops == 0 || drops == checked {
@@ -235,6 +269,76 @@ func TestBudget(t *testing.T) {
 	}
 }
 
+// TestCodeLengths checks the lengths Build budgets the rules by against
+// the code it emits: the shed's (shedLen), a rule's (ruleLen) and its
+// group's check of the form (groupGuardLen, once per form); and that a
+// program of as many rules as fit, of several forms, with an allowlist and
+// the shed, stays within MaxInstructions and leaves less than a rule
+// unused.
+func TestCodeLengths(t *testing.T) {
+	length := func(s Spec) int {
+		t.Helper()
+		p, err := Build(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Len()
+	}
+	base := Spec{Classify: true, BlockedPorts: quicclass.DefaultBlockedPorts(), SampleShift: DefaultSampleShift}
+	empty := length(base)
+	shed := base
+	shed.Shed = 0.5
+	if got := length(shed) - empty; got != shedLen {
+		t.Errorf("the shed takes %d instructions, shedLen says %d", got, shedLen)
+	}
+	v4 := Rule{Family: sketch.IPv4, Words: [4]uint32{0x7f010200}, Bits: 24, Drop: 0.5}
+	v6 := Rule{Family: sketch.IPv6, Words: [4]uint32{0xfd000000, 1, 2, 3}, Bits: 128, SrcPort: 4000, MatchSrcPort: true,
+		DstPort: 443, MatchDstPort: true, Drop: 0.5}
+	with := func(r Rule, f Form) Rule { r.Form = f; return r }
+	tests := []struct {
+		name  string
+		rules []Rule
+		want  int
+	}{
+		{"an IPv4 rule of any form", []Rule{v4}, ruleLen(&v4)},
+		{"an IPv4 rule of opening headers", []Rule{with(v4, OpeningForm)}, ruleLen(&v4) + groupGuardLen},
+		{"an IPv6 rule with ports, of established headers", []Rule{with(v6, EstablishedForm)}, ruleLen(&v6) + groupGuardLen},
+		{"two rules of one form", []Rule{with(v4, ShortForm), with(v6, ShortForm)}, ruleLen(&v4) + ruleLen(&v6) + groupGuardLen},
+		{"two rules of two forms", []Rule{with(v4, ShortForm), with(v6, LongForm)}, ruleLen(&v4) + ruleLen(&v6) + 2*groupGuardLen},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base
+			s.Rules = tt.rules
+			if got := length(s) - empty; got != tt.want {
+				t.Errorf("the rules take %d instructions, the budget counts %d", got, tt.want)
+			}
+		})
+	}
+	// As many rules as fit, of every form that lets the shed be emitted
+	// and AnyForm, behind an allowlist.
+	var rules []Rule
+	forms := []Form{ShortForm, AnsweringForm, EstablishedForm, AnyForm}
+	for i := range 2000 {
+		r := with(v6, forms[i%len(forms)])
+		r.Words[1] = uint32(i)
+		rules = append(rules, r)
+	}
+	full := shed
+	full.Rules = rules
+	for i := range 20 {
+		full.Allow = append(full.Allow, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i), 0, 0}), 16))
+	}
+	p, err := Build(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Len() > MaxInstructions || MaxInstructions-p.Len() >= ruleLen(&v6)+groupGuardLen {
+		t.Errorf("%d rules in %d instructions, want at most %d and less than a rule short of it", p.Rules, p.Len(), MaxInstructions)
+	}
+	t.Logf("%d rules in %d instructions", p.Rules, p.Len())
+}
+
 // TestNegotiationDrop checks the negotiation class's drop probability: an
 // unknown version of 1200 bytes is dropped under the threshold and kept at
 // it, never without a probability, without classification or from an
@@ -280,7 +384,9 @@ func TestNegotiationDrop(t *testing.T) {
 // TestShedDrop checks the shed of long headers: with no rule of the opening
 // class, a long header of a known version (an Initial, a v2 Handshake) is
 // dropped under the threshold and kept at it; with one, the rule's packets
-// pass both it and the shed and other sources keep theirs. Never never without a probability, without classification or from an
+// pass both it and the shed and other sources keep theirs (with
+// verification, the rule's packets only: its source's Handshakes pass).
+// Never without a probability, without classification or from an
 // allowlisted source, nor one addressed to an ID of the server's length (a
 // handshake under way); short headers, unknown versions and the invalid
 // sample are unaffected.
@@ -302,6 +408,11 @@ func TestShedDrop(t *testing.T) {
 	ruled.Rules = []Rule{{Family: sketch.IPv4, Words: [4]uint32{0x7f010200}, Bits: 24, Form: LongForm, Drop: 0.5}}
 	at625 := uint32(0.625 * (1 << 32))
 	elsewhere := netip.MustParseAddrPort("127.9.9.9:40000")
+	// The same rule with verification matches only what opens
+	// connections: the source's Handshakes pass both.
+	verifying := ruled
+	verifying.Rules = []Rule{{Family: sketch.IPv4, Words: [4]uint32{0x7f010200}, Bits: 24, Form: OpeningForm, Drop: 0.5}}
+	v1Handshake := quicclass.LongHeader(quicclass.Version1, 2, 8, 8, 300)
 	tests := []struct {
 		name    string
 		spec    Spec
@@ -326,6 +437,10 @@ func TestShedDrop(t *testing.T) {
 		{"a ruled source over both", ruled, netip.AddrPort{}, initial, at625, true},
 		{"no rule names it: kept", ruled, elsewhere, initial, 0, true},
 		{"no rule: shed", spec, elsewhere, initial, 0, false},
+		{"verifying: a ruled source under both", verifying, netip.AddrPort{}, initial, at625 - 1, false},
+		{"verifying: a ruled source over both", verifying, netip.AddrPort{}, initial, at625, true},
+		{"verifying: a ruled source's Handshake", verifying, netip.AddrPort{}, v1Handshake, 0, true},
+		{"verifying: no rule names it: kept", verifying, elsewhere, initial, 0, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -395,6 +510,106 @@ func TestRuleGroups(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := run(t, p, packet{src: src(tt.addr), dport: 443, payload: tt.payload}); got != tt.kept {
 				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+		})
+	}
+}
+
+// TestFormsKeepClassesApart runs well-formed datagrams of every kind
+// through programs with a rule of each datagram form, and checks the form
+// each gets against what verification can make of it (quicclass.Resolve,
+// whatever the server learned): only the established class's rules
+// (FormOf) match a datagram verification makes established, and they match
+// everything that class can hold. Without verification, the opening class's
+// rules match exactly the long headers, the established class's the short
+// ones.
+func TestFormsKeepClassesApart(t *testing.T) {
+	id := []byte{0xc1, 0x1e, 0x47, 0x01}
+	scid := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	type datagram struct {
+		name string
+		b    []byte
+		want Form
+	}
+	var datagrams []datagram
+	for _, v := range []struct {
+		name    string
+		version uint32
+		wire    [3]uint8 // Initial, 0-RTT, Handshake as on the wire
+	}{{"v1", quicclass.Version1, [3]uint8{0, 1, 2}}, {"v2", quicclass.Version2, [3]uint8{1, 2, 3}}} {
+		for typ, name := range []string{"Initial", "0-RTT", "Handshake"} {
+			for _, dcil := range []int{0, 3, quicclass.ServerIDLen, 5, 8, quicclass.MaxConnectionIDLen} {
+				dcid := make([]byte, dcil)
+				copy(dcid, id)
+				want := AnsweringForm
+				if typ != typeHandshake && dcil != quicclass.ServerIDLen {
+					want = OpeningForm
+				}
+				datagrams = append(datagrams, datagram{fmt.Sprintf("%s %s, %d-byte ID", v.name, name, dcil),
+					quicclass.LongPacket(v.version, v.wire[typ], dcid, scid, nil, 1200), want})
+			}
+		}
+	}
+	datagrams = append(datagrams, datagram{"short header", quicclass.ShortPacket([4]byte(id), 100), ShortForm})
+	programs := map[Form]*Program{}
+	for _, f := range []Form{ShortForm, OpeningForm, AnsweringForm} {
+		p, err := Build(Spec{Classify: true, SampleShift: DefaultSampleShift, Rules: []Rule{{Family: sketch.IPv4, Form: f, Drop: 1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		programs[f] = p
+	}
+	verifying := decide.Config{Classify: true, VerifyIDs: true}
+	plain := decide.Config{Classify: true}
+	for _, d := range datagrams {
+		t.Run(d.name, func(t *testing.T) {
+			var form Form
+			for f, p := range programs {
+				if !run(t, p, packet{src: netip.MustParseAddrPort("127.0.0.9:40000"), dport: 443, payload: d.b}) {
+					form |= f
+				}
+			}
+			if form != d.want {
+				t.Fatalf("form %#x, want %#x", form, d.want)
+			}
+			// Every class verification can give it, with each verification.
+			h := quicclass.Inspect(nil, 40000, d.b, len(d.b), true)
+			if h.Class == quicclass.Invalid {
+				t.Fatalf("invalid with verification (%v)", h.Reason)
+			}
+			// A network's node: the rules that may take other sources'
+			// packets than the flooding stream's (the unverified class's
+			// rules of one address and port take only its own).
+			network := sketch.NewNode(1, true, true)
+			for _, idKnown := range []bool{false, h.HasID} {
+				for _, proven := range []bool{false, true} {
+					for _, answered := range []bool{false, !proven} {
+						class, _, how := h.Resolve(idKnown, proven, answered, answered)
+						if class != quicclass.Established {
+							continue
+						}
+						for rc := range quicclass.Class(quicclass.LimiterClasses) {
+							rf, ok := FormOf(verifying, rc, network)
+							switch {
+							case !ok:
+							case rc == class && rf&form == 0:
+								t.Errorf("%v (%v): the established class's rules (forms %#x) miss it", class, how, rf)
+							case rc != class && rf&form != 0:
+								t.Errorf("%v (%v): the %v class's rules (forms %#x) match it", class, how, rc, rf)
+							}
+						}
+					}
+				}
+			}
+			// Without verification: the class is Classify's, and its
+			// rules match exactly its datagrams.
+			class, _ := quicclass.Classify(nil, 40000, d.b, len(d.b))
+			for rc := range quicclass.Class(quicclass.LimiterClasses) {
+				rf, ok := FormOf(plain, rc, sketch.NewNode(1, true, true))
+				if ok && (rf&form != 0) != (rc == class) {
+					t.Errorf("without verification, the %v class's rules (forms %#x) match a datagram of the %v class: %v",
+						rc, rf, class, rf&form != 0)
+				}
 			}
 		})
 	}

@@ -212,18 +212,20 @@ func TestKernelEnforcesRules(t *testing.T) {
 	}
 }
 
-// TestKernelTakesLargestProgram attaches the largest program Build makes.
+// TestKernelTakesLargestProgram attaches the largest program Build makes:
+// rules of several forms, and the shed.
 func TestKernelTakesLargestProgram(t *testing.T) {
 	var rules []Rule
+	forms := []Form{ShortForm, EstablishedForm, AnsweringForm}
 	for i := range 2000 {
 		rules = append(rules, Rule{Family: sketch.IPv6, Words: [4]uint32{0xfd000000, uint32(i), 0, 1}, Bits: 128,
-			SrcPort: uint16(2000 + i), MatchSrcPort: true, DstPort: 443, MatchDstPort: true, Form: ShortForm, Drop: 0.5})
+			SrcPort: uint16(2000 + i), MatchSrcPort: true, DstPort: 443, MatchDstPort: true, Form: forms[i%len(forms)], Drop: 0.5})
 	}
 	var allow []netip.Prefix
 	for i := range 60 {
 		allow = append(allow, netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 1, byte(i), 15: 1}), 64))
 	}
-	p, err := Build(Spec{Classify: true, BlockedPorts: quicclass.DefaultBlockedPorts(), Allow: allow, Rules: rules})
+	p, err := Build(Spec{Classify: true, BlockedPorts: quicclass.DefaultBlockedPorts(), Allow: allow, Rules: rules, Shed: 0.5})
 	if err != nil {
 		t.Fatal(err)
 	}
