@@ -330,7 +330,7 @@ func (l *Learner) Learn(b, oob []byte, to netip.AddrPort) {
 			}
 		}
 	}
-	if p.peer {
+	if p.peer || p.shaped > 0 {
 		l.learnPeer(addr, now, &p)
 	}
 }
@@ -362,16 +362,17 @@ type peerSeen struct {
 }
 
 // short records the short-header datagram d, written in a GSO batch or
-// alone (gso).
+// alone (gso). One shaped as a stateless reply makes no peer: quic-go sends
+// it to an address that never received anything.
 func (p *peerSeen) short(d []byte, gso bool) {
 	if d[0]&fixedBit == 0 {
 		return
 	}
-	p.peer = true
 	switch {
 	case len(d) == resetSize || !gso && len(d) == probeSize:
 		p.shaped++
 	default:
+		p.peer = true
 		p.replies++
 		if p.first == nil {
 			p.first = d
@@ -431,10 +432,11 @@ func (l *Learner) learnID(k boundID, now int64) {
 	sh.m[k] = e
 }
 
-// learnPeer teaches the sink addr, unless it was taught less than
-// PeerInterval ago, and grants it what p earns (grants). The sink is
-// called under the shard's lock: a concurrent write to the same peer waits
-// until the sink knows it, and its credit.
+// learnPeer teaches the sink addr when p shows a connection's datagram,
+// unless it was taught less than PeerInterval ago, and grants it what p
+// earns (grants; the sink grants nothing to an address it does not know as
+// a peer). The sink is called under the shard's lock: a concurrent write to
+// the same peer waits until the sink knows it, and its credit.
 func (l *Learner) learnPeer(addr netip.Addr, now int64, p *peerSeen) {
 	key := addr.As16()
 	sh := &l.peers[l.shardOf(binary.LittleEndian.Uint64(key[:8]), binary.LittleEndian.Uint64(key[8:]))]
@@ -445,21 +447,23 @@ func (l *Learner) learnPeer(addr netip.Addr, now int64, p *peerSeen) {
 		return
 	}
 	e, ok := sh.m[key]
-	if !ok {
-		sh.m = makeRoom(sh.m, now, int64(PeerInterval), peersPerShard, &l.nOverflows)
-		e.reported = now - int64(PeerInterval) // never reported
+	if p.peer {
+		if !ok {
+			sh.m = makeRoom(sh.m, now, int64(PeerInterval), peersPerShard, &l.nOverflows)
+			e.reported = now - int64(PeerInterval) // never reported
+		}
+		e.seen = now
+		for _, h := range p.dcids[:p.nDCIDs] {
+			e.addHandshake(h)
+		}
+		// A refused peer is reported again after PeerInterval, as an
+		// accepted one: a failing sink is not called for every datagram.
+		if now-e.reported >= int64(PeerInterval) {
+			e.reported = now
+			l.report(box.LearnPeer(addr), &l.nPeers)
+		}
+		sh.m[key] = e
 	}
-	e.seen = now
-	for _, h := range p.dcids[:p.nDCIDs] {
-		e.addHandshake(h)
-	}
-	// A refused peer is reported again after PeerInterval, as an accepted
-	// one: a failing sink is not called for every datagram.
-	if now-e.reported >= int64(PeerInterval) {
-		e.reported = now
-		l.report(box.LearnPeer(addr), &l.nPeers)
-	}
-	sh.m[key] = e
 	if credit := grants(&e, p); credit > 0 {
 		if err := box.Grant(addr, credit); err != nil {
 			l.nErrors.Add(1)

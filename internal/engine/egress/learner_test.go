@@ -346,6 +346,17 @@ func TestCredit(t *testing.T) {
 		{"to another ID after a handshake", handshakeTo(idA), quicclass.ShortPacket(idB, 300), nil, k},
 		{"Retry", nil, quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("token"), 0), nil, 0},
 	}
+	// A stateless reply's shape makes no peer: it grants nothing to an
+	// address that is not one.
+	t.Run("a stateless reset's shape to a stranger", func(t *testing.T) {
+		sink := newRecSink()
+		l, _ := testLearner(t, sink, Options{})
+		l.Learn(quicclass.ShortHeader(42), nil, peerA)
+		l.Learn(quicclass.ShortHeader(1200), nil, peerA)
+		if _, peers := sink.counts(idA, peerA.Addr()); peers != 0 {
+			t.Fatalf("a stateless reply's shape made a peer (%d reports)", peers)
+		}
+	})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sink := newRecSink()

@@ -97,11 +97,12 @@ static __always_inline int rank_rest(const struct config *cfg, __u64 *share, con
 // admit_total (sketch Limiter.admitTotal) decides a packet over the fair
 // total's limit t, in nw's counts, at the end of the walk: a returning
 // user's packet while the returning part of the total has room passes, and
-// is counted in the part's cell; any other is ranked (rank_rest). A
-// subprogram of its own, verified in place, and reached only by packets of
-// a flood over the total's limit.
-static __noinline int admit_total(const struct config *cfg, __u64 *share, const struct key *k, struct node_work *nw,
-				  __u64 t)
+// is counted in the part's cell; any other is ranked (rank_rest). Inlined
+// in the node loop: as a subprogram of its own, its frame took the chain of
+// the program's, the node loop's and admit_fair's past the 512 bytes that
+// the verifier of Linux 6.1 allows (it rounds each frame up to 32 bytes).
+static __always_inline int admit_total(const struct config *cfg, __u64 *share, const struct key *k, struct node_work *nw,
+				       __u64 t)
 {
 	if (k->returning && gcra(PACER_RETURNING, cfg->returning_interval, cfg->returning_tau, nw->now)) {
 		struct cell *c = returning_cell(cfg);
