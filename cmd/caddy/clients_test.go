@@ -60,11 +60,13 @@ const pageHTML = `<!doctype html><html><head><title>rakelimit</title></head><bod
 
 // clientSite is a Caddy of a test's own, in a network namespace, serving
 // pageHTML over HTTPS and HTTP/3 (tls internal, Caddy's local CA) behind
-// rakelimit in one mode, with an access log and its admin endpoint on a
-// Unix socket.
+// rakelimit in one mode (or, in modeWithout, without it), with an access
+// log and its admin endpoint on a Unix socket.
 type clientSite struct {
 	mode string
 	port int
+	// bin is the Caddy binary it runs.
+	bin string
 	// ns is Caddy's network namespace, clients the clients'.
 	ns, clients *testutil.NetNS
 	// admin is the admin endpoint's socket.
@@ -83,7 +85,7 @@ type clientSite struct {
 func startClientSite(t *testing.T, bin, mode string, ns, clients *testutil.NetNS, src netip.Addr, host string) *clientSite {
 	t.Helper()
 	dir := t.TempDir()
-	s := &clientSite{mode: mode, port: testutil.FreePort(t), ns: ns, clients: clients,
+	s := &clientSite{mode: mode, port: testutil.FreePort(t), bin: bin, ns: ns, clients: clients,
 		admin: filepath.Join(dir, "admin.sock"), data: filepath.Join(dir, "data"), accessLog: filepath.Join(dir, "access.log")}
 	www := filepath.Join(dir, "www")
 	if err := os.Mkdir(www, 0o755); err != nil {
@@ -101,9 +103,7 @@ func startClientSite(t *testing.T, bin, mode string, ns, clients *testutil.NetNS
 }
 localhost:%d, 127.0.0.1:%d, [::1]:%d, %s {
 	tls internal
-	rakelimit {
-		mode %s
-	}
+	%s
 	log {
 		output file %s
 		format json
@@ -111,7 +111,7 @@ localhost:%d, 127.0.0.1:%d, [::1]:%d, %s {
 	root * %s
 	file_server
 }
-`, s.admin, testutil.FreePort(t), s.port, s.port, s.port, s.port, net.JoinHostPort(host, fmt.Sprint(s.port)), mode, s.accessLog, www))
+`, s.admin, testutil.FreePort(t), s.port, s.port, s.port, s.port, net.JoinHostPort(host, fmt.Sprint(s.port)), rakelimitBlock(mode), s.accessLog, www))
 	c := asCaddy(bin, s.prefix(ns), []string{"XDG_DATA_HOME=" + s.data, "XDG_CONFIG_HOME=" + filepath.Join(dir, "config")})
 	c.Config = cfg
 	url := s.url(host)
@@ -124,8 +124,23 @@ localhost:%d, 127.0.0.1:%d, [::1]:%d, %s {
 		return err
 	}
 	s.proc = testutil.StartCaddy(t, c)
-	s.checkMode(t)
+	if mode != modeWithout {
+		s.checkMode(t)
+	}
 	return s
+}
+
+// modeWithout is the mode of a clientSite without rakelimit: Caddy as it
+// is, for comparison. It has none of the filter's metrics.
+const modeWithout = "without rakelimit"
+
+// rakelimitBlock is the site's rakelimit directive in mode; for
+// modeWithout, a comment.
+func rakelimitBlock(mode string) string {
+	if mode == modeWithout {
+		return "# without rakelimit"
+	}
+	return fmt.Sprintf("rakelimit {\n\t\tmode %s\n\t}", mode)
 }
 
 // prefix runs a command in namespace ns.
@@ -185,6 +200,15 @@ func (s *clientSite) checkMode(t *testing.T) {
 func (s *clientSite) verified(t *testing.T, family string) float64 {
 	t.Helper()
 	return sumMetric(s.metrics(t), "caddy_rakelimit_verified_packets_total", `family="`+family+`"`)
+}
+
+// refused is the count of datagrams of family ("ipv4" or "ipv6") the
+// filter refused: dropped at a level or invalid (a limited one passes).
+func (s *clientSite) refused(t *testing.T, family string) float64 {
+	t.Helper()
+	m := s.metrics(t)
+	return sumMetric(m, "caddy_rakelimit_packets_total", `family="`+family+`"`, `verdict="dropped"`) +
+		sumMetric(m, "caddy_rakelimit_packets_total", `family="`+family+`"`, `verdict="invalid"`)
 }
 
 // expectVerified runs fn, then checks that the filter verified datagrams
@@ -275,8 +299,9 @@ func (s *clientSite) spkiList(t *testing.T) string {
 // a handshake and a request; 0-RTT resumption; a new source port
 // mid-connection (NAT rebinding); a move to a new address mid-connection;
 // then, as they flood, a handshake after a Retry, and Chromium under a
-// flood; last, against a Caddy of their own behind a lossy link, 50
-// handshakes at 30% loss.
+// flood from one address and under one from 256 (in turns with a Caddy
+// without rakelimit, for comparison); last, against a Caddy of their own
+// behind a lossy link, 50 handshakes at 30% loss.
 func TestClients(t *testing.T) {
 	testutil.RequireRoot(t)
 	cases := []struct {

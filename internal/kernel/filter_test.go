@@ -733,14 +733,16 @@ func TestInfo(t *testing.T) {
 		t.Fatalf("info %+v: want instructions > 100 and sketches of at most 1 MiB", in)
 	}
 	// The kernel charges an attached filter to the socket's option memory
-	// (net.core.optmem_max): measure it.
+	// (net.core.optmem_max): measure it. The bound keeps it well within
+	// the 128 KB that Linux 6.12 and later allow (older kernels' 20 KB
+	// needs raising whatever the filter's size; the README says so).
 	conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
 	before := optmem(t, conn)
 	if err := f.Attach(conn); err != nil {
 		t.Fatal(err)
 	}
 	charged := optmem(t, conn) - before
-	if charged <= 0 || charged > 64<<10 {
+	if charged <= 0 || charged > 72<<10 {
 		t.Fatalf("attaching charged %d bytes of optmem", charged)
 	}
 	t.Logf("program: %d instructions; maps: %d bytes (sketches %d); optmem per socket: %d bytes",

@@ -78,6 +78,18 @@ static __always_inline struct cell *returning_cell(const struct config *cfg)
 	return ln ? &ln->cells[0] : NULL;
 }
 
+// returning_count: what the returning part of the total passed, the
+// forwarded count of its cell decayed to epoch. A subprogram of its own,
+// called from the node loop and from the screen, and only by packets of a
+// flood over the total's limit: the program's size is charged to each
+// socket's option memory.
+static __noinline __u32 returning_count(const struct config *cfg, __u32 epoch)
+{
+	struct cell *c = returning_cell(cfg);
+
+	return c ? mulq32(c->budget[BUDGET_CLEAN].forwarded, idle_factor(cfg, c->epoch, epoch)) : 0;
+}
+
 // rank_rest (sketch Limiter.rankRest) ranks by admit_fair a packet over
 // the fair total's limit t that the returning part does not pass, against
 // what the part leaves: the total's offered and forwarded counts in nw and
@@ -86,8 +98,7 @@ static __always_inline struct cell *returning_cell(const struct config *cfg)
 static __always_inline int rank_rest(const struct config *cfg, __u64 *share, const struct key *k, struct node_work *nw,
 				     __u64 t)
 {
-	struct cell *c = returning_cell(cfg);
-	__u32 r = c ? mulq32(c->budget[BUDGET_CLEAN].forwarded, idle_factor(cfg, c->epoch, nw->epoch)) : 0;
+	__u32 r = returning_count(cfg, nw->epoch);
 
 	nw->omin = less_part(nw->omin, r);
 	nw->fmin = less_part(nw->fmin, r);

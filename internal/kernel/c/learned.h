@@ -116,18 +116,10 @@ static __always_inline int maybe_in(__u32 which, __u64 h)
 	return (q->words[b / 64] >> (b % 64)) & 1;
 }
 
-// find_way: decide.LearnedSet.Find after maybe_in, the way of the key of
-// hash h in its set of map (server_ids, proven_peers or answered_peers), or
-// -1. A subprogram of its own, called for each set: the program's size is
-// charged to each socket's option memory.
-static __noinline int find_way(void *map, __u64 h)
+// way_of: decide.LearnedSet.Find after maybe_in, in one set s of a learned
+// set: the way that holds key (a slot_key), or -1.
+static __always_inline int way_of(const struct learned_set *s, __u64 key)
 {
-	__u32 set = h >> (64 - LEARNED_SET_SHIFT);
-	struct learned_set *s = bpf_map_lookup_elem(map, &set);
-	__u64 key = slot_key(h);
-
-	if (!s)
-		return -1;
 #pragma unroll
 	for (int i = 0; i < LEARNED_WAYS; i++)
 		if ((s->slot[i] & SLOT_KEY_MASK) == key)
@@ -135,17 +127,27 @@ static __noinline int find_way(void *map, __u64 h)
 	return -1;
 }
 
+// find_way: the way of the key of hash h in its set of map (server_ids,
+// proven_peers or answered_peers), or -1.
+static __always_inline int find_way(void *map, __u64 h)
+{
+	__u32 set = h >> (64 - LEARNED_SET_SHIFT);
+	struct learned_set *s = bpf_map_lookup_elem(map, &set);
+
+	return s ? way_of(s, slot_key(h)) : -1;
+}
+
 // find_slot: find_way's slot of the key of hash h in map, or NULL.
 static __always_inline __u64 *find_slot(void *map, __u64 h)
 {
-	int way = find_way(map, h);
 	__u32 set = h >> (64 - LEARNED_SET_SHIFT);
-
-	if (way < 0)
-		return NULL;
 	struct learned_set *s = bpf_map_lookup_elem(map, &set);
+
+	if (!s)
+		return NULL;
+	int way = way_of(s, slot_key(h));
 	// Bounds the index for the verifier: way is 0 to LEARNED_WAYS - 1.
-	return s ? &s->slot[way & (LEARNED_WAYS - 1)] : NULL;
+	return way < 0 ? NULL : &s->slot[way & (LEARNED_WAYS - 1)];
 }
 
 // spend_credit: decide.Credit.Spend, one credit of the answered peer of

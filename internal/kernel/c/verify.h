@@ -20,9 +20,8 @@
 
 // peers_of (decide.Filter.peers): PEER_PROVEN when the source of peer hash
 // h is a proven peer, else its way in its set of the answered peers, else
-// PEER_NONE. A subprogram of its own, called from two places in verify:
-// the program's size is charged to each socket's option memory.
-static __noinline int peers_of(__u64 h)
+// PEER_NONE.
+static __always_inline int peers_of(__u64 h)
 {
 	if (maybe_in(LEARNED_PROVEN, h) && find_way(&proven_peers, h) >= 0)
 		return PEER_PROVEN;
@@ -31,12 +30,26 @@ static __noinline int peers_of(__u64 h)
 	return find_way(&answered_peers, h);
 }
 
+// bound_slot: the slot of the server ID the header of check carries, bound
+// to the source of k, or NULL (the lookup of decide.Filter.boundID).
+static __always_inline __u64 *bound_slot(const struct config *cfg, const struct key *k, int check)
+{
+	struct server_id id;
+
+	server_id_of(k, check, &id);
+	__u64 h = bound_hash(cfg, id_word(&id), k);
+	return maybe_in(LEARNED_IDS, h) ? find_slot(&server_ids, h) : NULL;
+}
+
 // prove: decide.Filter.prove, the source of k proved its address through a
 // server ID bound to it at stamp st: it becomes a proven peer. Returns 1
 // when it is one; the caller then marks the ID's slot, so that the next
-// datagrams through it skip this, and counts the proof.
-static __always_inline int prove(const struct config *cfg, const struct key *k, __u32 st)
+// datagrams through it skip this, and counts the proof. A global function,
+// called once per ID: learn_slot's locals stay out of verify's frame.
+__noinline int prove(const struct config *cfg, const struct key *k, __u32 st)
 {
+	if (!cfg || !k)
+		return 0;
 	return learn_slot(&proven_peers, LEARNED_PROVEN, peer_hash(cfg, k), st);
 }
 
@@ -52,58 +65,53 @@ static __always_inline int prove(const struct config *cfg, const struct key *k, 
 // through it proves the source (once: the slot is marked then). A datagram
 // that the answered tier decides spends a credit of its source.
 //
-// A global function: verified once, and its locals (learn_slot's among
-// them) are not in the program's own frame, which the node loop's call
-// adds to (the verifier's limit is 512 bytes for the two).
+// The peers are looked up in one place and the ID in two (the ID's lookup
+// is the smaller), inlined: a datagram verified by its ID or its peer
+// makes this one call. A global function: verified once, and its locals
+// are not in the program's own frame, which the node loop's call adds to
+// (the verifier's limit is 512 bytes for the two).
 __noinline int verify(const struct config *cfg, const struct key *k, int check_id, __u64 now, struct stats *st)
 {
 	int check = check_id & HDR_FIELD_MASK;
 	int has_id = (check_id & HDR_HAS_ID) != 0;
+	int id_known = 0, peer = PEER_NONE, credited = 0;
 
-	if (!cfg || !k || !st)
-		return resolve(check, 0, 0, 0, 0);
-	if (!known_family(k))
-		return resolve(check, 0, 0, 0, 0);
-	// The source's peer hash, computed where the peers are looked up: a
-	// short header verified by its ID (most of an established
-	// connection's) needs none.
-	__u64 ha = 0;
-	int peer = PEER_NONE, paid = 0;
-	int attempt = attempts(check, has_id);
-	if (attempt) {
-		ha = peer_hash(cfg, k);
-		peer = peers_of(ha);
-		if (peer >= 0) {
-			paid = gcra(PACER_PROOF, cfg->proof_interval, cfg->proof_tau, now);
-			if (!paid)
-				st->unpaced_attempts++;
+	if (cfg && k && st && known_family(k)) {
+		int attempt = attempts(check, has_id);
+		__u64 *id_slot = NULL;
+		// A short header's ID first: an established connection's
+		// datagrams verify by it, and need no peer hash.
+		if (has_id && !attempt)
+			id_slot = bound_slot(cfg, k, check);
+		__u64 ha = 0;
+		int paid = 0;
+		if (!id_slot) {
+			ha = peer_hash(cfg, k);
+			peer = peers_of(ha);
+			if (attempt) {
+				if (peer >= 0) {
+					paid = gcra(PACER_PROOF, cfg->proof_interval, cfg->proof_tau, now);
+					if (!paid)
+						st->unpaced_attempts++;
+				}
+				id_slot = bound_slot(cfg, k, check);
+			}
+		}
+		if (id_slot) {
+			__u32 stamp = stamp_of(now);
+
+			id_known = 1;
+			refresh_slot(id_slot, stamp);
+			__u64 e = *id_slot;
+			if (paid && !(e & SLOT_MARK) && prove(cfg, k, stamp)) {
+				__sync_val_compare_and_swap(id_slot, e, e | SLOT_MARK);
+				st->proofs++;
+			}
+		} else {
+			credited = peer >= 0 && spend_credit(ha, peer);
 		}
 	}
-	__u64 *id_slot = NULL;
-	if (has_id) {
-		struct server_id id;
-		server_id_of(k, check, &id);
-		__u64 h = bound_hash(cfg, id_word(&id), k);
-		if (maybe_in(LEARNED_IDS, h))
-			id_slot = find_slot(&server_ids, h);
-	}
-	if (id_slot) {
-		__u32 stamp = stamp_of(now);
-
-		refresh_slot(id_slot, stamp);
-		__u64 e = *id_slot;
-		if (paid && !(e & SLOT_MARK) && prove(cfg, k, stamp)) {
-			__sync_val_compare_and_swap(id_slot, e, e | SLOT_MARK);
-			st->proofs++;
-		}
-		return resolve(check, 1, 0, 0, 0);
-	}
-	if (!attempt && needs_peer(check, 0)) {
-		ha = peer_hash(cfg, k);
-		peer = peers_of(ha);
-	}
-	int credited = peer >= 0 && spend_credit(ha, peer);
-	return resolve(check, 0, peer == PEER_PROVEN, peer >= 0, credited);
+	return resolve(check, id_known, peer == PEER_PROVEN, peer >= 0, credited);
 }
 
 #endif
