@@ -100,7 +100,7 @@ bench: deps
 	cd lab && go build -o ../rakebench ./cmd/rakebench
 	$(SUDO) ./rakebench -caddy ./caddy -out lab/docs/bench -readme lab/README.md $(BENCHFLAGS)
 
-# Every scenario once and short (under 2 minutes), into a temporary
+# Every scenario once and short (about 2.5 minutes), into a temporary
 # directory: the smoke test .ci/run runs. It fails on a broken harness, not
 # on figures.
 bench-quick: deps

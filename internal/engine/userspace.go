@@ -196,7 +196,8 @@ func (e *userEngine) updatePrefilter() {
 	streams, _ := e.Limiter.Streams()
 	st, _ := e.Limiter.Stats()
 	fair := e.Limiter.FairStreams()
-	if err := e.pre.Update(e.Limiter.Config(), e.Limiter.Params(), streams, fair, e.Limiter.Rate, st, time.Now()); err != nil {
+	if err := e.pre.Update(e.Limiter.Config(), e.Limiter.Params(), streams, fair, e.Limiter.Returning(),
+		e.Limiter.Rate, st, time.Now()); err != nil {
 		e.mu.Lock()
 		e.preErr = err
 		e.mu.Unlock()

@@ -44,6 +44,9 @@ type Limiter struct {
 	// tracked receives, without blocking, when a stream or a network
 	// starts being tracked (Tracked).
 	tracked chan struct{}
+	// returning are the sources of returning users, with when each was
+	// last seen (noteReturning).
+	returning map[returningKey]int64
 	// reader is the open event reader, if any.
 	reader *EventReader
 	closed chan struct{}
@@ -110,6 +113,7 @@ func newLimiter(c decide.Config, o options) (*Limiter, error) {
 		trackPacing: decide.TrackPacing(),
 		events:      make(chan decide.Stream, eventQueue),
 		tracked:     make(chan struct{}, 1),
+		returning:   map[returningKey]int64{},
 		closed:      make(chan struct{}),
 	}
 	if o.trackShift != nil {
@@ -262,6 +266,7 @@ func (l *Limiter) DecideBatch(ds []decide.Datagram, drop []bool) {
 func (l *Limiter) decide(d *decide.Datagram, now int64) decide.Outcome {
 	rnd := l.random()
 	out := l.f.Decide(d, now, rnd)
+	l.noteReturning(&d.Key, &out, now, rnd)
 	if rnd&l.mask != 0 {
 		return out
 	}

@@ -282,17 +282,23 @@ func setHosts(p netip.Prefix, n int) ([]netip.Addr, error) {
 	return out, nil
 }
 
+// warmupFlights is the number of first flights a flood's warm-up sends:
+// WarmupFlights (at least one) from each address of its spoofed set.
+func (s *FloodSpec) warmupFlights() int { return s.SpoofedSet * max(1, s.WarmupFlights) }
+
 // prepareWarmup writes the whole IPv4 datagrams of the flood's warm-up: the
-// i-th flight from the i-th host of its spoofed set, from a random port.
+// i-th flight from host i modulo the size of its spoofed set (each host's
+// first flight first), from a random port.
 func (f *flood) prepareWarmup(flights [][]byte, seed uint64) error {
-	if len(f.hosts) == 0 || len(flights) < len(f.hosts) {
-		return fmt.Errorf("warm-up: %d flights for %d spoofed addresses", len(flights), len(f.hosts))
+	n := f.spec.warmupFlights()
+	if len(f.hosts) == 0 || len(flights) < n {
+		return fmt.Errorf("warm-up: %d flights for %d spoofed addresses, %d each", len(flights), len(f.hosts), max(1, f.spec.WarmupFlights))
 	}
 	rng := rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d))
 	dst := f.dst.Addr().As4()
-	f.warmup = make([][]byte, len(f.hosts))
-	for i, h := range f.hosts {
-		p := flights[i]
+	f.warmup = make([][]byte, n)
+	for i := range n {
+		h, p := f.hosts[i%len(f.hosts)], flights[i]
 		buf := make([]byte, spoofHeaders+len(p))
 		copy(buf[spoofHeaders:], p)
 		sport := uint16(spoofPortMin + rng.IntN(spoofPortCount))
@@ -305,7 +311,7 @@ func (f *flood) prepareWarmup(flights [][]byte, seed uint64) error {
 // warmUp sends the warm-up's datagrams through the raw socket (the first
 // writer) at warmupRate, until all are sent, limit is reached, count
 // datagrams are sent in all or ctx is done, and returns how many went out:
-// the first that many hosts are warmed.
+// the first that many hosts (at most all) are warmed.
 func (f *flood) warmUp(ctx context.Context, msgs []ipv4.Message, limit time.Time, count uint64, res *FloodResult) int {
 	start := time.Now()
 	sent := 0

@@ -103,12 +103,21 @@ func TestAttackScenarios(t *testing.T) {
 		sources   int
 		warmup    bool
 		returning bool
+		flights   int
+		prove     bool
+		probes    bool
+		rate      int
+		except    netip.Addr
 	}
 	tests := map[string]want{
-		"id-spray-spoofed": {kind: PacketIDShort, attacker: true, spoofed: spoofedNet},
-		"id-spray-fixed":   {kind: PacketIDShort, attacker: true, sources: 1},
-		"answered-reuse":   {kind: PacketReuse, spoofed: answeredNet, set: answeredSet, warmup: true, returning: true},
-		"id-long-headers":  {kind: PacketIDLong, attacker: true, spoofed: spoofedNet, sources: 1},
+		"id-spray-spoofed":     {kind: PacketIDShort, attacker: true, spoofed: spoofedNet},
+		"id-spray-fixed":       {kind: PacketIDShort, attacker: true, sources: 1},
+		"answered-reuse":       {kind: PacketReuse, spoofed: answeredNet, set: answeredSet, warmup: true, returning: true},
+		"id-long-headers":      {kind: PacketIDLong, attacker: true, spoofed: spoofedNet, sources: 1},
+		"id-guess":             {kind: PacketGuess, spoofed: guessNet, set: 1, warmup: true, flights: 16},
+		"borrowed-proof":       {kind: PacketShort, attacker: true, spoofed: borrowedNet, set: 1, warmup: true, probes: true},
+		"proven-botnet":        {kind: PacketInitial, spoofed: botNet, set: 60, prove: true, rate: 54_000},
+		"returning-flooded-24": {kind: PacketShortInitial, spoofed: floodedNet, returning: true, except: floodedReturning},
 	}
 	seen := 0
 	for _, sc := range Scenarios() {
@@ -122,7 +131,8 @@ func TestAttackScenarios(t *testing.T) {
 		seen++
 		f := sc.Flood
 		if !sc.attack() || f == nil || f.Kind != w.kind || f.Attacker.IsValid() != w.attacker || f.Spoofed != w.spoofed ||
-			f.SpoofedSet != w.set || len(f.Sources) != w.sources || f.Warmup != w.warmup || sc.Returning != w.returning {
+			f.SpoofedSet != w.set || len(f.Sources) != w.sources || f.Warmup != w.warmup || sc.Returning != w.returning ||
+			f.WarmupFlights != w.flights || f.Prove != w.prove || f.PathProbes != w.probes || f.Rate != w.rate || f.SpoofedExcept != w.except {
 			t.Errorf("%s: %+v, flood %+v; want %+v", sc.Name, sc, f, w)
 			continue
 		}
@@ -152,6 +162,46 @@ func TestAttackScenarios(t *testing.T) {
 	}
 	if !legit.Contains(returningSrc) || returningSrc == newConnSrc || returningSrc == establishedSrc {
 		t.Errorf("returning client at %v", returningSrc)
+	}
+	// The ranges of the attacks on proofs: in the spoofed range, apart
+	// from each other and from answered-reuse's; the bots one per /24;
+	// the flooded /24's returning client inside it, and no other
+	// scenario's returning client moved.
+	ranges := []netip.Prefix{answeredNet, guessNet, botNet, floodedNet, borrowedNet}
+	for i, p := range ranges {
+		for _, q := range ranges[i+1:] {
+			if p.Overlaps(q) {
+				t.Errorf("%v overlaps %v", p, q)
+			}
+		}
+	}
+	if hosts, err := setHosts(botNet, bots); err != nil || len(hosts) != 60 || hosts[59] != netip.MustParseAddr("127.131.59.1") {
+		t.Errorf("bots %v (%v)", hosts, err)
+	}
+	// The stranger client: proven-botnet's alone, a new address of its
+	// quiet /24 for each connection, away from every other range.
+	for i, want := range map[int]string{0: "127.76.0.1", 253: "127.76.0.254", 254: "127.76.0.1"} {
+		if got := strangerAddr(i); got.String() != want {
+			t.Errorf("stranger address %d: %v, want %s", i, got, want)
+		}
+	}
+	if strangerNet.Overlaps(legit) || strangerNet.Overlaps(spoofedNet) || strangerNet.Overlaps(attackNet) {
+		t.Errorf("stranger network %v", strangerNet)
+	}
+	for _, sc := range Scenarios() {
+		if sc.Stranger != (sc.Name == "proven-botnet") {
+			t.Errorf("%s: stranger client %v", sc.Name, sc.Stranger)
+		}
+		want := returningSrc
+		if sc.Name == "returning-flooded-24" {
+			want = floodedReturning
+			if !sc.ReturningKeeps || !floodedNet.Contains(want) || legit.Contains(want) {
+				t.Errorf("%s: returning client at %v, keeps %v", sc.Name, want, sc.ReturningKeeps)
+			}
+		}
+		if got := sc.returningAddr(); got != want {
+			t.Errorf("%s: returning client at %v, want %v", sc.Name, got, want)
+		}
 	}
 	got, err := selectScenarios("id-spray-spoofed,id-spray-fixed,answered-reuse,id-long-headers")
 	if err != nil {
@@ -194,15 +244,33 @@ type recordingConn struct {
 	mu  sync.Mutex
 	ids map[[quicclass.ServerIDLen]byte]bool
 	to  map[netip.Addr]bool
+	// idsAt holds the server IDs written to each address.
+	idsAt map[netip.Addr]map[[quicclass.ServerIDLen]byte]bool
 }
 
 func (c *recordingConn) record(b []byte, to netip.Addr) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	to = to.Unmap()
 	if id, ok := serverIDOf(b); ok {
 		c.ids[id] = true
+		if c.idsAt[to] == nil {
+			c.idsAt[to] = map[[quicclass.ServerIDLen]byte]bool{}
+		}
+		c.idsAt[to][id] = true
 	}
-	c.to[to.Unmap()] = true
+	c.to[to] = true
+}
+
+// idsTo returns the server IDs written to a.
+func (c *recordingConn) idsTo(a netip.Addr) [][quicclass.ServerIDLen]byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out [][quicclass.ServerIDLen]byte
+	for id := range c.idsAt[a] {
+		out = append(out, id)
+	}
+	return out
 }
 
 func (c *recordingConn) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, error) {
@@ -244,7 +312,8 @@ func startRecordingServer(t *testing.T) (*recordingConn, netip.AddrPort) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &recordingConn{UDPConn: udp, ids: map[[quicclass.ServerIDLen]byte]bool{}, to: map[netip.Addr]bool{}}
+	c := &recordingConn{UDPConn: udp, ids: map[[quicclass.ServerIDLen]byte]bool{}, to: map[netip.Addr]bool{},
+		idsAt: map[netip.Addr]map[[quicclass.ServerIDLen]byte]bool{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/{$}", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, page) })
 	srv := &http3.Server{Handler: mux, TLSConfig: &tls.Config{Certificates: []tls.Certificate{testCert(t)}}}

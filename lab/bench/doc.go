@@ -21,6 +21,9 @@
 //   - attack.go: the attacks on verification: the attacker's own
 //     connection and the server ID it reads, real first flights that
 //     quic-go answers, the warm-up that sends them from spoofed addresses
+//   - proofs.go: the attacks on proofs: bots that prove their addresses,
+//     the attacker's path probes from a victim's address over a socket
+//     that never reads, and the opening total's timeline
 //   - clients.go: the legitimate HTTP/3 clients and gtlsclient
 //   - transfers.go: the downloads, the upload and its backend
 //   - stats.go: medians and ratios (percentiles: internal/testutil)

@@ -65,6 +65,10 @@ type batchWriter interface {
 // floodBatch is the number of datagrams per sendmmsg.
 const floodBatch = 64
 
+// paceTick is how long a paced flood (FloodSpec.Rate) waits when it is
+// ahead of its rate.
+const paceTick = time.Millisecond
+
 // datagrams writes a flood's datagrams, each into one of floodBatch buffers
 // of its own.
 type datagrams interface {
@@ -117,8 +121,17 @@ type flood struct {
 // 127.0.0.1 as well (first); its source range must be in 127.0.0.0/8.
 func openFlood(spec *FloodSpec, port uint16) (*flood, error) {
 	f := &flood{spec: spec}
-	if spec.Warmup && spec.SpoofedSet == 0 {
+	switch {
+	case spec.Warmup && spec.SpoofedSet == 0:
 		return nil, errors.New("a warm-up needs a spoofed set of addresses")
+	case spec.Prove && spec.SpoofedSet == 0:
+		return nil, errors.New("proven bots need a spoofed set of addresses")
+	case spec.PathProbes && (spec.SpoofedSet == 0 || !spec.Attacker.IsValid()):
+		return nil, errors.New("path probes need an attacker's connection and a spoofed set of addresses")
+	case spec.SpoofedExcept.IsValid() && (!spec.Spoofed.IsValid() || spec.SpoofedSet > 0 || !spec.Spoofed.Contains(spec.SpoofedExcept)):
+		return nil, fmt.Errorf("a spoofed flood's excepted source %v must be in its range, which is not narrowed to a set", spec.SpoofedExcept)
+	case spec.Rate < 0 || spec.WarmupFlights < 0:
+		return nil, fmt.Errorf("flood rate %d, warm-up flights %d: want 0 or more", spec.Rate, spec.WarmupFlights)
 	}
 	if spec.Spoofed.IsValid() {
 		f.dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), port)
@@ -208,6 +221,13 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 			return res
 		}
 		spoofed.payload.serverID = f.serverID
+		if f.spec.SpoofedExcept.IsValid() {
+			if err := spoofed.exclude(f.spec.SpoofedExcept); err != nil {
+				res.SendErrors, res.FirstError = 1, err.Error()
+				return res
+			}
+		}
+		spoofed.cycle = f.spec.Rate > 0
 		gens[0], headers[0] = spoofed, spoofHeaders
 		res.Spoofed = f.spec.Spoofed.String()
 	}
@@ -221,7 +241,7 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 	if spoofed != nil && len(f.hosts) > 0 {
 		hosts := f.hosts
 		if len(f.warmup) > 0 {
-			hosts = hosts[:f.warmUp(ctx, msgs, start.Add(d/2), count, &res)]
+			hosts = hosts[:min(len(hosts), f.warmUp(ctx, msgs, start.Add(d/2), count, &res))]
 		}
 		if len(hosts) == 0 {
 			writers = 0 // nothing warmed: nothing more to send
@@ -231,6 +251,8 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 		}
 	}
 	period := f.spec.On + f.spec.Off
+	// A paced flood counts its datagrams from here, after the warm-up.
+	paceStart, paced := time.Now(), uint64(0)
 	for i := 0; writers > 0; i = (i + 1) % writers {
 		now := time.Now()
 		if res.Sent >= count {
@@ -252,6 +274,19 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 			}
 		}
 		n := int(min(uint64(floodBatch), count-res.Sent))
+		if f.spec.Rate > 0 {
+			due := uint64(now.Sub(paceStart).Seconds()*float64(f.spec.Rate)) + 1
+			if due <= paced {
+				t := time.NewTimer(paceTick)
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				t.Stop()
+				continue
+			}
+			n = int(min(uint64(n), due-paced))
+		}
 		for j := range n {
 			msgs[j].Buffers[0] = gens[i].next(j)
 		}
@@ -260,6 +295,7 @@ func (f *flood) run(ctx context.Context, d time.Duration, count uint64, seed uin
 			res.Bytes += uint64(len(msgs[j].Buffers[0]) - headers[i])
 		}
 		res.Sent += uint64(max(k, 0))
+		paced += uint64(max(k, 0))
 		if err != nil {
 			res.SendErrors++
 			if res.FirstError == "" {

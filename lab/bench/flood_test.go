@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -335,9 +336,11 @@ func TestScenarioAddresses(t *testing.T) {
 		}
 		if sp := sc.Flood.Spoofed; sp.IsValid() {
 			spoofed[sc.Name] = sc.Flood.Kind
-			// Spoofed from the range or, for answered-reuse, a /16
-			// of it; id-long-headers has a bound socket too.
-			inRange := sp == spoofedNet || sc.Name == "answered-reuse" && sp == answeredNet && spoofedNet.Contains(sp.Addr())
+			// Spoofed from the range or, for answered-reuse and the
+			// attacks on proofs, a part of it; id-long-headers has a
+			// bound socket too.
+			inRange := sp == spoofedNet || sp.Bits() > spoofedNet.Bits() && spoofedNet.Contains(sp.Addr()) &&
+				slices.Contains([]netip.Prefix{answeredNet, guessNet, botNet, floodedNet, borrowedNet}, sp)
 			if !inRange || len(sc.Flood.Sources) > 0 && sc.Name != "id-long-headers" {
 				t.Errorf("%s: spoofed from %v and %d sockets", sc.Name, sp, len(sc.Flood.Sources))
 			}
@@ -363,7 +366,9 @@ func TestScenarioAddresses(t *testing.T) {
 		t.Errorf("spoofed range %v", spoofedNet)
 	}
 	if want := map[string]PacketKind{"spoofed-initial": PacketInitial, "spoofed-long-min": PacketLongMin, "spoofed-short": PacketShortSmall,
-		"id-spray-spoofed": PacketIDShort, "answered-reuse": PacketReuse, "id-long-headers": PacketIDLong}; !maps.Equal(spoofed, want) {
+		"id-spray-spoofed": PacketIDShort, "answered-reuse": PacketReuse, "id-long-headers": PacketIDLong,
+		"id-guess": PacketGuess, "borrowed-proof": PacketShort, "proven-botnet": PacketInitial,
+		"returning-flooded-24": PacketShortInitial}; !maps.Equal(spoofed, want) {
 		t.Errorf("spoofed scenarios %v, want %v", spoofed, want)
 	}
 }

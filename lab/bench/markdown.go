@@ -138,6 +138,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	}
 	if slices.ContainsFunc(floods, Scenario.attack) {
 		writeAttacks(w, rep, floods)
+		writeProofs(w, rep, floods)
 	}
 	if transfer {
 		writeTransfers(w, rep)
@@ -177,6 +178,58 @@ func writeAttacks(w io.Writer, rep *Report, floods []Scenario) {
 				cell(s, figSent, num), medianCell(s, figModuleRefused, pct), cell(s, figFloodDelivery, pct), cell(s, figKernelDropped, pct), cell(s, figCPU, pct),
 				medianCell(s, figCPUIdle, func(v float64) string { return ratioText(v) + "×" }), cell(s, figNewOK, pct), cell(s, figEstOK, pct),
 				medianCell(s, figAttackerOK, pct), medianCell(s, figReturningOK, pct))
+		}
+	}
+}
+
+// writeProofs writes the table of the attacks on proofs: what the filter
+// proved, what the proof pacer refused, and who was still served.
+// Idle, when it ran, comes first: the clients' own proofs.
+func writeProofs(w io.Writer, rep *Report, floods []Scenario) {
+	fmt.Fprintf(w, "\n## Proofs, credit and the opening total\n\n")
+	fmt.Fprintf(w, "Proofs: the rise of `caddy_rakelimit_learned_total{kind=\"proofs\"}` over the measured window (the flood and the clients); ")
+	fmt.Fprintf(w, "unpaced: of `kind=\"unpaced_attempts\"`, attempts at a proof the proof pacer had no room for (– without the module). ")
+	fmt.Fprintf(w, "Proven peers' datagrams: those verified as a proven peer's (`verified_packets_total` how short_by_peer, handshake_from_peer, opening_from_peer): the clients' own, as in idle; a flood from an address that got proven would add its datagrams here. ")
+	fmt.Fprintf(w, "Refused in the kernel: the module's refused verdicts in %% of the flood's datagrams (the kernel filter only). ")
+	fmt.Fprintf(w, "Bots: bots that opened a connection and sent a proof before the flood, and the rise of the proofs counter then. ")
+	fmt.Fprintf(w, "Path probes: paths the attacker's connection added from the victim's address and probed, the datagrams it sent there, ")
+	fmt.Fprintf(w, "the server's datagrams that reached the victim's silent sockets (read after the flood), and the paths validated. ")
+	fmt.Fprintf(w, "Opening: the opening class's datagrams let through (passed and limited), the most in one second of the flood, ")
+	fmt.Fprintf(w, "the least opening total in force (`caddy_rakelimit_opening_total_per_second`, scraped every second), and the largest ratio of the two in one second. ")
+	fmt.Fprintf(w, "Returning: the returning client's new connections and, when it keeps its first connection, its requests over it. ")
+	fmt.Fprintf(w, "Stranger: new connections each from a new address of a quiet /24, whose first Initial no proof or credit verifies ")
+	fmt.Fprintf(w, "(the new-connection client's address is proven once one of its handshakes sends back the server's first ID).\n\n")
+	fmt.Fprintf(w, "| scenario | variant | proofs | unpaced | proven peers' datagrams | refused in the kernel | bots (proofs before the flood) | path probes (datagrams, answers, validated) | opening passed, most/s | opening total, least | passed / total, most | returning new | returning established | stranger new |\n")
+	fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	n := func(v float64) string { return count(v) }
+	var rows []Scenario
+	for _, sc := range rep.Scenarios {
+		if sc.Name == idleScenario { // the clients' own proofs
+			rows = append(rows, sc)
+		}
+	}
+	for _, sc := range floods {
+		if sc.attack() {
+			rows = append(rows, sc)
+		}
+	}
+	for _, sc := range rows {
+		for _, v := range rep.Variants {
+			s := summaryOf(rep, sc.Name, v.Name)
+			bots := "–"
+			if b := medianCell(s, figBots, n); b != "–" {
+				bots = b + " (" + medianCell(s, figBotsProofs, n) + ")"
+			}
+			probes := "–"
+			if p := medianCell(s, figProbePaths, n); p != "–" {
+				probes = fmt.Sprintf("%s (%s, %s, %s)", p, medianCell(s, figProbeDatagrams, n), medianCell(s, figProbeAnswers, n),
+					medianCell(s, figProbeValidated, n))
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sc.Name, v.Name,
+				medianCell(s, figProofs, n), medianCell(s, figUnpaced, n), medianCell(s, figPeerVerified, n), medianCell(s, figKernelDrop, pct), bots, probes,
+				medianCell(s, figOpeningPassedMax, n), medianCell(s, figOpeningTotalMin, n),
+				medianCell(s, figOpeningOverTotal, func(v float64) string { return fmt.Sprintf("%.2f", v) }),
+				medianCell(s, figReturningOK, pct), medianCell(s, figReturningEstOK, pct), cell(s, figStrangerOK, pct))
 		}
 	}
 }
@@ -313,7 +366,8 @@ func events(rep *Report) []string {
 			name string
 			s    *LegitStats
 		}{{"new connection", r.NewConn}, {"established", r.Established}, {"gtlsclient", r.Gtls},
-			{"attacker's connection", r.Attacker}, {"returning", r.Returning}} {
+			{"attacker's connection", r.Attacker}, {"returning", r.Returning}, {"returning, established", r.ReturningEstablished},
+			{"stranger", r.Stranger}} {
 			if c.s == nil || len(c.s.Errors) == 0 {
 				continue
 			}

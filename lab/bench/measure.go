@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
@@ -26,9 +27,19 @@ func (b *bench) measureFlood(ctx context.Context, c *caddyProc, sc Scenario, res
 	if _, err := est.get(ctx, "/", page, nil); err != nil {
 		return fmt.Errorf("established client, before the flood: %w", err)
 	}
-	// The returning client's first visit, before the flood.
+	// The returning client's first visit, before the flood; a client
+	// that keeps its connection keeps this one.
+	var kept *h3Conn
 	if sc.Returning {
-		if _, err := newConnGet(ctx, returningSrc, dst, "/", page); err != nil {
+		if sc.ReturningKeeps {
+			if kept, err = dialH3(ctx, sc.returningAddr(), dst); err == nil {
+				defer kept.close()
+				_, err = kept.get(ctx, "/", page, nil)
+			}
+		} else {
+			_, err = newConnGet(ctx, sc.returningAddr(), dst, "/", page)
+		}
+		if err != nil {
 			return fmt.Errorf("returning client, before the flood: %w", err)
 		}
 	}
@@ -42,6 +53,15 @@ func (b *bench) measureFlood(ctx context.Context, c *caddyProc, sc Scenario, res
 		if attacker != nil {
 			defer attacker.close()
 		}
+		if sc.Flood.Prove {
+			bots, err := b.proveBots(ctx, c, fl.hosts, dst, seedOf(sc.Name, res.Rep), res)
+			for _, h := range bots {
+				defer h.close()
+			}
+			if err != nil {
+				return err
+			}
+		}
 	}
 	w, err := b.begin(ctx, c)
 	if err != nil {
@@ -52,6 +72,24 @@ func (b *bench) measureFlood(ctx context.Context, c *caddyProc, sc Scenario, res
 	var fres FloodResult
 	if fl != nil {
 		wg.Go(func() { fres = fl.run(ctx, d, b.o.FloodMax, seedOf(sc.Name, res.Rep)) })
+	}
+	var probes *prober
+	if fl != nil && sc.Flood.PathProbes && attacker != nil {
+		probes = &prober{conn: attacker.conn, hosts: fl.hosts}
+		wg.Go(func() { probes.run(ctx, d) })
+	}
+	var opening *OpeningTimeline
+	if sc.Timeline {
+		wg.Go(func() { opening = sampleOpening(ctx, c, d) })
+	}
+	var stranger LegitStats
+	if sc.Stranger {
+		var next atomic.Int64
+		wg.Go(func() {
+			stranger = paced(ctx, d, requestRate, b.o.Timeout, func(rctx context.Context) (time.Duration, error) {
+				return newConnGet(rctx, strangerAddr(int(next.Add(1)-1)), dst, "/", page)
+			})
+		})
 	}
 	var newConn, established, gtls LegitStats
 	wg.Go(func() {
@@ -69,7 +107,7 @@ func (b *bench) measureFlood(ctx context.Context, c *caddyProc, sc Scenario, res
 	if b.gtls != "" {
 		wg.Go(func() { gtls = b.gtlsDuring(ctx, d, dst.Port()) })
 	}
-	var attackerStats, returning LegitStats
+	var attackerStats, returning, returningEst LegitStats
 	if attacker != nil {
 		wg.Go(func() {
 			attackerStats = paced(ctx, d, attackerRate, b.o.Timeout, func(rctx context.Context) (time.Duration, error) {
@@ -82,7 +120,16 @@ func (b *bench) measureFlood(ctx context.Context, c *caddyProc, sc Scenario, res
 	if sc.Returning {
 		wg.Go(func() {
 			returning = paced(ctx, d, returningRate, b.o.Timeout, func(rctx context.Context) (time.Duration, error) {
-				return newConnGet(rctx, returningSrc, dst, "/", page)
+				return newConnGet(rctx, sc.returningAddr(), dst, "/", page)
+			})
+		})
+	}
+	if kept != nil {
+		wg.Go(func() {
+			returningEst = paced(ctx, d, requestRate, b.o.Timeout, func(rctx context.Context) (time.Duration, error) {
+				start := time.Now()
+				_, err := kept.get(rctx, "/", page, nil)
+				return time.Since(start), err
 			})
 		})
 	}
@@ -90,6 +137,14 @@ func (b *bench) measureFlood(ctx context.Context, c *caddyProc, sc Scenario, res
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	if probes != nil {
+		// The paths' transports stop after the attacker's connection:
+		// stopping one ends the connections it carries.
+		attacker.close() // again when deferred: harmless
+		pr := probes.finish()
+		res.Probes = &pr
+	}
+	res.Opening = opening
 	if fl != nil {
 		fl.finish(&fres, reflectionGrace)
 		res.Flood = &fres
@@ -104,11 +159,17 @@ func (b *bench) measureFlood(ctx context.Context, c *caddyProc, sc Scenario, res
 	if b.gtls != "" {
 		res.Gtls = &gtls
 	}
-	if attacker != nil {
+	if sc.Flood != nil && sc.Flood.Attacker.IsValid() {
 		res.Attacker = &attackerStats
 	}
 	if sc.Returning {
 		res.Returning = &returning
+	}
+	if kept != nil {
+		res.ReturningEstablished = &returningEst
+	}
+	if sc.Stranger {
+		res.Stranger = &stranger
 	}
 	if newConn.Attempted == 0 || established.Attempted == 0 {
 		return fmt.Errorf("no legitimate requests made (new connection %d, established %d)", newConn.Attempted, established.Attempted)
@@ -148,9 +209,9 @@ func (b *bench) openFlood(ctx context.Context, sc Scenario, dst netip.AddrPort, 
 	}
 	fl.serverID = id
 	if spec.Warmup {
-		if len(b.flights) < spec.SpoofedSet {
-			fmt.Fprintf(b.progress, "rakebench: making %d client first flights for the warm-up\n", spec.SpoofedSet)
-			if b.flights, err = clientFlights(ctx, spec.SpoofedSet); err != nil {
+		if n := spec.warmupFlights(); len(b.flights) < n {
+			fmt.Fprintf(b.progress, "rakebench: making %d client first flights for the warm-up\n", n)
+			if b.flights, err = clientFlights(ctx, n); err != nil {
 				fl.close()
 				return fail(err)
 			}
@@ -161,6 +222,35 @@ func (b *bench) openFlood(ctx context.Context, sc Scenario, dst netip.AddrPort, 
 		}
 	}
 	return attacker, fl, nil
+}
+
+// proveBots makes each of hosts a proven bot (proveBots) and records in res
+// how many and the rise of the module's proofs counter over the proving. It
+// returns the bots' connections, open, also with an error.
+func (b *bench) proveBots(ctx context.Context, c *caddyProc, hosts []netip.Addr, dst netip.AddrPort, seed uint64, res *RunResult) ([]*h3Conn, error) {
+	m0, err := scrape(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	bots, err := proveBots(ctx, hosts, dst, seed)
+	if err != nil {
+		return nil, fmt.Errorf("proven bots, before the flood: %w", err)
+	}
+	br := &BotsResult{Bots: len(bots), Seconds: time.Since(start).Seconds()}
+	res.Bots = br
+	if err := sleepCtx(ctx, proofSettle); err != nil {
+		return bots, err
+	}
+	m1, err := scrape(ctx, c)
+	if err != nil {
+		return bots, err
+	}
+	if _, module := learnedOf(m1.values(), proofsKind); module {
+		p, _ := learnedOf(m1.delta(m0), proofsKind)
+		br.Proofs = &p
+	}
+	return bots, nil
 }
 
 // gtlsDuring runs gtlsFetches gtlsclient fetches spread over d.

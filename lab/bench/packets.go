@@ -51,6 +51,17 @@ const (
 	// as PacketIDLong's): what a source the server answers sends to ride
 	// on being one.
 	PacketReuse PacketKind = "reuse"
+	// PacketGuess is, in turn, a short header with a random destination
+	// connection ID (50 to 1200 bytes), a Handshake (60 to 1200 bytes) and
+	// an Initial (1200 bytes) to a random 4-byte destination connection ID
+	// (Length fields as PacketIDLong's): from an address the server
+	// answered, each long header is a guess at one of the server IDs bound
+	// to it, an attempt at a proof.
+	PacketGuess PacketKind = "guess"
+	// PacketShortInitial is, in turn, a short header with a random
+	// destination connection ID (50 to 1200 bytes) and PacketInitial's
+	// Initial-like 1200-byte datagram.
+	PacketShortInitial PacketKind = "short-initial"
 )
 
 // needsServerID reports whether datagrams of kind carry the server ID of the
@@ -183,6 +194,21 @@ func (g *packetGen) next(buf []byte) []byte {
 		var dcid [quicclass.ServerIDLen]byte
 		binary.LittleEndian.PutUint32(dcid[:], uint32(g.rng.Uint64()))
 		return g.long(buf, longTypeHandshake, dcid[:], sizeIn(r>>32, attackHandshakeMin, MaxDatagram))
+	case PacketGuess:
+		var dcid [quicclass.ServerIDLen]byte
+		switch g.n % 3 {
+		case 1:
+			return g.short(buf, r, nil)
+		case 2:
+			binary.LittleEndian.PutUint32(dcid[:], uint32(g.rng.Uint64()))
+			return g.long(buf, longTypeHandshake, dcid[:], sizeIn(r>>32, attackHandshakeMin, MaxDatagram))
+		}
+		binary.LittleEndian.PutUint32(dcid[:], uint32(g.rng.Uint64()))
+		return g.long(buf, longTypeInitial, dcid[:], MaxDatagram)
+	case PacketShortInitial:
+		if g.n%2 == 1 {
+			return g.short(buf, r, nil)
+		}
 	}
 	return g.initial(buf, r, MaxDatagram)
 }

@@ -143,7 +143,7 @@ func TestAttackPackets(t *testing.T) {
 		ownID    bool // the ID is id, not a random one
 	}
 	short, shortID := sub{quicclass.CheckShort, 50, 1200, false}, sub{quicclass.CheckShort, 50, 1200, true}
-	initialID := sub{quicclass.CheckOpening, 1200, 1200, true}
+	initial, initialID := sub{quicclass.CheckOpening, 1200, 1200, false}, sub{quicclass.CheckOpening, 1200, 1200, true}
 	handshake, handshakeID := sub{quicclass.CheckHandshake, 60, 1200, false}, sub{quicclass.CheckHandshake, 60, 1200, true}
 	for _, tt := range []struct {
 		kind PacketKind
@@ -152,6 +152,7 @@ func TestAttackPackets(t *testing.T) {
 		{PacketIDShort, map[sub]int{shortID: 2000}},
 		{PacketIDLong, map[sub]int{initialID: 1000, handshakeID: 1000}},
 		{PacketReuse, map[sub]int{short: 1000, handshake: 1000}},
+		{PacketGuess, map[sub]int{short: 667, handshake: 667, initial: 666}},
 	} {
 		t.Run(string(tt.kind), func(t *testing.T) {
 			g := newPacketGen(tt.kind, 8)
@@ -195,9 +196,38 @@ func TestAttackPackets(t *testing.T) {
 					t.Errorf("%+v: sizes %d to %d", s, r[0], r[1])
 				}
 			}
-			if random := got[short] + got[handshake]; random > 0 && len(ids) < random-5 {
+			if random := got[short] + got[handshake] + got[initial]; random > 0 && len(ids) < random-5 {
 				t.Errorf("%d random IDs in %d datagrams", len(ids), random)
 			}
 		})
+	}
+}
+
+// TestShortInitialPackets: PacketShortInitial is, in turn, a short header
+// with a random ID and PacketInitial's Initial-like datagram, both valid
+// to the classifier.
+func TestShortInitialPackets(t *testing.T) {
+	g := newPacketGen(PacketShortInitial, 4)
+	buf := g.newBuffer()
+	ids := map[[quicclass.ServerIDLen]byte]bool{}
+	for i := range 1000 {
+		p := g.next(buf)
+		h := quicclass.Inspect(nil, 4433, p, len(p), true)
+		if h.Reason != quicclass.NotInvalid {
+			t.Fatalf("datagram %d (%d bytes): %+v", i, len(p), h)
+		}
+		if i%2 == 0 {
+			if h.Check != quicclass.CheckShort || len(p) < attackShortMin || len(p) > MaxDatagram {
+				t.Fatalf("datagram %d: %d bytes, %+v, want a short header", i, len(p), h)
+			}
+			ids[h.ID] = true
+			continue
+		}
+		if l := parseLong(p); h.Check != quicclass.CheckOpening || len(p) != MaxDatagram || l.typ != 0 || l.dcidLen != 8 {
+			t.Fatalf("datagram %d: %d bytes, %+v, want an Initial", i, len(p), l)
+		}
+	}
+	if len(ids) < 495 {
+		t.Errorf("%d random IDs in 500 short headers", len(ids))
 	}
 }

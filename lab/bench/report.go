@@ -68,6 +68,27 @@ const (
 	// figCPUIdle is Caddy's CPU over its CPU in the idle scenario with
 	// the same variant and repetition, when idle ran.
 	figCPUIdle = "server.cpu_idle_ratio"
+
+	// The attacks on proofs' figures. Proofs and unpaced attempts are the
+	// rise of the learned counter's kinds over the measured window (0
+	// when it did not rise; not measured without the module's counters).
+	figProofs           = "trust.proofs"
+	figUnpaced          = "trust.unpaced_attempts"
+	figPeerVerified     = "trust.proven_peer_datagrams"
+	figBots             = "bots.count"
+	figBotsProofs       = "bots.proofs"
+	figProbePaths       = "probes.paths"
+	figProbeDatagrams   = "probes.datagrams"
+	figProbeAnswers     = "probes.answers"
+	figProbeValidated   = "probes.validated"
+	figReturningEstOK   = "returning_established.success_pct"
+	figReturningEstP50  = "returning_established.p50_ms"
+	figStrangerOK       = "stranger.success_pct"
+	figStrangerP50      = "stranger.p50_ms"
+	figOpeningPassedMax = "opening.passed_max_pps"
+	figOpeningTotalMin  = "opening.total_min_pps"
+	figOpeningOverTotal = "opening.passed_over_total_max"
+	figOpeningFromPeer  = "opening.from_peer_median_pps"
 )
 
 // idleScenario is the scenario CPU is compared with (figCPUIdle).
@@ -122,6 +143,26 @@ func figures(r RunResult) map[string]float64 {
 	legit(r.Gtls, figGtlsOK, figGtlsP50, "")
 	legit(r.Attacker, figAttackerOK, figAttackerP50, "")
 	legit(r.Returning, figReturningOK, figReturningP50, "")
+	legit(r.ReturningEstablished, figReturningEstOK, figReturningEstP50, "")
+	legit(r.Stranger, figStrangerOK, figStrangerP50, "")
+	if s := r.Server; s.ModuleRefused+s.ModuleDelivered > 0 {
+		f[figProofs], _ = learnedOf(s.Series, proofsKind)
+		f[figUnpaced], _ = learnedOf(s.Series, unpacedKind)
+		f[figPeerVerified] = verifiedOf(s.Series, provenHows...)
+	}
+	if b := r.Bots; b != nil {
+		f[figBots] = float64(b.Bots)
+		f[figBotsProofs] = orNaN(b.Proofs)
+	}
+	if p := r.Probes; p != nil {
+		f[figProbePaths] = float64(p.Paths)
+		f[figProbeDatagrams] = float64(p.Datagrams)
+		f[figProbeAnswers] = float64(p.Answers)
+		f[figProbeValidated] = float64(p.Validated)
+	}
+	if passed, total, over, peers, ok := r.Opening.figures(); ok {
+		f[figOpeningPassedMax], f[figOpeningTotalMin], f[figOpeningOverTotal], f[figOpeningFromPeer] = passed, total, over, peers
+	}
 	f[figCPU] = r.Server.CPUPct
 	f[figCPUSeconds] = r.Server.CPUSeconds
 	f[figRSS] = float64(r.Server.PeakRSSBytes) / 1e6

@@ -443,3 +443,65 @@ func TestAttackReport(t *testing.T) {
 		t.Logf("results.md:\n%s", md.String())
 	}
 }
+
+// TestProofsReport: the table of the attacks on proofs, with the proofs
+// and unpaced attempts of the window, the bots, the path probes, the
+// opening timeline and the returning client's kept connection.
+func TestProofsReport(t *testing.T) {
+	var scenarios []Scenario
+	for _, s := range Scenarios() {
+		if s.Name == "borrowed-proof" || s.Name == "proven-botnet" || s.Name == "returning-flooded-24" {
+			scenarios = append(scenarios, s)
+		}
+	}
+	rep := &Report{Date: "2026-11-29T10:00:00Z", Command: []string{"rakebench"}, Settings: Settings{Reps: 1},
+		Variants: builtinVariants(), Scenarios: scenarios}
+	legit := func(ok int) *LegitStats {
+		return &LegitStats{Attempted: 50, OK: ok, SuccessPct: 2 * float64(ok), P50Ms: ptr(3.0), P99Ms: ptr(9.0)}
+	}
+	learned := func(kind string, v float64) Series {
+		return Series{Metric: learnedMetric, Labels: map[string]string{"limiter": "default", "kind": kind}, Value: v}
+	}
+	for _, v := range []string{Plain, "rakelimit"} {
+		rake := v != Plain
+		borrowed := RunResult{Scenario: "borrowed-proof", Variant: v, Rep: 1, NewConn: legit(50), Established: legit(50), Attacker: legit(50),
+			Flood:  &FloodResult{Kind: PacketShort, Sent: 1e6, WarmupSent: 1, Spoofed: "127.133.0.0/24"},
+			Probes: &ProbeResult{Paths: 60, Datagrams: 61, Answers: 30}}
+		total := 20000.0
+		botnet := RunResult{Scenario: "proven-botnet", Variant: v, Rep: 1, NewConn: legit(49), Established: legit(50),
+			Flood: &FloodResult{Kind: PacketInitial, Sent: 540000, Spoofed: "127.131.0.0/16"}, Bots: &BotsResult{Bots: 60},
+			Stranger: legit(map[bool]int{false: 40, true: 48}[rake])}
+		flooded := RunResult{Scenario: "returning-flooded-24", Variant: v, Rep: 1, NewConn: legit(50), Established: legit(50),
+			Returning: legit(48), ReturningEstablished: legit(50), Flood: &FloodResult{Kind: PacketShortInitial, Sent: 2e6, Spoofed: "127.132.0.0/24"}}
+		if rake {
+			borrowed.Server = ServerStats{ModuleRefused: 990000, ModuleDelivered: 10000, Series: []Series{learned(unpacedKind, 0)}}
+			botnet.Server = ServerStats{ModuleRefused: 340000, ModuleDelivered: 200000, Series: []Series{learned(proofsKind, 0), learned("credits", 9),
+				{Metric: verifiedMetric, Labels: map[string]string{"how": "opening_from_peer"}, Value: 53000},
+				{Metric: verifiedMetric, Labels: map[string]string{"how": "short_by_peer"}, Value: 1000},
+				{Metric: verifiedMetric, Labels: map[string]string{"how": "from_answered"}, Value: 7}}}
+			botnet.Bots.Proofs = ptr(60.0)
+			botnet.Opening = &OpeningTimeline{Seconds: []OpeningSecond{{At: 1, TotalPPS: &total, PassedPPS: 19000, FromPeerPPS: 54000},
+				{At: 2, TotalPPS: &total, PassedPPS: 20000, FromPeerPPS: 54000}}}
+			flooded.Server = ServerStats{ModuleRefused: 1.9e6, ModuleDelivered: 1e5, Series: []Series{learned(proofsKind, 1)}}
+		}
+		rep.Runs = append(rep.Runs, borrowed, botnet, flooded)
+	}
+	rep.Summary = summarizeRuns(rep.Runs, rep.Variants, rep.Scenarios)
+	var md strings.Builder
+	writeMarkdown(&md, rep)
+	for _, want := range []string{
+		"## Proofs, credit and the opening total",
+		"| borrowed-proof | plain | – | – | – | – | – | 60 (61, 30, 0) | – | – | – | – | – | – |",
+		"| borrowed-proof | rakelimit | 0 | 0 | 0 | 99.0% | – | 60 (61, 30, 0) | – | – | – | – | – | – |",
+		"| proven-botnet | plain | – | – | – | – | 60 (–) | – | – | – | – | – | – | 80.0% |",
+		"| proven-botnet | rakelimit | 0 | 0 | 54k | 63.0% | 60 (60) | – | 20k | 20k | 1.00 | – | – | 96.0% (1.20×) |",
+		"| returning-flooded-24 | rakelimit | 1 | 0 | 0 | 95.0% | – | – | – | – | – | 96.0% | 100.0% | – |",
+	} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("results.md lacks\n%s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("results.md:\n%s", md.String())
+	}
+}

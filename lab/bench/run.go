@@ -84,8 +84,19 @@ type RunResult struct {
 	Gtls        *LegitStats  `json:"gtlsclient,omitempty"`
 	// Attacker is the attacker's own connection (FloodSpec.Attacker);
 	// Returning the returning client (Scenario.Returning).
-	Attacker  *LegitStats      `json:"attacker,omitempty"`
-	Returning *LegitStats      `json:"returning,omitempty"`
+	Attacker  *LegitStats `json:"attacker,omitempty"`
+	Returning *LegitStats `json:"returning,omitempty"`
+	// ReturningEstablished is the returning client's requests over the
+	// connection it kept (Scenario.ReturningKeeps).
+	ReturningEstablished *LegitStats `json:"returning_established,omitempty"`
+	// Stranger is the stranger client (Scenario.Stranger).
+	Stranger *LegitStats `json:"stranger,omitempty"`
+	// Bots is what proving the bots did (FloodSpec.Prove), Probes what
+	// the attacker's path probes did (FloodSpec.PathProbes), Opening the
+	// opening class second by second (Scenario.Timeline).
+	Bots      *BotsResult      `json:"bots,omitempty"`
+	Probes    *ProbeResult     `json:"probes,omitempty"`
+	Opening   *OpeningTimeline `json:"opening,omitempty"`
 	Server    ServerStats      `json:"server"`
 	Transfers []TransferResult `json:"transfers,omitempty"`
 	// StopSeconds is the time from SIGTERM to Caddy's exit; StopTimedOut
@@ -262,6 +273,26 @@ func oneLine(r RunResult) string {
 	legit("gtlsclient", r.Gtls)
 	legit("attacker", r.Attacker)
 	legit("returning", r.Returning)
+	legit("returning-established", r.ReturningEstablished)
+	legit("stranger", r.Stranger)
+	if b := r.Bots; b != nil {
+		proofs := "-"
+		if b.Proofs != nil {
+			proofs = count(*b.Proofs)
+		}
+		parts = append(parts, fmt.Sprintf("%d bots proved in %.1fs (proofs %s)", b.Bots, b.Seconds, proofs))
+	}
+	if p := r.Probes; p != nil {
+		parts = append(parts, fmt.Sprintf("path probes %d (%d datagrams, %d answers, %d validated, %d errors)", p.Paths, p.Datagrams, p.Answers, p.Validated, p.Errors))
+	}
+	if s := r.Server; s.ModuleRefused+s.ModuleDelivered > 0 {
+		proofs, _ := learnedOf(s.Series, proofsKind)
+		unpaced, _ := learnedOf(s.Series, unpacedKind)
+		parts = append(parts, fmt.Sprintf("proofs %s, unpaced attempts %s", count(proofs), count(unpaced)))
+	}
+	if passed, total, over, _, ok := r.Opening.figures(); ok {
+		parts = append(parts, fmt.Sprintf("opening passed at most %s/s, total at least %s/s, ratio at most %.2f", count(passed), count(total), over))
+	}
 	for _, t := range r.Transfers {
 		s := fmt.Sprintf("%s %.0f Mbit/s", t.Name, t.Mbps)
 		if t.TimedOut {

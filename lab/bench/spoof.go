@@ -87,8 +87,16 @@ type spoofGen struct {
 	// rewrittenPrefix up to MaxDatagram: bytes the packetGen never
 	// rewrites, summed once.
 	tails []uint64
-	// hosts, when not empty, are the only sources (narrow), each in src.
+	// hosts, when not empty, are the only sources (narrow), each in src;
+	// with cycle, they send in turn (next is the next one's index),
+	// else each datagram picks one at random.
 	hosts []uint32
+	cycle bool
+	turn  int
+	// except, when hasExcept, is an address of src never sent from
+	// (exclude): a random pick of it takes the next address instead.
+	except    uint32
+	hasExcept bool
 	// seen has a bit per host part of src: the sources sent.
 	seen     []uint64
 	distinct int
@@ -128,8 +136,14 @@ func (g *spoofGen) next(i int) []byte {
 	// Bits 0-23 pick the host (at most 24 bits: src is in a /8), 24-39
 	// the IP ID, 40-63 the port.
 	src := g.srcBase | uint32(r)&g.hostMask
-	if len(g.hosts) > 0 {
+	switch {
+	case len(g.hosts) > 0 && g.cycle:
+		src = g.hosts[g.turn]
+		g.turn = (g.turn + 1) % len(g.hosts)
+	case len(g.hosts) > 0:
 		src = g.hosts[uint32(r)%uint32(len(g.hosts))]
+	case g.hasExcept && src == g.except:
+		src = g.srcBase | (src+1)&g.hostMask
 	}
 	id := uint16(r >> 24)
 	sport := uint16(spoofPortMin + (r>>40)%spoofPortCount)
@@ -158,6 +172,21 @@ func (g *spoofGen) narrow(hosts []netip.Addr) error {
 		}
 		g.hosts = append(g.hosts, a)
 	}
+	return nil
+}
+
+// exclude makes the generator never send from a, an address of its source
+// range, when it picks sources at random; it refuses an address outside the
+// range, or a range of one address.
+func (g *spoofGen) exclude(a netip.Addr) error {
+	if !a.Is4() {
+		return fmt.Errorf("excluded source %v is not IPv4", a)
+	}
+	x := binary.BigEndian.Uint32(a.AsSlice())
+	if x&^g.hostMask != g.srcBase || g.hostMask == 0 {
+		return fmt.Errorf("excluded source %v is outside the flood's range, or its only address", a)
+	}
+	g.except, g.hasExcept = x, true
 	return nil
 }
 

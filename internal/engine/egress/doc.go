@@ -59,10 +59,13 @@
 //
 // What it cannot see: the IDs the server issues in NEW_CONNECTION_ID
 // frames, which are encrypted. A quic-go client moves to one of them as
-// soon as its handshake completes, which the server's first flight may
-// complete (its 1-RTT packets carry those frames): from then on, even its
-// Initial acknowledgement and its Finished carry an ID no learner saw, and
-// it may never send back the ID the server revealed. Its packets are
+// soon as it reads them, in the server's first flight: when that flight
+// fits one datagram, even its Initial acknowledgement and its Finished
+// carry an ID no learner saw, and it never sends back the ID the server
+// revealed. When the flight spans several datagrams (Caddy's, with its
+// certificate chain), the acknowledgements it pads and sends before it
+// has read the 1-RTT part carry the server's first ID, and prove its
+// address (a third of connections in the lab's idle runs). Its packets are
 // verified by its address's credit, which the server's packets to it
 // earn; TestQUICGoTeaches counts them, an upload included, whose
 // acknowledgements the server writes one for tens of the client's packets

@@ -29,10 +29,14 @@
 // addressed to an ID of the server's length, which a server ID bound to its
 // source makes established. The established class's match every header
 // that class holds, and drop its verified packets in the share the
-// userspace limiter would drop of them. What a rule cannot tell apart
-// within its class stays: a returning user's Initial (from a proven peer,
-// which the userspace limiter's fair total ranks first) is dropped with its
-// network's probability, as a stranger's is.
+// userspace limiter would drop of them. A returning user's Initial, which
+// classic BPF cannot tell from a stranger's, is left alone by its network's
+// rules by its source: the userspace limiter lists the sources it verified
+// through their address lately (userspace.Limiter.Returning), and each
+// opening rule over a network skips those in it (Spec.Returning, up to
+// MaxReturningPerRule), as the limiter passes their openings through their
+// network's limits; a rule of one address judges its returning user, as the
+// limiter's nodes of the address do.
 //
 // The program sees the datagram at its UDP header; it reads the source
 // address relative to the network header (SKF_NET_OFF), IPv4 or IPv6 by the

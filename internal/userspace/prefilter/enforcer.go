@@ -2,6 +2,7 @@ package prefilter
 
 import (
 	"cmp"
+	"net/netip"
 	"slices"
 	"sync"
 	"syscall"
@@ -177,11 +178,12 @@ type RateFunc func(*decide.Stream) uint64
 // Update compiles c, the streams the userspace limiter tracks and the
 // networks its fair total drops packets of (RulesOf, FairRulesOf; with its
 // compiled configuration p, the current rate of each stream, and its
-// counters st, now) and puts the program on every socket if it changed. It
+// counters st, now), leaving the returning users' sources alone
+// (Spec.Returning), and puts the program on every socket if it changed. It
 // returns the first attach error; a socket whose update fails keeps its
 // previous program.
-func (e *Enforcer) Update(c decide.Config, p *sketch.Params, streams, fair []decide.Stream, rate RateFunc,
-	st decide.Stats, now time.Time) error {
+func (e *Enforcer) Update(c decide.Config, p *sketch.Params, streams, fair []decide.Stream, returning []netip.Addr,
+	rate RateFunc, st decide.Stats, now time.Time) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.estimate(c, st, p, now)
@@ -192,7 +194,7 @@ func (e *Enforcer) Update(c decide.Config, p *sketch.Params, streams, fair []dec
 		e.counts = h.next
 	}
 	spec := specOf(c, rules)
-	spec.Negotiation, spec.Shed = e.neg, e.shed
+	spec.Negotiation, spec.Shed, spec.Returning = e.neg, e.shed, returning
 	prog, err := Build(spec)
 	if err != nil {
 		return err

@@ -40,14 +40,14 @@ func TestEstimates(t *testing.T) {
 	rate := func(*decide.Stream) uint64 { return 10 * uint64(thresh) }
 	var st decide.Stats
 	now := time.Now()
-	if err := e.Update(c, p, streams, nil, rate, st, now); err != nil {
+	if err := e.Update(c, p, streams, nil, nil, rate, st, now); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.Stats(); s.Rules != 1 || s.Sockets != 1 || !s.Stateless {
 		t.Fatalf("stats %+v, want one rule on one socket", s)
 	}
 	st.Invalid[0][1][quicclass.FixedBit] = 10
-	if err := e.Update(c, p, streams, nil, rate, st, now.Add(time.Second)); err != nil {
+	if err := e.Update(c, p, streams, nil, nil, rate, st, now.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.Stats()
@@ -61,12 +61,12 @@ func TestEstimates(t *testing.T) {
 	// Unchanged streams, rates and configuration leave the program in
 	// place; a dry run replaces it with one that drops nothing.
 	updates := s.Updates
-	if err := e.Update(c, p, streams, nil, rate, st, now.Add(time.Second)); err != nil {
+	if err := e.Update(c, p, streams, nil, nil, rate, st, now.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	dry := c
 	dry.DryRun = true
-	if err := e.Update(dry, p, streams, nil, rate, st, now.Add(3*time.Second)); err != nil {
+	if err := e.Update(dry, p, streams, nil, nil, rate, st, now.Add(3*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.Stats(); s.Updates != updates+1 || s.Rules != 0 || s.Stateless || s.Instructions != 1 {
@@ -115,7 +115,7 @@ func TestNegotiationEstimates(t *testing.T) {
 			for i := range 2 {
 				st.Negotiation[1][0] += 100
 				st.Negotiation[1][1] += 9_900
-				if err := e.Update(tt.c, p, nil, nil, rate, st, now.Add(time.Duration(i)*time.Second)); err != nil {
+				if err := e.Update(tt.c, p, nil, nil, nil, rate, st, now.Add(time.Duration(i)*time.Second)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -135,7 +135,7 @@ func TestNegotiationEstimates(t *testing.T) {
 			seen := uint64(math.Round(10_000 * (1 - want)))
 			st.Negotiation[1][0] += 100
 			st.Negotiation[1][1] += seen - 100
-			if err := e.Update(tt.c, p, nil, nil, rate, st, now.Add(2*time.Second)); err != nil {
+			if err := e.Update(tt.c, p, nil, nil, nil, rate, st, now.Add(2*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			s = e.Stats()
@@ -172,7 +172,7 @@ func TestShedEstimate(t *testing.T) {
 	if e.SetShed(0.75, openings(0)) {
 		t.Error("SetShed with the same probability reported a change")
 	}
-	if err := e.Update(c, p, nil, nil, rate, openings(0), now); err != nil {
+	if err := e.Update(c, p, nil, nil, nil, rate, openings(0), now); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.Stats(); s.Shed != 0.75 || s.ShedDropped != 0 {
@@ -192,7 +192,7 @@ func TestShedEstimate(t *testing.T) {
 	}
 	dry := c
 	dry.DryRun = true
-	if err := e.Update(dry, p, nil, nil, rate, openings(200), now.Add(time.Second)); err != nil {
+	if err := e.Update(dry, p, nil, nil, nil, rate, openings(200), now.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.Stats(); s.Shed != 0 {

@@ -29,6 +29,9 @@ const (
 	MaxPortRanges = 64
 	// MaxAllowInstructions bounds the allowlist's share of the program.
 	MaxAllowInstructions = 1024
+	// MaxReturningPerRule bounds the returning users one network's rule
+	// leaves alone (Spec.Returning): the most recent first.
+	MaxReturningPerRule = 32
 	// accept keeps the whole datagram: the filter returns the number of
 	// bytes to keep, and 0 drops.
 	accept = math.MaxUint32
@@ -128,6 +131,9 @@ type Rule struct {
 	Form                       Form
 	// Drop is the probability of a drop, in [0, 1].
 	Drop float64
+	// Except are sources in the rule's network that it leaves alone
+	// (Spec.Returning; Build fills it).
+	Except []netip.Addr
 	// arrival and rate are the stream's arrival rate in packets per
 	// second and as a count per window, and class its class, for the
 	// estimates and the order of the rules.
@@ -150,6 +156,13 @@ type Spec struct {
 	// Rules are the streams to drop packets of, largest first: as many as
 	// fit in MaxInstructions are compiled.
 	Rules []Rule
+	// Returning are the sources of returning users, most recent first: a
+	// rule of the opening class over a network (not a single address)
+	// leaves up to MaxReturningPerRule of those in it alone, as the
+	// userspace limiter passes their openings through their network's
+	// limits (sketch.Key's Returning). The rules of a single address
+	// judge its returning user, as the limiter's nodes of its address do.
+	Returning []netip.Addr
 	// SampleShift: one invalid datagram in 2^SampleShift passes, for the
 	// userspace limiter to count; 0 samples none.
 	SampleShift uint8
@@ -230,7 +243,8 @@ func Build(s Spec) (*Program, error) {
 	// first rule of each form, its group's check (groupGuardLen).
 	n, used := 0, len(a.ins)+shedLen+1
 	var forms []Form
-	for _, r := range s.Rules {
+	rs := exceptReturning(s.Rules, s.Returning)
+	for _, r := range rs {
 		l, group := ruleLen(&r), r.Form != AnyForm && !slices.Contains(forms, r.Form)
 		if group {
 			l += groupGuardLen
@@ -244,7 +258,7 @@ func Build(s Spec) (*Program, error) {
 		used += l
 		n++
 	}
-	rules := shedRules(s.Rules[:n], s.Shed)
+	rules := shedRules(rs[:n], s.Shed)
 	a.rules(rules)
 	if s.Classify && !slices.ContainsFunc(rules, opening) {
 		a.shed(s.Shed)

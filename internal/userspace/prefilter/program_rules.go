@@ -125,6 +125,90 @@ func ruleLen(r *Rule) int {
 	if r.MatchDstPort {
 		n += 2
 	}
+	if len(r.Except) > 0 {
+		n += 2 + len(r.Except)*exceptLen(r.Family, r.Bits)
+	}
+	return n
+}
+
+// fullBits is the length of a family's address.
+func fullBits(f sketch.Family) int {
+	if f == sketch.IPv6 {
+		return 128
+	}
+	return 32
+}
+
+// exceptReturning gives each rule of the opening class over a network the
+// returning users in it (Spec.Returning), up to MaxReturningPerRule, the
+// order of returning kept; the other rules are left as they are.
+func exceptReturning(rules []Rule, returning []netip.Addr) []Rule {
+	if len(returning) == 0 {
+		return rules
+	}
+	out := slices.Clone(rules)
+	for i := range out {
+		r := &out[i]
+		if !opening(*r) || r.Bits >= fullBits(r.Family) {
+			continue
+		}
+		r.Except = nil
+		for _, a := range returning {
+			if len(r.Except) == MaxReturningPerRule {
+				break
+			}
+			if f, w := addrWords(a); f == r.Family && inPrefix(w, r.Words, r.Bits) {
+				r.Except = append(r.Except, a.Unmap())
+			}
+		}
+	}
+	return out
+}
+
+// addrWords is an address's family and big-endian words (IPv4 in word 0).
+func addrWords(a netip.Addr) (sketch.Family, [4]uint32) {
+	var w [4]uint32
+	a = a.Unmap()
+	if a.Is4() {
+		b := a.As4()
+		w[0] = be32(b[:])
+		return sketch.IPv4, w
+	}
+	b := a.As16()
+	for i := range w {
+		w[i] = be32(b[4*i:])
+	}
+	return sketch.IPv6, w
+}
+
+// inPrefix reports whether words w are in the prefix of bits of net.
+func inPrefix(w, net [4]uint32, bits int) bool {
+	for i := range w {
+		if m := prefixMask(bits, i); w[i]&m != net[i]&m {
+			return false
+		}
+	}
+	return true
+}
+
+// words is how many words of an address a family has.
+func words(f sketch.Family) int {
+	if f == sketch.IPv6 {
+		return 4
+	}
+	return 1
+}
+
+// exceptLen is the length of the code that leaves one source alone in a
+// rule of family f over a prefix of bits: a load and a comparison for each
+// word the prefix does not hold whole, and a jump past the rule.
+func exceptLen(f sketch.Family, bits int) int {
+	n := 1
+	for i := range words(f) {
+		if prefixMask(bits, i) != math.MaxUint32 {
+			n += 2
+		}
+	}
 	return n
 }
 
@@ -162,18 +246,45 @@ func (a *asm) rules(rs []Rule) {
 	}
 }
 
-// rule drops a datagram of r's source and ports with probability r.Drop;
-// any other goes on to the next rule. Its group checked the form.
+// rule drops a datagram of r's source and ports with probability r.Drop,
+// unless it comes from one of r.Except; any other goes on to the next rule.
+// Its group checked the form.
 func (a *asm) rule(r *Rule) {
 	miss := a.newLabel()
-	a.matchPrefix(r.Family, r.Words, r.Bits, miss)
+	// With exceptions, the matches' conditional jumps go to a jump to
+	// the rule's end, which may be beyond their reach.
+	out := miss
+	if len(r.Except) > 0 {
+		out = a.newLabel()
+	}
+	a.matchPrefix(r.Family, r.Words, r.Bits, out)
 	if r.MatchSrcPort {
 		a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mSport})
-		a.jump(bpf.JumpEqual, uint32(r.SrcPort), next, miss)
+		a.jump(bpf.JumpEqual, uint32(r.SrcPort), next, out)
 	}
 	if r.MatchDstPort {
 		a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mDport})
-		a.jump(bpf.JumpEqual, uint32(r.DstPort), next, miss)
+		a.jump(bpf.JumpEqual, uint32(r.DstPort), next, out)
+	}
+	if len(r.Except) > 0 {
+		check := a.newLabel()
+		a.ja(check)
+		a.mark(out)
+		a.ja(miss)
+		a.mark(check)
+		for _, x := range r.Except {
+			_, w := addrWords(x)
+			other := a.newLabel()
+			for i := range words(r.Family) {
+				if prefixMask(r.Bits, i) == math.MaxUint32 {
+					continue
+				}
+				a.emit(bpf.LoadScratch{Dst: bpf.RegA, N: mSrc0 + i})
+				a.jump(bpf.JumpEqual, w[i], next, other)
+			}
+			a.ja(miss)
+			a.mark(other)
+		}
 	}
 	a.emit(bpf.LoadExtension{Num: bpf.ExtRand})
 	a.jump(bpf.JumpLessThan, dropThreshold(r.Drop), next, miss)

@@ -614,3 +614,76 @@ func TestFormsKeepClassesApart(t *testing.T) {
 		})
 	}
 }
+
+// TestReturningExcepted: a rule of the opening class over a network leaves
+// the returning users in it alone (the review's finding 6: a spoofed
+// flood from a network cut its verified users' new connections off), up to
+// MaxReturningPerRule of them, the most recent first; every other source of
+// the network, and the rules of one address or of other forms, drop as
+// before. Each case is also measured by the code's length against ruleLen.
+func TestReturningExcepted(t *testing.T) {
+	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	shortPkt := quicclass.ShortHeader(100)
+	net4 := Rule{Family: sketch.IPv4, Words: [4]uint32{0x7f840000}, Bits: 24, Form: OpeningForm, Drop: 1}
+	net6 := Rule{Family: sketch.IPv6, Words: [4]uint32{0xfd000001, 0x00020000}, Bits: 48, Form: OpeningForm, Drop: 1}
+	one4 := Rule{Family: sketch.IPv4, Words: [4]uint32{0x7f840003}, Bits: 32, Form: OpeningForm, Drop: 1}
+	short4 := net4
+	short4.Form = ShortForm
+	ret4 := netip.MustParseAddr("127.132.0.3")
+	ret6 := netip.MustParseAddr("fd00:1:2:0:aa::3")
+	returning := []netip.Addr{ret4, netip.MustParseAddr("127.133.0.3"), ret6}
+	var crowd []netip.Addr // more returning users of 127.132.0.0/24 than a rule takes
+	for i := range MaxReturningPerRule + 8 {
+		crowd = append(crowd, netip.AddrFrom4([4]byte{127, 132, 0, byte(100 + i)}))
+	}
+	crowd = append(crowd, ret4) // the oldest: left out
+	src := func(a string) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr(a), 40000) }
+	tests := []struct {
+		name      string
+		rule      Rule
+		returning []netip.Addr
+		src       netip.AddrPort
+		payload   []byte
+		kept      bool
+	}{
+		{"IPv4: a returning user's Initial", net4, returning, netip.AddrPortFrom(ret4, 40000), initial, true},
+		{"IPv4: a stranger of its /24", net4, returning, src("127.132.0.4"), initial, false},
+		{"IPv4: a returning user of another /24", net4, returning, src("127.133.0.3"), initial, true},
+		{"IPv4: mapped", net4, returning, src("::ffff:127.132.0.3"), initial, true},
+		{"IPv6: a returning user's Initial", net6, returning, netip.AddrPortFrom(ret6, 40000), initial, true},
+		{"IPv6: a stranger of its /48", net6, returning, src("fd00:1:2:0:aa::4"), initial, false},
+		{"IPv6: differs in the last word only", net6, returning, src("fd00:1:2:0:aa::1:3"), initial, false},
+		{"the rule of one address judges it", one4, returning, netip.AddrPortFrom(ret4, 40000), initial, false},
+		{"another form's rule takes it", short4, returning, netip.AddrPortFrom(ret4, 40000), shortPkt, false},
+		{"the most recent of a crowd", net4, crowd, src("127.132.0.100"), initial, true},
+		{"the last that fits", net4, crowd, src(fmt.Sprintf("127.132.0.%d", 100+MaxReturningPerRule-1)), initial, true},
+		{"beyond the rule's room", net4, crowd, src(fmt.Sprintf("127.132.0.%d", 100+MaxReturningPerRule)), initial, false},
+		{"the oldest of a crowd", net4, crowd, netip.AddrPortFrom(ret4, 40000), initial, false},
+		{"none returning", net4, nil, netip.AddrPortFrom(ret4, 40000), initial, false},
+	}
+	base := Spec{Classify: true, SampleShift: DefaultSampleShift}
+	empty, err := Build(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base
+			s.Rules, s.Returning = []Rule{tt.rule}, tt.returning
+			p, err := Build(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Rules != 1 {
+				t.Fatalf("compiled %d rules, want 1", p.Rules)
+			}
+			if got := run(t, p, packet{src: tt.src, dport: 443, payload: tt.payload, rnd: 1}); got != tt.kept {
+				t.Errorf("kept = %v, want %v", got, tt.kept)
+			}
+			r := exceptReturning([]Rule{tt.rule}, tt.returning)[0]
+			if got, want := p.Len()-empty.Len(), ruleLen(&r)+groupGuardLen; got != want {
+				t.Errorf("the rule takes %d instructions, ruleLen says %d", got, want)
+			}
+		})
+	}
+}
