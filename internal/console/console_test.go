@@ -286,7 +286,8 @@ func TestTop(t *testing.T) {
 }
 
 // TestXDPHeader: a limiter in mode xdp says where its XDP program runs,
-// how, and for which listeners; or that it runs nowhere.
+// how, and for which listeners, or that it runs nowhere; and the
+// interfaces where the socket filter alone decides.
 func TestXDPHeader(t *testing.T) {
 	for _, tt := range []struct {
 		xdp  []report.XDPInterface
@@ -295,7 +296,14 @@ func TestXDPHeader(t *testing.T) {
 		{[]report.XDPInterface{{Name: "eth0", Attach: report.XDPNative, Listeners: []string{"[::]:443"}},
 			{Name: "eth1", Attach: report.XDPNative, Listeners: []string{"[::]:443"}}},
 			"  xdp on eth0 (native: [::]:443), eth1 (native: [::]:443); elsewhere the socket filter"},
-		{nil, "  xdp on no interface: the socket filter decides everything (loopback listeners)"},
+		{nil, "  xdp on no interface: the socket filter decides everything"},
+		{[]report.XDPInterface{{Name: "docker0", Attach: report.XDPSocketFilterOnly, Reason: "a bridge", LeftOut: true,
+			Listeners: []string{"[::]:443"}}, {Name: "eth0", Attach: report.XDPNative, Listeners: []string{"[::]:443"}},
+			{Name: "vlan7", Attach: report.XDPSocketFilterOnly, Reason: "a VLAN", LeftOut: true, Listeners: []string{"[::]:443"}}},
+			"  xdp on eth0 (native: [::]:443); elsewhere the socket filter (socket filter only on docker0 vlan7)"},
+		{[]report.XDPInterface{{Name: "eth0", Attach: report.XDPSocketFilterOnly, Reason: "no native XDP",
+			Listeners: []string{"[::]:443"}}},
+			"  xdp on no interface: the socket filter decides everything (socket filter only on eth0)"},
 	} {
 		l := limiter(report.ClassCounters{}, report.ClassCounters{}, nil)
 		l.Mode, l.XDP = "xdp", tt.xdp

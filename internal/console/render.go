@@ -131,16 +131,25 @@ func header(l report.Limiter) []string {
 }
 
 // xdpLine says where the XDP program of a limiter in mode xdp runs: each
-// interface, how, and the listeners it serves there.
+// interface, how, and the listeners it serves there; and the interfaces of
+// their traffic where it does not (the socket filter alone decides there).
 func xdpLine(xs []report.XDPInterface) string {
-	if len(xs) == 0 {
-		return "xdp on no interface: the socket filter decides everything (loopback listeners)"
+	var on, without []string
+	for _, x := range xs {
+		if x.Attach == report.XDPSocketFilterOnly {
+			without = append(without, x.Name)
+			continue
+		}
+		on = append(on, fmt.Sprintf("%s (%s: %s)", x.Name, x.Attach, strings.Join(x.Listeners, " ")))
 	}
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = fmt.Sprintf("%s (%s: %s)", x.Name, x.Attach, strings.Join(x.Listeners, " "))
+	line := "xdp on no interface: the socket filter decides everything"
+	if len(on) > 0 {
+		line = "xdp on " + strings.Join(on, ", ") + "; elsewhere the socket filter"
 	}
-	return "xdp on " + strings.Join(parts, ", ") + "; elsewhere the socket filter"
+	if len(without) > 0 {
+		line += " (socket filter only on " + strings.Join(without, " ") + ")"
+	}
+	return line
 }
 
 func joinFlags(f []string) string {

@@ -72,9 +72,12 @@ type Limiter struct {
 	// stop being limited.
 	started, ended logBudget
 	// preWarned is the pre-filter failure logged last: the same failure
-	// is logged once.
-	warnMu    sync.Mutex
-	preWarned string
+	// is logged once; so are the XDP program's interfaces without it
+	// (xdpWarned, by name and reason) and its table's failure.
+	warnMu         sync.Mutex
+	preWarned      string
+	xdpWarned      map[string]bool
+	xdpTableWarned string
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -370,7 +373,13 @@ func (l *Limiter) Attach(conn *net.UDPConn) (out net.PacketConn, attached bool, 
 // l.mu must be held.
 func (l *Limiter) protect(conn *net.UDPConn) error {
 	err := l.eng.Protect(conn, l.reads[conn])
-	if next := fallbacks(l.put.Mode, l.eng.Mode()); err != nil && len(next) > 0 {
+	next := fallbacks(l.put.Mode, l.eng.Mode())
+	if len(next) == 0 && socketFilterOnly(err) {
+		// Mode xdp fails closed: the socket filter protects the
+		// listener; warnXDP says where the program does not run.
+		err = nil
+	}
+	if err != nil && len(next) > 0 {
 		for _, m := range next {
 			serr := l.fallBack(m, err)
 			if serr == nil {
@@ -386,6 +395,7 @@ func (l *Limiter) protect(conn *net.UDPConn) error {
 	l.failed = slices.DeleteFunc(l.failed, func(c *net.UDPConn) bool { return c == conn })
 	l.conns = append(l.conns, conn)
 	l.warnPrefilter(l.eng, l.put.Logger)
+	l.warnXDP(l.eng, l.put.Logger)
 	return nil
 }
 
@@ -436,8 +446,12 @@ func (l *Limiter) fallBack(to Mode, why error) error {
 	// A socket has one kernel filter, the old engine's BPF program or the
 	// new one's classic pre-filter: the old engine leaves each socket
 	// before the new one protects it, since taking a filter away takes
-	// whatever the socket has.
-	for _, conn := range l.conns {
+	// whatever the socket has. That includes the sockets it could not
+	// protect in full (mode xdp keeps the socket filter on a listener
+	// whose interfaces refused the XDP program), whose filter would
+	// otherwise charge the socket's option memory twice while the new one
+	// replaces it, more than optmem_max allows.
+	for _, conn := range slices.Concat(l.conns, l.failed) {
 		if _, err := old.Unprotect(conn); err != nil {
 			l.put.Logger.Debug("taking the filter away", zap.String("limiter", l.name), zap.Error(err))
 		}

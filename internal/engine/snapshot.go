@@ -60,8 +60,11 @@ func (l *Limiter) Report() (report.Limiter, error) {
 	if pf, ok := eng.(Prefiltered); ok {
 		r.Prefilter = prefilterReport(set, pf.Prefilter())
 	}
-	if x, ok := eng.(interface{ XDPInterfaces() []report.XDPInterface }); ok {
+	if x, ok := eng.(xdpReporter); ok {
 		r.XDP = x.XDPInterfaces()
+		if err := x.XDPTableError(); err != nil {
+			r.XDPTableError = err.Error()
+		}
 	}
 	st, err := eng.Stats()
 	if err != nil {

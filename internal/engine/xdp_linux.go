@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -21,26 +22,50 @@ import (
 
 // xdpEngine is mode xdp: the BPF filter's XDP program on the interfaces
 // that carry the listeners' traffic, and its socket filter on the sockets,
-// which decides what arrives elsewhere (loopback) and leaves alone what the
-// XDP program decided. One program serves every listener of the limiter:
-// an interface carries it once, however many listeners it serves.
+// which decides every datagram the XDP program did not pass (what arrives
+// elsewhere, loopback among them, and what it did not see as a listener's;
+// c/listen.h). One program serves every listener of the limiter: an
+// interface carries it once, however many listeners it serves. It fails
+// closed: an interface that refuses the program leaves its traffic to the
+// socket filter, which a socket always has.
 type xdpEngine struct {
 	kernelEngine
 	opts Options
 
 	mu sync.Mutex
 	// listeners are the protected sockets, with the addresses each listens
-	// on (a dual-stack wildcard: both families') and the interfaces its
-	// traffic arrives on.
+	// on (a dual-stack wildcard: both families'), the interfaces its
+	// traffic arrives on where the program runs, and those where it does
+	// not.
 	listeners map[*net.UDPConn]xdpListener
 	// links are the program's links, by interface index.
 	links map[int]*xdpLink
+	// targets are the destinations the program decides for, as last
+	// written (xdpTargets); tableErr the last failure to write them;
+	// watchErr why rtnetlink does not tell of the host's changes.
+	targets            []netip.AddrPort
+	tableErr, watchErr error
+
+	watch    *hostWatch
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
 }
 
 // xdpListener is a protected socket as the XDP program sees it.
 type xdpListener struct {
 	addrs  []netip.AddrPort
 	ifaces []int
+	// without are the interfaces of its traffic where the program does
+	// not run: the socket filter alone decides what arrives there.
+	without []socketOnly
+}
+
+// socketOnly is an interface where the XDP program does not run for a
+// listener, and why: the kernel refused it, or it was left out by default.
+type socketOnly struct {
+	name, reason string
+	leftOut      bool
 }
 
 // xdpLink is the program on one interface and the sockets it serves there.
@@ -49,6 +74,12 @@ type xdpLink struct {
 	name  string
 	users int
 }
+
+// hostRefresh is how often the engine reads the host's UDP sockets again
+// (another process's socket bound to one of the host's addresses on a
+// listener's port takes that address out of the XDP program's table);
+// rtnetlink tells of addresses as they come and go.
+const hostRefresh = 5 * time.Second
 
 // OpenXDP loads the BPF filter with its XDP program for c, after checking
 // what the program needs that loading does not: CAP_NET_ADMIN, and the
@@ -66,22 +97,55 @@ func OpenXDP(c decide.Config, o Options) (Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &xdpEngine{kernelEngine: kernelEngine{f}, opts: o, listeners: map[*net.UDPConn]xdpListener{},
-		links: map[int]*xdpLink{}}, nil
+	e := &xdpEngine{kernelEngine: kernelEngine{f}, opts: o, listeners: map[*net.UDPConn]xdpListener{},
+		links: map[int]*xdpLink{}, stop: make(chan struct{}), done: make(chan struct{})}
+	// Without rtnetlink's notifications (a seccomp profile may refuse
+	// them), the host is read every hostRefresh alone.
+	if e.watch, err = watchHost(); err != nil {
+		e.watchErr = err
+	}
+	go e.follow()
+	return e, nil
 }
 
 func (*xdpEngine) Mode() string { return ModeXDP }
 
+// follow keeps the XDP program's table of destinations current: at each
+// change rtnetlink tells of, and every hostRefresh.
+func (e *xdpEngine) follow() {
+	defer close(e.done)
+	var changed <-chan struct{}
+	if e.watch != nil {
+		changed = e.watch.C
+	}
+	tick := time.NewTicker(hostRefresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-changed:
+		case <-tick.C:
+		}
+		e.mu.Lock()
+		e.setListeners()
+		e.mu.Unlock()
+	}
+}
+
 // Protect attaches the socket filter to the socket and the XDP program to
 // the interfaces its traffic arrives on (once each), and makes the program
-// decide the datagrams to its address. On an error the socket is left
-// without either.
+// decide the datagrams to its addresses. Only a socket filter that cannot
+// attach fails it, leaving the socket without either: an interface that
+// refuses the program is reported (XDPInterfaces), its traffic decided by
+// the socket filter, and when none takes it Protect returns a
+// *SocketFilterOnlyError with the socket protected.
 func (e *xdpEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	addrs, err := listenAddrs(conn)
 	if err != nil {
 		return err
 	}
-	ifaces, err := e.interfaces(addrs[0].Addr())
+	ifaces, without, err := e.interfaces(addrs[0].Addr())
 	if err != nil {
 		return err
 	}
@@ -94,26 +158,21 @@ func (e *xdpEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	if old, ok := e.listeners[conn]; ok { // protected again: start afresh
 		e.release(old.ifaces)
 	}
-	e.listeners[conn] = xdpListener{addrs: addrs}
-	err = e.setListeners()
-	var attached []int
-	for i := 0; err == nil && i < len(ifaces); i++ {
-		if err = e.hold(ifaces[i]); err == nil {
-			attached = append(attached, ifaces[i].Index)
+	l := xdpListener{addrs: addrs, without: without}
+	var refused []string
+	for _, iface := range ifaces {
+		if err := e.hold(iface); err != nil {
+			l.without = append(l.without, socketOnly{name: iface.Name, reason: err.Error()})
+			refused = append(refused, err.Error())
+			continue
 		}
+		l.ifaces = append(l.ifaces, iface.Index)
 	}
-	if err != nil {
-		e.release(attached)
-		delete(e.listeners, conn)
-		if serr := e.setListeners(); serr != nil {
-			err = fmt.Errorf("%w; and %w", err, serr)
-		}
-		if derr := kernel.Detach(conn); derr != nil && !errors.Is(derr, net.ErrClosed) {
-			err = fmt.Errorf("%w; and %w", err, derr)
-		}
-		return err
+	e.listeners[conn] = l
+	e.setListeners()
+	if len(ifaces) > 0 && len(l.ifaces) == 0 {
+		return &SocketFilterOnlyError{Listener: conn.LocalAddr().String(), Refused: refused}
 	}
-	e.listeners[conn] = xdpListener{addrs: addrs, ifaces: attached}
 	return nil
 }
 
@@ -126,9 +185,7 @@ func (e *xdpEngine) Unprotect(conn *net.UDPConn) (bool, error) {
 	if l, ok := e.listeners[conn]; ok {
 		delete(e.listeners, conn)
 		e.release(l.ifaces)
-		if serr := e.setListeners(); serr != nil && err == nil {
-			err = serr
-		}
+		e.setListeners()
 	}
 	return open, err
 }
@@ -152,9 +209,7 @@ func (e *xdpEngine) forgetClosed() {
 		}
 	}
 	if gone {
-		// A failure leaves a closed socket's address listed, which
-		// only makes the XDP program decide for nothing.
-		_ = e.setListeners()
+		e.setListeners()
 	}
 }
 
@@ -162,6 +217,13 @@ func (e *xdpEngine) forgetClosed() {
 // filter; the sockets keep the socket filter until they close or detach it
 // (Unprotect), as in mode bpf.
 func (e *xdpEngine) Close() error {
+	e.stopOnce.Do(func() {
+		close(e.stop)
+		if e.watch != nil {
+			e.watch.Close()
+		}
+	})
+	<-e.done
 	e.mu.Lock()
 	var errs []error
 	for i, l := range e.links {
@@ -175,8 +237,9 @@ func (e *xdpEngine) Close() error {
 	return errors.Join(errs...)
 }
 
-// XDPInterfaces lists the interfaces the program runs on, by name, with the
-// listeners it serves on each.
+// XDPInterfaces lists, by name, the interfaces the program runs on, with
+// the listeners it serves on each, and those of the listeners' traffic
+// where it does not (the socket filter alone decides there), with why.
 func (e *xdpEngine) XDPInterfaces() []report.XDPInterface {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -195,18 +258,75 @@ func (e *xdpEngine) XDPInterfaces() []report.XDPInterface {
 		sort.Strings(x.Listeners)
 		out = append(out, x)
 	}
+	only := map[string]*report.XDPInterface{}
+	for c, ln := range e.listeners {
+		for _, w := range ln.without {
+			x := only[w.name]
+			if x == nil {
+				x = &report.XDPInterface{Name: w.name, Attach: report.XDPSocketFilterOnly, Reason: w.reason,
+					LeftOut: w.leftOut, Listeners: []string{}}
+				only[w.name] = x
+			}
+			x.Listeners = append(x.Listeners, c.LocalAddr().String())
+		}
+	}
+	for _, x := range only {
+		sort.Strings(x.Listeners)
+		out = append(out, *x)
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
-// setListeners writes every protected socket's addresses to the XDP
-// program; e.mu must be held.
-func (e *xdpEngine) setListeners() error {
+// XDPTableError is the last failure to write the XDP program's table of
+// destinations, or to read the host for it, or nil: the program then
+// decides for the destinations it had (the socket filter for the rest).
+// Without rtnetlink's notifications it says so too: the host is then read
+// every hostRefresh.
+func (e *xdpEngine) XDPTableError() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return errors.Join(e.tableErr, e.watchErr)
+}
+
+// setListeners writes to the XDP program the destinations of every
+// protected socket (xdpTargets: a wildcard's, the host's addresses now)
+// when they changed, and records a failure (XDPTableError); e.mu must be
+// held.
+func (e *xdpEngine) setListeners() {
 	var all []netip.AddrPort
+	var ports []uint16
+	wild := false
 	for _, l := range e.listeners {
-		all = append(all, l.addrs...)
+		for _, a := range l.addrs {
+			all = append(all, a)
+			if a.Addr().IsUnspecified() {
+				wild = true
+				ports = append(ports, a.Port())
+			}
+		}
 	}
-	return e.SetListeners(all)
+	var host []netip.Addr
+	bound := map[netip.AddrPort]bool{}
+	var err error
+	if wild {
+		if host, err = hostAddrs(); err == nil {
+			bound, err = boundSockets(ports)
+		}
+		if err != nil {
+			e.tableErr = err
+			return
+		}
+	}
+	targets := xdpTargets(all, host, bound)
+	if e.targets != nil && slices.Equal(targets, e.targets) {
+		return
+	}
+	if err := e.SetListeners(targets); err != nil {
+		e.tableErr = err
+		return
+	}
+	e.targets, e.tableErr = targets, nil
 }
 
 // hold attaches the program to the interface, or counts one more user of
@@ -245,52 +365,71 @@ func (e *xdpEngine) release(ifaces []int) {
 	}
 }
 
-// interfaces are those the XDP program runs on for a listener on addr: the
-// ones the options name, else those up that hold addr (every one that is
-// up for a wildcard), loopback left out: the socket filter decides what
-// arrives there, and a listener on a loopback address gets no XDP program.
-func (e *xdpEngine) interfaces(addr netip.Addr) ([]net.Interface, error) {
+// interfaces are those the XDP program goes on for a listener on addr, and
+// those of its traffic it does not go on, with why. Named in the options:
+// those, but one whose frames it cannot read (no Ethernet header). Else
+// those up that hold addr (every one that is up for a wildcard), but
+// loopback (the socket filter decides what arrives there: a listener on a
+// loopback address gets no XDP program) and the ones it leaves out by
+// default (linkKind.leftOut: bridges, VLANs, bonds and their ports,
+// tunnels), which it reports.
+func (e *xdpEngine) interfaces(addr netip.Addr) ([]net.Interface, []socketOnly, error) {
+	kinds, err := linkKinds()
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []net.Interface
+	var without []socketOnly
 	if len(e.opts.XDPInterfaces) > 0 {
-		var out []net.Interface
 		for _, name := range e.opts.XDPInterfaces {
 			iface, err := net.InterfaceByName(name)
 			if err != nil {
-				return nil, fmt.Errorf("xdp_interfaces: no interface %q on this host (`ip link` lists them)", name)
+				return nil, nil, fmt.Errorf("xdp_interfaces: no interface %q on this host (`ip link` lists them)", name)
+			}
+			if why := kinds[iface.Index].notEthernet(); why != "" {
+				without = append(without, socketOnly{name: name, reason: fmt.Sprintf("xdp_interfaces: %s: %s", name, why)})
+				continue
 			}
 			out = append(out, *iface)
 		}
-		return out, nil
+		return out, without, nil
 	}
 	all, err := net.Interfaces()
 	if err != nil {
-		return nil, fmt.Errorf("listing the network interfaces: %w", err)
+		return nil, nil, fmt.Errorf("listing the network interfaces: %w", err)
+	}
+	names := map[int]string{}
+	for _, iface := range all {
+		names[iface.Index] = iface.Name
 	}
 	addr = addr.Unmap()
-	var out []net.Interface
 	for _, iface := range all {
 		if iface.Flags&net.FlagUp == 0 || iface.Flags&net.FlagLoopback != 0 {
 			continue
 		}
-		if addr.IsUnspecified() {
-			out = append(out, iface)
+		if !addr.IsUnspecified() {
+			held, err := iface.Addrs()
+			if err != nil {
+				return nil, nil, fmt.Errorf("listing the addresses of %s: %w", iface.Name, err)
+			}
+			if !slices.ContainsFunc(held, func(a net.Addr) bool {
+				p, ok := a.(*net.IPNet)
+				if !ok {
+					return false
+				}
+				ip, ok := netip.AddrFromSlice(p.IP)
+				return ok && ip.Unmap() == addr
+			}) {
+				continue
+			}
+		}
+		if why := kinds[iface.Index].leftOut(names); why != "" {
+			without = append(without, socketOnly{name: iface.Name, reason: why, leftOut: true})
 			continue
 		}
-		held, err := iface.Addrs()
-		if err != nil {
-			return nil, fmt.Errorf("listing the addresses of %s: %w", iface.Name, err)
-		}
-		if slices.ContainsFunc(held, func(a net.Addr) bool {
-			p, ok := a.(*net.IPNet)
-			if !ok {
-				return false
-			}
-			ip, ok := netip.AddrFromSlice(p.IP)
-			return ok && ip.Unmap() == addr
-		}) {
-			out = append(out, iface)
-		}
+		out = append(out, iface)
 	}
-	return out, nil
+	return out, without, nil
 }
 
 // listenAddrs are the addresses a socket receives datagrams to: its local

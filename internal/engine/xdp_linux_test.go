@@ -3,13 +3,16 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -47,6 +50,43 @@ func xdpServer(t *testing.T, bridge bool) *testutil.NetNS {
 		server.IP(t, "link add rl38d type bridge", "link set rl38d up")
 	}
 	return server
+}
+
+// filtered reports whether the engine decides what reaches conn, a socket
+// in ns: a junk datagram sent to it from ns is counted invalid.
+func filtered(t *testing.T, ns *testutil.NetNS, e Engine, conn *net.UDPConn) bool {
+	t.Helper()
+	invalid := func() uint64 {
+		st, err := e.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := uint64(0)
+		for _, dry := range st.Invalid {
+			for _, fam := range dry {
+				for _, r := range fam {
+					n += r
+				}
+			}
+		}
+		return n
+	}
+	before := invalid()
+	ns.Do(t, func() {
+		s := testutil.Sender(t, netip.MustParseAddrPort("[fd00:38::1]:0"))
+		to := netip.AddrPortFrom(netip.MustParseAddr("fd00:38::1"), testutil.PortOf(conn))
+		if _, err := s.WriteToUDPAddrPort([]byte{0, 1, 2, 3}, to); err != nil {
+			t.Fatal(err)
+		}
+	})
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if invalid() > before {
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return false
 }
 
 // openXDP opens mode xdp's engine in ns for o, closed when the test ends.
@@ -127,10 +167,10 @@ func TestXDPEngine(t *testing.T) {
 }
 
 // TestXDPWithoutNativeDriver: on an interface whose driver has no native
-// XDP, mode xdp refuses the listener with an error that says to set
-// xdp_generic, and leaves the socket without a filter; generic XDP runs
-// there; mode auto, asked to try XDP there, falls back to the BPF filter
-// with one warning.
+// XDP, mode xdp fails closed: the listener keeps the socket filter, the
+// report lists the interface as socket filter only with the kernel's
+// reason, which says to set xdp_generic; generic XDP runs there; mode auto,
+// asked to try XDP there, falls back to the BPF filter with one warning.
 func TestXDPWithoutNativeDriver(t *testing.T) {
 	server := xdpServer(t, true)
 	named := Options{XDPInterfaces: []string{"rl38d"}}
@@ -139,11 +179,22 @@ func TestXDPWithoutNativeDriver(t *testing.T) {
 	e := openXDP(t, server, named)
 	var err error
 	server.Do(t, func() { err = e.Protect(conn, nil) })
-	if err == nil || !strings.Contains(err.Error(), "no native XDP; set xdp_generic") {
-		t.Fatalf("mode xdp on a bridge: %v, want a refusal that says to set xdp_generic", err)
+	var only *SocketFilterOnlyError
+	if !errors.As(err, &only) || !strings.Contains(err.Error(), "no native XDP; set xdp_generic") {
+		t.Fatalf("mode xdp on a bridge: %v, want the socket filter only, saying to set xdp_generic", err)
+	}
+	if !filtered(t, server, e, conn) {
+		t.Fatal("the listener lost its socket filter when the XDP program was refused")
 	}
 	if got := xdpOn(t, server, "rl38d"); got != "" {
 		t.Fatalf("ip link shows %q after the refusal", got)
+	}
+	if x := e.XDPInterfaces(); len(x) != 1 || x[0].Name != "rl38d" || x[0].Attach != report.XDPSocketFilterOnly ||
+		x[0].LeftOut || !strings.Contains(x[0].Reason, "no native XDP") {
+		t.Fatalf("the report lists %+v, want rl38d, socket filter only, refused", x)
+	}
+	if _, err := e.Unprotect(conn); err != nil {
+		t.Fatal(err)
 	}
 	e.Close()
 

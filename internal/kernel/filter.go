@@ -97,6 +97,10 @@ type loadOptions struct {
 	xdp bool
 }
 
+// testListenAddrs is the room for listener addresses of a test-mode
+// filter with its XDP program: every port of two addresses, and more.
+const testListenAddrs = 1 << 18
+
 // Load loads the socket filter and its maps into the kernel, and writes
 // the configuration. The filter does nothing until it is attached. hk is
 // its hash key, nil for a fresh random one: a filter that takes over what
@@ -135,6 +139,11 @@ func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
 		return nil, fmt.Errorf("reading the embedded BPF object: %w", err)
 	}
 	spec.Maps[rakelimitMapCells].MaxEntries = uint32(p.TotalLines)
+	if o.testMode && o.xdp {
+		// Room for a test's listener on every port of two addresses
+		// (listenEverywhere in the tests).
+		spec.Maps[rakelimitMapListenAddrs].MaxEntries = testListenAddrs
+	}
 	// The sizes of the maps are the kernel contract's (internal/decide),
 	// which the userspace limiter keeps too; the generated types do not
 	// carry them, so they are checked here rather than at compile time.

@@ -139,18 +139,23 @@ const (
 const loopbackIndex = 1
 
 // listenEverywhere makes a test-mode filter's XDP program decide every
-// UDP datagram (a listener on every port, any address of both families),
-// and marks the interface BPF_PROG_TEST_RUN gives the socket filter's
-// packets as one the XDP program runs on, so that runPath is the path of a
-// datagram in mode xdp.
+// UDP datagram to the tests' destinations (dst4, dst6) on every port, and
+// counts an interface the XDP program runs on for the socket filter, so
+// that runPath is the path of a datagram in mode xdp. A datagram to any
+// other address (a fuzzed one) is the path's too: the XDP program passes
+// it undecided, and the socket filter decides it.
 func listenEverywhere(t testing.TB, f *Filter) {
 	t.Helper()
-	var all []netip.AddrPort
+	var table rakelimitListenTable
+	var keys []rakelimitListenKey
 	for port := range 1 << 16 {
-		all = append(all, netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(port)),
-			netip.AddrPortFrom(netip.IPv6Unspecified(), uint16(port)))
+		table.Kinds[port] = listenSome4 | listenSome6
+		keys = append(keys, listenKey(dst4, uint16(port)), listenKey(dst6, uint16(port)))
 	}
-	if err := f.SetListeners(all); err != nil {
+	if _, err := f.objs.ListenAddrs.BatchUpdate(keys, make([]uint8, len(keys)), nil); err != nil {
+		t.Fatalf("listing the listeners: %v", err)
+	}
+	if err := f.objs.ListenPorts.Put(uint32(0), &table); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.markXDP(loopbackIndex, true); err != nil {

@@ -263,8 +263,7 @@ static __always_inline int decide_datagram(pkt_ctx *ctx, struct key *k)
 }
 
 // rakelimit: the socket filter, on every socket the limiter protects. It
-// leaves alone, uncounted, what the XDP program decided already
-// (decided_at_xdp).
+// leaves alone, uncounted, what the XDP program passed (passed_at_xdp).
 SEC("socket")
 int rakelimit(struct __sk_buff *skb)
 {
@@ -273,14 +272,15 @@ int rakelimit(struct __sk_buff *skb)
 
 	skb_packet(&p, skb);
 	parse(&p, &k);
-	if (decided_at_xdp(&p, &k))
+	if (passed_at_xdp(&k))
 		return pkt_pass(&p);
 	return decide_datagram(&p, &k);
 }
 
 // rakelimit_xdp: the XDP program, on the interfaces that carry the
-// listeners' traffic in mode xdp. It decides the datagrams to a listener
-// and passes everything else untouched (c/listen.h).
+// listeners' traffic in mode xdp. It decides the datagrams to a listener,
+// records those it passed for the socket filter, and passes everything
+// else untouched (c/listen.h).
 SEC("xdp")
 int rakelimit_xdp(struct xdp_md *xdp)
 {
@@ -292,5 +292,16 @@ int rakelimit_xdp(struct xdp_md *xdp)
 	parse(&p, &k);
 	if (!listened(&p, &k))
 		return XDP_PASS;
-	return decide_datagram(&p, &k);
+	// The mark before the decision, which may change the key (a
+	// benchmark's random source).
+	__u64 mark = passed_mark(&k);
+	__u64 *slot = passed_slot(mark);
+	if (slot && xdp_seen(slot, mark))
+		return XDP_PASS;
+	int ret = decide_datagram(&p, &k);
+	// Looked up again: a pointer kept across the decision costs its
+	// frame a slot.
+	if (ret == XDP_PASS && (slot = passed_slot(mark)))
+		xdp_record(slot, mark);
+	return ret;
 }

@@ -224,6 +224,11 @@ type rakelimitVerdict struct {
 	Estimate    uint64
 }
 
+type rakelimitXdpPassed struct {
+	_    structs.HostLayout
+	Slot [1024]uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -250,7 +255,7 @@ const (
 	rakelimitMapTestVerdict       = "test_verdict"
 	rakelimitMapTotals            = "totals"
 	rakelimitMapUntracked         = "untracked"
-	rakelimitMapXdpIfaces         = "xdp_ifaces"
+	rakelimitMapXdpPassed         = "xdp_passed"
 	rakelimitProgRakelimit        = "rakelimit"
 	rakelimitProgRakelimitXdp     = "rakelimit_xdp"
 	rakelimitVarBenchRandomSource = "bench_random_source"
@@ -330,7 +335,7 @@ type rakelimitMapSpecs struct {
 	TestVerdict    *ebpf.MapSpec `ebpf:"test_verdict"`
 	Totals         *ebpf.MapSpec `ebpf:"totals"`
 	Untracked      *ebpf.MapSpec `ebpf:"untracked"`
-	XdpIfaces      *ebpf.MapSpec `ebpf:"xdp_ifaces"`
+	XdpPassed      *ebpf.MapSpec `ebpf:"xdp_passed"`
 }
 
 // rakelimitVariableSpecs contains global variables before they are loaded into the kernel.
@@ -384,7 +389,7 @@ type rakelimitMaps struct {
 	TestVerdict    *ebpf.Map `ebpf:"test_verdict"`
 	Totals         *ebpf.Map `ebpf:"totals"`
 	Untracked      *ebpf.Map `ebpf:"untracked"`
-	XdpIfaces      *ebpf.Map `ebpf:"xdp_ifaces"`
+	XdpPassed      *ebpf.Map `ebpf:"xdp_passed"`
 }
 
 func (m *rakelimitMaps) Close() error {
@@ -411,7 +416,7 @@ func (m *rakelimitMaps) Close() error {
 		m.TestVerdict,
 		m.Totals,
 		m.Untracked,
-		m.XdpIfaces,
+		m.XdpPassed,
 	)
 }
 

@@ -14,21 +14,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The kinds of listener address on a port (struct listen_table in
-// c/maps.h): any address of a family (a wildcard listener; a dual-stack
-// one sets both), or some addresses, listed in listen_addrs.
+// The families of the listener addresses on a port (struct listen_table in
+// c/maps.h), listed in listen_addrs.
 const (
-	listenAny4  = 1 // C: LISTEN_ANY4
-	listenAny6  = 2 // C: LISTEN_ANY6
 	listenSome4 = 4 // C: LISTEN_SOME4
 	listenSome6 = 8 // C: LISTEN_SOME6
 )
 
-// The capacities of the XDP program's tables: the addresses of listeners
-// that are not wildcards, and the interfaces it runs on.
+// The capacities of the XDP program's tables: the listener addresses (a
+// wildcard listener's are the host's addresses), the interfaces it runs on,
+// and the slots of each CPU's record of the datagrams it passed (a power of
+// 2; c/listen.h).
 const (
-	MaxListenAddrs   = 256 // C: MAX_LISTEN_ADDRS
-	MaxXDPInterfaces = 256 // C: MAX_XDP_INTERFACES
+	MaxListenAddrs   = 4096 // C: MAX_LISTEN_ADDRS
+	MaxXDPInterfaces = 256  // C: MAX_XDP_INTERFACES
+	xdpPassedSlots   = 1024 // C: XDP_PASSED_SLOTS
 )
 
 // XDPProgram returns the filter's XDP program (nil unless LoadXDP or
@@ -39,20 +39,19 @@ func (f *Filter) XDPProgram() *ebpf.Program {
 }
 
 // SetListeners makes the XDP program decide the datagrams to addrs, and
-// pass every other frame untouched (c/listen.h). An unspecified address
-// (0.0.0.0, ::) stands for every address of its family, an IPv4-mapped one
-// for the IPv4 address. New addresses are listed before the ports that
-// send the program to them, and old ones removed after.
+// pass every other frame untouched (c/listen.h). Each is an address of the
+// host and a port: a wildcard listener is listed by the host's addresses
+// (an unspecified address is refused), an IPv4-mapped address stands for
+// the IPv4 address. New addresses are listed before the ports that send
+// the program to them, and old ones removed after.
 func (f *Filter) SetListeners(addrs []netip.AddrPort) error {
 	var table rakelimitListenTable
 	want := map[rakelimitListenKey]bool{}
 	for _, ap := range addrs {
 		a, port := ap.Addr().Unmap(), ap.Port()
 		switch {
-		case a.IsUnspecified() && a.Is4():
-			table.Kinds[port] |= listenAny4
-		case a.IsUnspecified():
-			table.Kinds[port] |= listenAny6
+		case !a.IsValid() || a.IsUnspecified():
+			return fmt.Errorf("the XDP program decides for the host's addresses, and listener %v names none", ap)
 		case a.Is4():
 			table.Kinds[port] |= listenSome4
 			want[listenKey(a, port)] = true
@@ -61,8 +60,8 @@ func (f *Filter) SetListeners(addrs []netip.AddrPort) error {
 			want[listenKey(a, port)] = true
 		}
 	}
-	if len(want) > MaxListenAddrs {
-		return fmt.Errorf("the XDP program decides for at most %d listener addresses, and %d are asked", MaxListenAddrs, len(want))
+	if room := int(f.objs.ListenAddrs.MaxEntries()); len(want) > room {
+		return fmt.Errorf("the XDP program decides for at most %d listener addresses, and %d are asked", room, len(want))
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -115,8 +114,8 @@ type XDPLink struct {
 // AttachXDP attaches the filter's XDP program to the interface of index
 // ifindex and name (for errors), in the driver (native XDP) or, with
 // generic, after the kernel has allocated the skb (generic XDP, for
-// drivers without native XDP). The socket filter then leaves what the XDP
-// program decided on that interface alone.
+// drivers without native XDP). The socket filter then leaves alone the
+// datagrams the XDP program passed there (c/listen.h).
 func (f *Filter) AttachXDP(ifindex int, name string, generic bool) (*XDPLink, error) {
 	if f.objs.RakelimitXdp == nil {
 		return nil, errors.New("the filter was loaded without its XDP program (LoadXDP loads it)")
@@ -125,32 +124,32 @@ func (f *Filter) AttachXDP(ifindex int, name string, generic bool) (*XDPLink, er
 	if generic {
 		flags = link.XDPGenericMode
 	}
+	if err := f.markXDP(uint32(ifindex), true); err != nil {
+		return nil, err
+	}
 	l, err := link.AttachXDP(link.XDPOptions{Program: f.objs.RakelimitXdp, Interface: ifindex, Flags: flags})
 	if err != nil {
+		if merr := f.markXDP(uint32(ifindex), false); merr != nil {
+			err = fmt.Errorf("%w; and %w", err, merr)
+		}
 		return nil, explainXDP(err, name, generic, missingXDPCapabilities())
-	}
-	// The interface is marked after the program runs there: in between
-	// both decide a datagram, which is better than neither.
-	if err := f.markXDP(uint32(ifindex), true); err != nil {
-		l.Close()
-		return nil, err
 	}
 	return &XDPLink{f: f, link: l, ifindex: ifindex}, nil
 }
 
 // Close detaches the program from the interface; the socket filter
-// decides again what arrives there (from a moment before, so that no
-// datagram goes undecided).
+// decides what arrives there from then on.
 func (x *XDPLink) Close() error {
-	merr := x.f.markXDP(uint32(x.ifindex), false)
 	if err := x.link.Close(); err != nil {
 		return fmt.Errorf("detaching the XDP program: %w", err)
 	}
-	return merr
+	return x.f.markXDP(uint32(x.ifindex), false)
 }
 
-// markXDP adds an interface to the XDP program's (xdp_ifaces), or removes
-// it, and counts them for the socket filter (xdp_interfaces).
+// markXDP counts an interface the XDP program runs on, or one fewer, for
+// the socket filter (xdp_interfaces: without any, it does not look for the
+// program's records). An interface is counted before the program runs
+// there and after it stopped, so that no record goes unread.
 func (f *Filter) markXDP(ifindex uint32, on bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -158,14 +157,8 @@ func (f *Filter) markXDP(ifindex uint32, on bool) error {
 		f.xdpOn = map[uint32]bool{}
 	}
 	if on {
-		if err := f.objs.XdpIfaces.Put(ifindex, uint8(1)); err != nil {
-			return fmt.Errorf("marking interface %d for the socket filter: %w", ifindex, err)
-		}
 		f.xdpOn[ifindex] = true
 	} else {
-		if err := f.objs.XdpIfaces.Delete(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("unmarking interface %d for the socket filter: %w", ifindex, err)
-		}
 		delete(f.xdpOn, ifindex)
 	}
 	if err := f.objs.XdpInterfaces.Set(uint32(len(f.xdpOn))); err != nil {

@@ -36,22 +36,30 @@ func arp() []byte {
 }
 
 // TestXDPListeners: the XDP program decides the UDP datagrams to a
-// listener (a wildcard of a family, or an address, on its port) and passes
-// every other frame untouched and uncounted: other ports and addresses,
-// the other family, another protocol to the port, ARP, VLAN-tagged frames,
-// non-first fragments. A first fragment, which carries the port, is
-// decided as its datagram (here: invalid, too short for an Initial).
+// listener (an address of the host on its port; a wildcard listener is
+// listed by the host's addresses) and passes every other frame untouched
+// and uncounted: other ports and addresses (forwarded traffic, the
+// review's Handshake to 10.88.0.5 among them), the other family, another
+// protocol to the port, ARP, VLAN-tagged frames, non-first fragments. A
+// first fragment, which carries the port, is decided as its datagram
+// (here: invalid, too short for an Initial).
 func TestXDPListeners(t *testing.T) {
 	f := loadTest(t, testutil.QUICLimits(1000, 1000), loadOptions{testMode: true, xdp: true})
 	if err := f.SetListeners([]netip.AddrPort{
-		netip.MustParseAddrPort("0.0.0.0:443"),
+		netip.MustParseAddrPort("192.0.2.254:443"), // a wildcard's, on a host of two addresses
+		netip.MustParseAddrPort("192.0.2.1:443"),
 		netip.MustParseAddrPort("[2001:db8::fe]:8443"),
 		netip.MustParseAddrPort("[::ffff:192.0.2.254]:9443"),
 	}); err != nil {
 		t.Fatal(err)
 	}
+	sport := uint16(50000)
 	to := func(src string, dst string, port uint16) testutil.Frame {
-		p := udp(src, 50000)
+		// A source port of its own: a datagram the XDP program passed
+		// is recorded, and the same again would pass undecided
+		// (TestDecidedOnce).
+		sport++
+		p := udp(src, sport)
 		p.Dst, p.DstPort = netip.MustParseAddr(dst), port
 		p.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 		return p
@@ -70,7 +78,13 @@ func TestXDPListeners(t *testing.T) {
 		frame   []byte
 		decides bool
 	}{
-		{"ipv4 wildcard", to("198.51.100.7", "192.0.2.1", 443).Bytes(), true},
+		{"ipv4 wildcard, a host address", to("198.51.100.7", "192.0.2.1", 443).Bytes(), true},
+		{"ipv4 wildcard's port, not a host address", to("198.51.100.7", "10.88.0.5", 443).Bytes(), false},
+		{"forwarded Handshake", func() []byte {
+			p := to("198.51.100.7", "10.88.0.5", 443)
+			p.Data = quicclass.LongPacket(quicclass.Version1, 2, []byte{1, 2, 3, 4}, nil, nil, 100)
+			return p.Bytes()
+		}(), false},
 		{"ipv4 listener address", to("198.51.100.7", "192.0.2.254", 9443).Bytes(), true},
 		{"ipv4 other address", to("198.51.100.7", "192.0.2.1", 9443).Bytes(), false},
 		{"ipv6 listener address", to("2001:db8:1::7", "2001:db8::fe", 8443).Bytes(), true},
@@ -146,7 +160,7 @@ func TestSetListeners(t *testing.T) {
 	}{
 		{[]netip.AddrPort{a, b}, 2, listenSome4 | listenSome6},
 		{[]netip.AddrPort{b}, 1, listenSome6},
-		{[]netip.AddrPort{b, netip.MustParseAddrPort("[::]:443")}, 1, listenSome6 | listenAny6},
+		{[]netip.AddrPort{b, netip.MustParseAddrPort("[2001:db8::2]:443")}, 2, listenSome6},
 		{nil, 0, 0},
 	} {
 		if err := f.SetListeners(step.addrs); err != nil {
@@ -166,68 +180,128 @@ func TestSetListeners(t *testing.T) {
 	if err := f.SetListeners(many); err == nil || !strings.Contains(err.Error(), "at most") {
 		t.Fatalf("%d listener addresses: got %v, want an error", len(many), err)
 	}
+	for _, wild := range []string{"0.0.0.0:443", "[::]:443"} {
+		if err := f.SetListeners([]netip.AddrPort{a, netip.MustParseAddrPort(wild)}); err == nil {
+			t.Fatalf("a wildcard (%s) listed: want an error (the engine lists the host's addresses)", wild)
+		}
+	}
+	if got := count(); got != 0 {
+		t.Fatalf("a refused list left %d addresses", got)
+	}
 }
 
-// TestSocketFilterLeavesXDP: on an interface the XDP program runs on, the
-// socket filter passes uncounted a datagram to one of its listeners (the
-// XDP program decided it), and decides one to another port; on another
-// interface, it decides both.
-func TestSocketFilterLeavesXDP(t *testing.T) {
+// TestDecidedOnce: the socket filter leaves alone exactly the datagrams the
+// XDP program passed, one for each, whatever happened to their headers in
+// between, and decides every other: the review's finding 4 (a port
+// redirect: the XDP program saw port 443, which no listener has, and the
+// socket filter 8443 on an interface the program runs on) is decided at
+// the socket; a datagram the XDP program passed is not decided again at
+// the socket, nor by a second run of the program above (a bridge over its
+// port); copies of a passed datagram (a sender forging its mark) cost one
+// decision each all the same.
+func TestDecidedOnce(t *testing.T) {
 	f := loadTest(t, testutil.QUICLimits(1000, 1000), loadOptions{testMode: true, xdp: true})
-	// A dual-stack wildcard listener.
-	if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443"), netip.MustParseAddrPort("[::]:443")}); err != nil {
+	if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("192.0.2.254:8443")}); err != nil {
 		t.Fatal(err)
 	}
-	listened, other := udp("198.51.100.7", 50000), udp("198.51.100.7", 50000)
-	listened.Dst = netip.MustParseAddr("192.0.2.254")
-	other.DstPort = 444
-	listened.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
-	other.Data = listened.Data
+	frame := func(port uint16, b byte) testutil.Frame {
+		p := udp("198.51.100.7", 50000)
+		p.DstPort = port
+		p.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+		p.Data[10] = b // in the destination ID: the probe, the mark
+		return p
+	}
+	now := start
+	// xdp runs the XDP program and reports whether it decided.
+	xdp := func(p testutil.Frame) bool {
+		t.Helper()
+		now += 1000
+		f.resetVerdict(t)
+		ret, err := f.xdpRun(p.Bytes(), now, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, decided := f.verdict(t)
+		if ret != xdpPass {
+			t.Fatalf("the XDP program dropped an allowed Initial (%d)", ret)
+		}
+		return decided
+	}
+	// socket runs the socket filter and reports whether it decided.
 	socket := func(p testutil.Frame) bool {
 		t.Helper()
+		now += 1000
 		f.resetVerdict(t)
 		ret, err := runOnTestCPU(f.objs.Rakelimit, &ebpf.RunOptions{Data: p.Bytes(),
-			Context: skbContext{CB: [5]uint32{uint32(start & 0xffffffff), uint32(uint64(start) >> 32), 0}}})
+			Context: skbContext{CB: [5]uint32{uint32(now), uint32(uint64(now) >> 32), 0}}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if ret == 0 {
-			t.Fatal("dropped a datagram of an allowed Initial")
+			t.Fatal("the socket filter dropped an allowed Initial")
 		}
 		_, decided := f.verdict(t)
 		return decided
 	}
-	for _, step := range []struct {
-		name        string
-		mark        uint32
-		listenedToo bool
+	type hop struct {
+		at      string // "xdp" or "socket"
+		port    uint16
+		b       byte
+		decided bool
+	}
+	tests := []struct {
+		name string
+		hops []hop
+		mark bool // the program runs on an interface
 	}{
-		{"no XDP anywhere", 0, true},
-		{"XDP on another interface", 7, true},
-		{"XDP on this interface", loopbackIndex, false},
-	} {
-		if step.mark != 0 {
-			if err := f.markXDP(step.mark, true); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if got := socket(listened); got != step.listenedToo {
-			t.Errorf("%s: the socket filter decided a datagram to a listener: %v, want %v", step.name, got, step.listenedToo)
-		}
-		if !socket(other) {
-			t.Errorf("%s: the socket filter left a datagram to another port undecided", step.name)
-		}
-		if step.mark == 7 {
-			if err := f.markXDP(7, false); err != nil {
-				t.Fatal(err)
-			}
-		}
+		{"no XDP program anywhere: the socket decides", []hop{{"socket", 8443, 1, true}}, false},
+		{"passed at XDP, left alone at the socket", []hop{{"xdp", 8443, 2, true}, {"socket", 8443, 2, false}}, true},
+		{"a port redirected to the listener's", []hop{{"xdp", 443, 3, false}, {"socket", 8443, 3, true}}, true},
+		{"a destination rewritten to the listener's", []hop{{"xdp", 9443, 4, false}, {"socket", 8443, 4, true}}, true},
+		{"a datagram the program never saw", []hop{{"socket", 8443, 5, true}}, true},
+		{"a second run above (a bridge over its port)", []hop{{"xdp", 8443, 6, true}, {"xdp", 8443, 6, false},
+			{"socket", 8443, 6, false}}, true},
+		{"a copy sent to the socket's port directly", []hop{{"xdp", 8443, 7, true}, {"socket", 8443, 7, false},
+			{"socket", 8443, 7, true}}, true},
+		{"copies of a passed datagram", []hop{{"xdp", 8443, 8, true}, {"xdp", 8443, 8, false}, {"xdp", 8443, 8, true},
+			{"xdp", 8443, 8, false}, {"socket", 8443, 8, false}, {"socket", 8443, 8, false}, {"socket", 8443, 8, true},
+			{"socket", 8443, 8, true}}, true},
+		{"a copy redirected before its original reached the socket", []hop{{"xdp", 8443, 9, true}, {"xdp", 443, 9, false},
+			{"socket", 8443, 9, false}, {"socket", 8443, 9, true}}, true},
 	}
-	if err := f.markXDP(loopbackIndex, false); err != nil {
-		t.Fatal(err)
-	}
-	if !socket(listened) {
-		t.Error("unmarked again: the socket filter left a datagram to a listener undecided")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.mark {
+				if err := f.markXDP(loopbackIndex, true); err != nil {
+					t.Fatal(err)
+				}
+				defer f.markXDP(loopbackIndex, false)
+			}
+			decisions := 0
+			for i, h := range tt.hops {
+				var got bool
+				if h.at == "xdp" {
+					got = xdp(frame(h.port, h.b))
+				} else {
+					got = socket(frame(h.port, h.b))
+				}
+				if got != h.decided {
+					t.Fatalf("hop %d (%s, port %d): decided %v, want %v", i, h.at, h.port, got, h.decided)
+				}
+				if got {
+					decisions++
+				}
+			}
+			datagrams := 0
+			for _, h := range tt.hops {
+				if h.at == "socket" {
+					datagrams++
+				}
+			}
+			if decisions != datagrams {
+				t.Fatalf("%d decisions of the %d datagrams that reached the socket", decisions, datagrams)
+			}
+		})
 	}
 }
 
@@ -267,7 +341,11 @@ func TestXDPVeth(t *testing.T) {
 		if err := f.Attach(conn); err != nil {
 			t.Fatal(err)
 		}
-		if err := f.SetListeners([]netip.AddrPort{netip.AddrPortFrom(netip.IPv6Unspecified(), testutil.PortOf(conn))}); err != nil {
+		// The wildcard socket's listener addresses: the namespace's
+		// (the engine lists them in mode xdp).
+		port := testutil.PortOf(conn)
+		if err := f.SetListeners([]netip.AddrPort{netip.AddrPortFrom(netip.MustParseAddr("fd00:38::1"), port),
+			netip.AddrPortFrom(netip.MustParseAddr("fd00:38:1::1"), port)}); err != nil {
 			t.Fatal(err)
 		}
 		if x, err = f.AttachXDP(iface.Index, iface.Name, false); err != nil {

@@ -46,10 +46,14 @@ type Limiter struct {
 	// bpf (in the kernel) or userspace (in front of quic-go).
 	Mode      string   `json:"mode"`
 	Listeners []string `json:"listeners"`
-	// XDP are the interfaces the XDP program runs on, in mode xdp (absent
-	// in the others); the sockets' filter decides what arrives elsewhere
-	// (loopback).
+	// XDP are the interfaces of the listeners' traffic in mode xdp (absent
+	// in the others): those the XDP program runs on, and those where it
+	// does not (socket_filter_only); the sockets' filter decides what
+	// arrives elsewhere (loopback) and what the program did not pass.
 	XDP []XDPInterface `json:"xdp,omitempty"`
+	// XDPTableError is the last failure to keep the XDP program's table of
+	// destinations current (the host's addresses, its other sockets).
+	XDPTableError string `json:"xdp_table_error,omitempty"`
 	// Config is the configuration in force, with every default filled in.
 	Config Config `json:"config"`
 	// Counters are packet counts by family (Families).
@@ -80,22 +84,31 @@ type Limiter struct {
 	Prefilter *Prefilter `json:"prefilter,omitempty"`
 }
 
-// XDPInterface is a network interface the XDP program of a limiter in
-// mode xdp runs on.
+// XDPInterface is a network interface that carries the traffic of
+// listeners of a limiter in mode xdp: one the XDP program runs on, or one
+// where the socket filter alone decides.
 type XDPInterface struct {
 	Name string `json:"name"`
-	// Attach is how it runs there: native (in the driver) or generic
-	// (after the kernel has allocated the packet).
+	// Attach is how the program runs there: native (in the driver),
+	// generic (after the kernel has allocated the packet), or
+	// socket_filter_only (it does not: the socket filter decides).
 	Attach string `json:"attach"`
-	// Listeners are the limiter's listeners whose traffic it decides
-	// there.
+	// Reason says why the program does not run there (socket_filter_only):
+	// the kernel's refusal, or why it was left out (LeftOut).
+	Reason string `json:"reason,omitempty"`
+	// LeftOut: the interface was not chosen (a bridge, a VLAN, a bond or
+	// a port of one, a tunnel), rather than refused; xdp_interfaces
+	// names it to try.
+	LeftOut bool `json:"left_out,omitempty"`
+	// Listeners are the limiter's listeners whose traffic arrives there.
 	Listeners []string `json:"listeners"`
 }
 
 // How the XDP program runs on an interface (XDPInterface.Attach).
 const (
-	XDPNative  = "native"
-	XDPGeneric = "generic"
+	XDPNative           = "native"
+	XDPGeneric          = "generic"
+	XDPSocketFilterOnly = "socket_filter_only"
 )
 
 // Prefilter is what the kernel pre-filter (classic BPF) of a userspace

@@ -1,24 +1,50 @@
-// listen.h: which datagrams the XDP program decides, and which the socket
-// filter leaves to it. No Go twin: the userspace mode decides what its
-// socket reads. Written by internal/kernel/xdp.go.
+// listen.h: which datagrams the XDP program decides, and how the socket
+// filter knows which it decided. No Go twin: the userspace mode decides what
+// its socket reads. Written by internal/kernel/xdp.go.
 //
-// The XDP program sees every frame that reaches its interface. It decides
-// the UDP datagrams to a listener its limiter protects (listened): to the
-// listener's port and address, or any address of the family for a
-// wildcard listener (a dual-stack one counts for both families). It passes
-// everything else untouched and uncounted: other ports and protocols, ARP,
-// VLAN-tagged frames, non-first fragments (no port). A first fragment
-// carries the port and is decided as the datagram it starts (QUIC
-// datagrams are never fragmented, RFC 9000 section 14): dropped, the
-// datagram never reassembles; passed, its reassembly is to a listener and
-// the socket filter leaves it alone.
+// The XDP program sees every frame that reaches its interface, before
+// routing. It decides the UDP datagrams to a listener (listened): to a port
+// and an address the limiter listens on, each listed (listen_addrs). A
+// wildcard listener is listed by the host's own addresses, which userspace
+// keeps current (internal/engine), less those another socket is bound to
+// on that port: forwarded traffic, a macvlan child's in another namespace
+// and another process's socket are not the limiter's, and pass untouched.
+// So does everything else: other ports and protocols, ARP, VLAN-tagged
+// frames, non-first fragments (no port). A first fragment carries the port
+// and is decided as the datagram it starts (QUIC datagrams are never
+// fragmented, RFC 9000 section 14): dropped, the datagram never
+// reassembles; passed, its reassembly is the datagram it recorded.
 //
-// A datagram is decided once. The socket filter stays on the listener's
-// sockets (traffic on an interface without the XDP program, loopback among
-// them, is decided there), and passes uncounted a datagram that arrived on
-// an interface where the XDP program runs (xdp_ifaces, by skb->ifindex)
-// and that the program decided (listened again: the same answer from the
-// same headers).
+// A datagram is decided once, whatever happens to it between the two hooks.
+// The XDP program records each datagram it passed (xdp_record), in a table
+// of the CPU it runs on (xdp_passed), under a mark of what the stack leaves
+// as it was (passed_mark: the source address and port and the payload's
+// first bytes; NAT may rewrite the destination, a VLAN's tag may be
+// stripped, a bridge may take the frame up). The socket filter leaves one
+// datagram alone for each record it finds, and consumes the record
+// (passed_at_xdp); it decides every other datagram. Nothing is inferred
+// from where a datagram arrived or what its headers say by then: a port
+// redirected to a listener's is decided at the socket, since the XDP
+// program, which saw another port, recorded nothing.
+//
+// The socket filter runs on the CPU that ran the XDP program (the same
+// receive softirq), unless RPS or RFS steers the packet to another: then it
+// finds no record and decides the datagram again (counted twice, never
+// not at all). A record overwritten before the socket filter reads it (two
+// marks in one slot while the stack holds both, the table's XDP_PASSED_SLOTS
+// slots against a NAPI poll's 64 frames) does the same.
+//
+// A record proves nothing a sender could not forge: a datagram the XDP
+// program did not decide matches one only by carrying the source, port and
+// first bytes of a datagram it passed, and that datagram, finding no
+// record, is decided at the socket. Each decision skipped costs the sender
+// one decided, so a forged mark gains it nothing.
+//
+// Stacked devices (a bridge and its port, a VLAN and its parent, both with
+// the program, one of them generic XDP) run the program twice on one
+// datagram: a run that finds an unconsumed record of its datagram passes
+// it undecided (xdp_seen), once for each record, so that a datagram passed
+// below is not decided again above.
 #ifndef RAKELIMIT_LISTEN_H
 #define RAKELIMIT_LISTEN_H
 
@@ -33,7 +59,8 @@
 #include "pkt.h"
 
 // listened reports whether the datagram of key k is to a listener of the
-// limiter (listen_ports, listen_addrs).
+// limiter: its port has listener addresses of its family (listen_ports),
+// and its destination address is one of them (listen_addrs).
 static __always_inline int listened(const pkt_ctx *ctx, const struct key *k)
 {
 	__u32 zero = 0;
@@ -44,10 +71,7 @@ static __always_inline int listened(const pkt_ctx *ctx, const struct key *k)
 	if (!lp)
 		return 0;
 	int v6 = k->family == FAMILY_IPV6;
-	__u8 kinds = lp->kinds[k->dport];
-	if (kinds & (v6 ? LISTEN_ANY6 : LISTEN_ANY4))
-		return 1;
-	if (!(kinds & (v6 ? LISTEN_SOME6 : LISTEN_SOME4)))
+	if (!(lp->kinds[k->dport] & (v6 ? LISTEN_SOME6 : LISTEN_SOME4)))
 		return 0;
 	struct listen_key lk = {.port = k->dport, .family = k->family};
 	// Two loads of constant sizes: the XDP program's loads are direct.
@@ -58,18 +82,108 @@ static __always_inline int listened(const pkt_ctx *ctx, const struct key *k)
 	return bpf_map_lookup_elem(&listen_addrs, &lk) != NULL;
 }
 
-// decided_at_xdp reports whether the XDP program decided the datagram the
-// socket filter reads: it runs on the interface the datagram arrived on and
-// the datagram is to one of its listeners. Without the XDP program
-// anywhere (xdp_interfaces 0), the socket filter pays one load.
-static __always_inline int decided_at_xdp(const pkt_ctx *ctx, const struct key *k)
+// A slot of xdp_passed: the mark's top bits (PASSED_TAG), how many XDP runs
+// above may still pass the datagram undecided (PASSED_SKIPS) and how many
+// datagrams of the mark the socket filter may leave alone (PASSED_COUNT).
+#define PASSED_TAG (~0xffffULL)
+#define PASSED_SKIPS_SHIFT 8
+#define PASSED_COUNT 0xffULL
+
+// passed_mix folds v into the mark h (a multiplication by the golden ratio
+// and a shift: the mark needs spread, not secrecy; see above).
+static __always_inline __u64 passed_mix(__u64 h, __u32 v)
+{
+	h = (h ^ v) * 0x9e3779b97f4a7c15ULL;
+	return h ^ (h >> 29);
+}
+
+// passed_mark is the mark of the datagram of key k: its source address and
+// port and the first 24 bytes of its payload (the probe), which neither NAT
+// nor the stack changes between the XDP program and the socket filter.
+static __always_inline __u64 passed_mark(const struct key *k)
+{
+	__u64 h = passed_mix(k->sport, k->words[0]);
+
+	h = passed_mix(h, k->words[1]);
+	h = passed_mix(h, k->words[2]);
+	h = passed_mix(h, k->words[3]);
+#pragma unroll
+	for (int i = 0; i < 24; i += 4) {
+		__u32 w;
+
+		// The probe is 4-byte aligned in struct key: one load each.
+		__builtin_memcpy(&w, k->probe + i, 4);
+		h = passed_mix(h, w);
+	}
+	return h;
+}
+
+// passed_slot is the slot of mark in this CPU's xdp_passed, or NULL.
+static __always_inline __u64 *passed_slot(__u64 mark)
+{
+	__u32 zero = 0;
+	struct xdp_passed *t = bpf_map_lookup_elem(&xdp_passed, &zero);
+
+	if (!t)
+		return NULL;
+	return &t->slot[(mark >> 16) & (XDP_PASSED_SLOTS - 1)];
+}
+
+// xdp_seen reports, at the XDP program, whether a run below this one passed
+// the datagram of mark (an unconsumed record with a skip left), and takes
+// the skip.
+static __always_inline int xdp_seen(__u64 *slot, __u64 mark)
+{
+	__u64 s = *slot;
+
+	if ((s & PASSED_TAG) != (mark & PASSED_TAG) || !(s & PASSED_COUNT) || !(s >> PASSED_SKIPS_SHIFT & 0xff))
+		return 0;
+	*slot = s - (1ULL << PASSED_SKIPS_SHIFT);
+	return 1;
+}
+
+// xdp_record records, at the XDP program, that it passed a datagram of
+// mark: one more for the socket filter to leave alone, and one more skip
+// for a run above, each up to 255; a record of another mark in the slot is
+// overwritten (that datagram will be decided twice).
+static __always_inline void xdp_record(__u64 *slot, __u64 mark)
+{
+	__u64 s = *slot;
+
+	if ((s & PASSED_TAG) != (mark & PASSED_TAG) || !(s & PASSED_COUNT)) {
+		*slot = (mark & PASSED_TAG) | 1ULL << PASSED_SKIPS_SHIFT | 1;
+		return;
+	}
+	__u64 count = s & PASSED_COUNT, skips = s >> PASSED_SKIPS_SHIFT & 0xff;
+	if (count < 0xff)
+		count++;
+	if (skips < 0xff)
+		skips++;
+	*slot = (s & PASSED_TAG) | skips << PASSED_SKIPS_SHIFT | count;
+}
+
+// passed_at_xdp reports, at the socket filter, whether the XDP program
+// passed the datagram of key k (a record of its mark), and consumes the
+// record. Without the XDP program anywhere (xdp_interfaces 0), the socket
+// filter pays one load.
+static __always_inline int passed_at_xdp(const struct key *k)
 {
 	if (!xdp_interfaces)
 		return 0;
-	__u32 ifindex = skb_of(ctx)->ifindex;
-	if (!bpf_map_lookup_elem(&xdp_ifaces, &ifindex))
+	__u64 mark = passed_mark(k);
+	__u64 *slot = passed_slot(mark);
+	if (!slot)
 		return 0;
-	return listened(ctx, k);
+	__u64 s = *slot;
+	if ((s & PASSED_TAG) != (mark & PASSED_TAG) || !(s & PASSED_COUNT))
+		return 0;
+	// One datagram fewer to leave alone, and one skip fewer: no run
+	// above can be waiting for a datagram that reached the socket.
+	__u64 count = (s & PASSED_COUNT) - 1, skips = s >> PASSED_SKIPS_SHIFT & 0xff;
+	if (skips > count)
+		skips = count;
+	*slot = (s & PASSED_TAG) | skips << PASSED_SKIPS_SHIFT | count;
+	return 1;
 }
 
 #endif

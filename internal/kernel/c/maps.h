@@ -437,8 +437,8 @@ struct {
 
 // The XDP program's listeners (c/listen.h), written by userspace
 // (internal/kernel/xdp.go) as it attaches the program: by destination port,
-// the kinds of address the limiter listens on there (LISTEN_* bits: any
-// address of a family, or some, listed in listen_addrs).
+// the families the limiter listens on there (LISTEN_SOME* bits), whose
+// addresses are listed in listen_addrs.
 struct listen_table {
 	__u8 kinds[65536];
 };
@@ -466,14 +466,18 @@ struct {
 	__uint(max_entries, MAX_LISTEN_ADDRS);
 } listen_addrs SEC(".maps");
 
-// The interfaces the XDP program runs on, by index: the socket filter
-// leaves what arrives there to it (decided_at_xdp).
+// The datagrams the XDP program passed and the socket filter has not read
+// yet, in each CPU's table of slots (c/listen.h).
+struct xdp_passed {
+	__u64 slot[XDP_PASSED_SLOTS];
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
-	__type(value, __u8);
-	__uint(max_entries, MAX_XDP_INTERFACES);
-} xdp_ifaces SEC(".maps");
+	__type(value, struct xdp_passed);
+	__uint(max_entries, 1);
+} xdp_passed SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -482,8 +486,8 @@ struct {
 	__uint(max_entries, 1);
 } test_verdict SEC(".maps");
 
-// xdp_interfaces: how many interfaces the XDP program runs on (entries of
-// xdp_ifaces), set by userspace; 0 spares the socket filter the lookup.
+// xdp_interfaces: how many interfaces the XDP program runs on, set by
+// userspace; 0 spares the socket filter the lookup of xdp_passed.
 volatile __u32 xdp_interfaces = 0;
 
 // Load-time switches. The verifier knows their values and removes the

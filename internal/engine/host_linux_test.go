@@ -1,0 +1,152 @@
+//go:build linux
+
+package engine
+
+import (
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// procWord is how /proc/net/udp prints the 4 bytes of an address at b: as
+// the number they make in the host's byte order.
+func procWord(b []byte) string {
+	return fmt.Sprintf("%08X", binary.NativeEndian.Uint32(b))
+}
+
+// procAddr is a local address as /proc/net/udp or udp6 prints it.
+func procAddr(ap netip.AddrPort) string {
+	var b []byte
+	if ap.Addr().Is4() {
+		a := ap.Addr().As4()
+		b = a[:]
+	} else {
+		a := ap.Addr().As16()
+		b = a[:]
+	}
+	var s strings.Builder
+	for i := 0; i < len(b); i += 4 {
+		s.WriteString(procWord(b[i:]))
+	}
+	return fmt.Sprintf("%s:%04X", s.String(), ap.Port())
+}
+
+// TestBoundSockets: the sockets of /proc/net/udp and udp6 bound to a
+// specific address on a listener's port are read back, IPv4-mapped ones
+// as IPv4; wildcards and other ports are not.
+func TestBoundSockets(t *testing.T) {
+	header := "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n"
+	row := func(ap netip.AddrPort) string {
+		return fmt.Sprintf("  1: %s 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1234 2 0000000000000000 0\n",
+			procAddr(ap))
+	}
+	mapped := netip.AddrPortFrom(netip.MustParseAddr("::ffff:192.0.2.7"), 443)
+	table := header + row(netip.MustParseAddrPort("127.0.0.1:443")) + row(netip.MustParseAddrPort("0.0.0.0:443")) +
+		row(netip.MustParseAddrPort("192.0.2.1:8443")) + row(netip.MustParseAddrPort("[fd00:38:1::3]:443")) +
+		row(netip.MustParseAddrPort("[::]:443")) + row(mapped)
+	got := map[netip.AddrPort]bool{}
+	if err := parseBound(strings.NewReader(table), []uint16{443}, got); err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:443"), netip.MustParseAddrPort("192.0.2.7:443"),
+		netip.MustParseAddrPort("[fd00:38:1::3]:443")}
+	keys := slices.SortedFunc(maps.Keys(got), netip.AddrPort.Compare)
+	if !slices.Equal(keys, want) {
+		t.Fatalf("bound %v, want %v", keys, want)
+	}
+	if err := parseBound(strings.NewReader(header+"  1: XYZ:01BB 0\n"), []uint16{443}, got); err == nil {
+		t.Fatal("a row that is not an address read without an error")
+	}
+	// This host's own table reads.
+	if _, err := boundSockets([]uint16{443}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestXDPTargets: a wildcard listener is listed by the host's addresses of
+// its family, but those another socket is bound to on its port; a
+// listener's own address always; each once.
+func TestXDPTargets(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	host := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"),
+		netip.MustParseAddr("::1"), netip.MustParseAddr("fd00:38:1::1"), netip.MustParseAddr("fd00:38:1::3")}
+	tests := []struct {
+		name      string
+		listeners []netip.AddrPort
+		bound     []netip.AddrPort
+		want      []netip.AddrPort
+	}{
+		{"an address", []netip.AddrPort{ap("192.0.2.1:443")}, nil, []netip.AddrPort{ap("192.0.2.1:443")}},
+		{"IPv4 wildcard", []netip.AddrPort{ap("0.0.0.0:443")}, nil,
+			[]netip.AddrPort{ap("127.0.0.1:443"), ap("192.0.2.1:443"), ap("192.0.2.2:443")}},
+		{"dual-stack wildcard, another socket on one address", []netip.AddrPort{ap("[::]:443"), ap("0.0.0.0:443")},
+			[]netip.AddrPort{ap("192.0.2.2:443"), ap("[fd00:38:1::3]:443"), ap("192.0.2.1:8443")},
+			[]netip.AddrPort{ap("127.0.0.1:443"), ap("192.0.2.1:443"), ap("[::1]:443"), ap("[fd00:38:1::1]:443")}},
+		{"the limiter's own address and its wildcard", []netip.AddrPort{ap("192.0.2.2:443"), ap("0.0.0.0:443")},
+			[]netip.AddrPort{ap("192.0.2.2:443")},
+			[]netip.AddrPort{ap("127.0.0.1:443"), ap("192.0.2.1:443"), ap("192.0.2.2:443")}},
+		{"IPv4-mapped", []netip.AddrPort{ap("[::ffff:192.0.2.9]:443")}, nil, []netip.AddrPort{ap("192.0.2.9:443")}},
+		{"none", nil, nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bound := map[netip.AddrPort]bool{}
+			for _, b := range tt.bound {
+				bound[b] = true
+			}
+			if got := xdpTargets(tt.listeners, host, bound); !slices.Equal(got, tt.want) {
+				t.Fatalf("targets %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestLeftOut: by default the XDP program goes on NICs and veths, and not
+// on the devices stacked above them, their ports, or devices whose frames
+// it cannot read; each left out with a reason that names it.
+func TestLeftOut(t *testing.T) {
+	names := map[int]string{3: "br0"}
+	tests := []struct {
+		k    linkKind
+		want string
+	}{
+		{linkKind{arphd: unix.ARPHRD_ETHER}, ""},
+		{linkKind{kind: "veth", arphd: unix.ARPHRD_ETHER}, ""},
+		{linkKind{kind: "veth", arphd: unix.ARPHRD_ETHER, master: 3}, "a port of br0"},
+		{linkKind{arphd: unix.ARPHRD_ETHER, master: 9}, "a port of interface 9"},
+		{linkKind{kind: "bridge", arphd: unix.ARPHRD_ETHER}, "a bridge"},
+		{linkKind{kind: "bond", arphd: unix.ARPHRD_ETHER}, "a bond"},
+		{linkKind{kind: "vlan", arphd: unix.ARPHRD_ETHER}, "a VLAN"},
+		{linkKind{kind: "macvlan", arphd: unix.ARPHRD_ETHER}, "a macvlan child"},
+		{linkKind{kind: "tun", arphd: unix.ARPHRD_ETHER}, "a tap device"},
+		{linkKind{kind: "vxlan", arphd: unix.ARPHRD_ETHER}, "a vxlan device"},
+		{linkKind{kind: "wireguard", arphd: unix.ARPHRD_NONE}, "no Ethernet header"},
+		{linkKind{kind: "tun", arphd: unix.ARPHRD_NONE}, "no Ethernet header"},
+		{linkKind{kind: "gre", arphd: unix.ARPHRD_IPGRE}, "no Ethernet header"},
+	}
+	for _, tt := range tests {
+		got := tt.k.leftOut(names)
+		if (got == "") != (tt.want == "") || !strings.Contains(got, tt.want) {
+			t.Errorf("%+v: left out %q, want %q", tt.k, got, tt.want)
+		}
+	}
+}
+
+// TestLinkKinds: the kinds rtnetlink gives this namespace's interfaces:
+// loopback is not Ethernet, and every interface net.Interfaces lists has
+// one.
+func TestLinkKinds(t *testing.T) {
+	kinds, err := linkKinds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lo, ok := kinds[1]; !ok || lo.arphd != unix.ARPHRD_LOOPBACK {
+		t.Fatalf("interface 1 (loopback): %+v", lo)
+	}
+}
