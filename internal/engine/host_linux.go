@@ -274,6 +274,20 @@ func (k linkKind) notEthernet() string {
 	return ""
 }
 
+// stacks reports whether an interface of kind k is stacked on another (a
+// bridge, a bond, a VLAN, a macvlan child) or is a port of one: where the
+// program runs on it and on another, one datagram may meet it twice.
+func (k linkKind) stacks() bool {
+	if k.master != 0 {
+		return true
+	}
+	switch k.kind {
+	case "bridge", "bond", "team", "vlan", "macvlan", "macvtap", "ipvlan", "ipvtap":
+		return true
+	}
+	return false
+}
+
 // leftOut says why the XDP program does not go, by default, on an
 // interface of kind k ("" when it does): the program runs on the devices
 // that receive frames from the wire (a NIC, a container's veth), not on the

@@ -109,31 +109,36 @@ func TestXDPTargets(t *testing.T) {
 
 // TestLeftOut: by default the XDP program goes on NICs and veths, and not
 // on the devices stacked above them, their ports, or devices whose frames
-// it cannot read; each left out with a reason that names it.
+// it cannot read; each left out with a reason that names it. The stacked
+// ones and the ports are those where a datagram may meet it twice.
 func TestLeftOut(t *testing.T) {
 	names := map[int]string{3: "br0"}
 	tests := []struct {
-		k    linkKind
-		want string
+		k      linkKind
+		want   string
+		stacks bool
 	}{
-		{linkKind{arphd: unix.ARPHRD_ETHER}, ""},
-		{linkKind{kind: "veth", arphd: unix.ARPHRD_ETHER}, ""},
-		{linkKind{kind: "veth", arphd: unix.ARPHRD_ETHER, master: 3}, "a port of br0"},
-		{linkKind{arphd: unix.ARPHRD_ETHER, master: 9}, "a port of interface 9"},
-		{linkKind{kind: "bridge", arphd: unix.ARPHRD_ETHER}, "a bridge"},
-		{linkKind{kind: "bond", arphd: unix.ARPHRD_ETHER}, "a bond"},
-		{linkKind{kind: "vlan", arphd: unix.ARPHRD_ETHER}, "a VLAN"},
-		{linkKind{kind: "macvlan", arphd: unix.ARPHRD_ETHER}, "a macvlan child"},
-		{linkKind{kind: "tun", arphd: unix.ARPHRD_ETHER}, "a tap device"},
-		{linkKind{kind: "vxlan", arphd: unix.ARPHRD_ETHER}, "a vxlan device"},
-		{linkKind{kind: "wireguard", arphd: unix.ARPHRD_NONE}, "no Ethernet header"},
-		{linkKind{kind: "tun", arphd: unix.ARPHRD_NONE}, "no Ethernet header"},
-		{linkKind{kind: "gre", arphd: unix.ARPHRD_IPGRE}, "no Ethernet header"},
+		{linkKind{arphd: unix.ARPHRD_ETHER}, "", false},
+		{linkKind{kind: "veth", arphd: unix.ARPHRD_ETHER}, "", false},
+		{linkKind{kind: "veth", arphd: unix.ARPHRD_ETHER, master: 3}, "a port of br0", true},
+		{linkKind{arphd: unix.ARPHRD_ETHER, master: 9}, "a port of interface 9", true},
+		{linkKind{kind: "bridge", arphd: unix.ARPHRD_ETHER}, "a bridge", true},
+		{linkKind{kind: "bond", arphd: unix.ARPHRD_ETHER}, "a bond", true},
+		{linkKind{kind: "vlan", arphd: unix.ARPHRD_ETHER}, "a VLAN", true},
+		{linkKind{kind: "macvlan", arphd: unix.ARPHRD_ETHER}, "a macvlan child", true},
+		{linkKind{kind: "tun", arphd: unix.ARPHRD_ETHER}, "a tap device", false},
+		{linkKind{kind: "vxlan", arphd: unix.ARPHRD_ETHER}, "a vxlan device", false},
+		{linkKind{kind: "wireguard", arphd: unix.ARPHRD_NONE}, "no Ethernet header", false},
+		{linkKind{kind: "tun", arphd: unix.ARPHRD_NONE}, "no Ethernet header", false},
+		{linkKind{kind: "gre", arphd: unix.ARPHRD_IPGRE}, "no Ethernet header", false},
 	}
 	for _, tt := range tests {
 		got := tt.k.leftOut(names)
 		if (got == "") != (tt.want == "") || !strings.Contains(got, tt.want) {
 			t.Errorf("%+v: left out %q, want %q", tt.k, got, tt.want)
+		}
+		if got := tt.k.stacks(); got != tt.stacks {
+			t.Errorf("%+v: stacks %v, want %v", tt.k, got, tt.stacks)
 		}
 	}
 }

@@ -45,6 +45,9 @@ type xdpEngine struct {
 	// watchErr why rtnetlink does not tell of the host's changes.
 	targets            []netip.AddrPort
 	tableErr, watchErr error
+	// stacked is what the program was last told of its interfaces
+	// (setStacked).
+	stacked bool
 
 	watch    *hostWatch
 	stop     chan struct{}
@@ -68,11 +71,14 @@ type socketOnly struct {
 	leftOut      bool
 }
 
-// xdpLink is the program on one interface and the sockets it serves there.
+// xdpLink is the program on one interface and the sockets it serves there;
+// stacks: the interface is stacked on another or a port of one
+// (linkKind.stacks).
 type xdpLink struct {
-	link  *kernel.XDPLink
-	name  string
-	users int
+	link   *kernel.XDPLink
+	name   string
+	users  int
+	stacks bool
 }
 
 // hostRefresh is how often the engine reads the host's UDP sockets again
@@ -145,7 +151,7 @@ func (e *xdpEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	if err != nil {
 		return err
 	}
-	ifaces, without, err := e.interfaces(addrs[0].Addr())
+	ifaces, without, kinds, err := e.interfaces(addrs[0].Addr())
 	if err != nil {
 		return err
 	}
@@ -161,7 +167,7 @@ func (e *xdpEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	l := xdpListener{addrs: addrs, without: without}
 	var refused []string
 	for _, iface := range ifaces {
-		if err := e.hold(iface); err != nil {
+		if err := e.hold(iface, kinds[iface.Index].stacks()); err != nil {
 			l.without = append(l.without, socketOnly{name: iface.Name, reason: err.Error()})
 			refused = append(refused, err.Error())
 			continue
@@ -170,6 +176,7 @@ func (e *xdpEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	}
 	e.listeners[conn] = l
 	e.setListeners()
+	e.setStacked()
 	if len(ifaces) > 0 && len(l.ifaces) == 0 {
 		return &SocketFilterOnlyError{Listener: conn.LocalAddr().String(), Refused: refused}
 	}
@@ -329,9 +336,27 @@ func (e *xdpEngine) setListeners() {
 	e.targets, e.tableErr = targets, nil
 }
 
+// setStacked tells the program whether it runs on two interfaces of which
+// one is stacked on another or a port of one (kernel.Filter.SetXDPStacked):
+// never with the interfaces chosen by default, which leave those out; e.mu
+// must be held. A failure leaves it as it was: off, a datagram that meets
+// the program twice is decided twice, never not at all.
+func (e *xdpEngine) setStacked() {
+	stacked := false
+	if len(e.links) >= 2 {
+		for _, l := range e.links {
+			stacked = stacked || l.stacks
+		}
+	}
+	if stacked != e.stacked && e.SetXDPStacked(stacked) == nil {
+		e.stacked = stacked
+	}
+}
+
 // hold attaches the program to the interface, or counts one more user of
-// it there; e.mu must be held.
-func (e *xdpEngine) hold(iface net.Interface) error {
+// it there; stacks says the interface is stacked on another or a port of
+// one; e.mu must be held.
+func (e *xdpEngine) hold(iface net.Interface, stacks bool) error {
 	if l, ok := e.links[iface.Index]; ok {
 		l.users++
 		return nil
@@ -343,7 +368,7 @@ func (e *xdpEngine) hold(iface net.Interface) error {
 	if err != nil {
 		return err
 	}
-	e.links[iface.Index] = &xdpLink{link: x, name: iface.Name, users: 1}
+	e.links[iface.Index] = &xdpLink{link: x, name: iface.Name, users: 1, stacks: stacks}
 	return nil
 }
 
@@ -363,20 +388,22 @@ func (e *xdpEngine) release(ifaces []int) {
 		// nothing to do but let the process's exit close it.
 		_ = l.link.Close()
 	}
+	e.setStacked()
 }
 
 // interfaces are those the XDP program goes on for a listener on addr, and
-// those of its traffic it does not go on, with why. Named in the options:
+// those of its traffic it does not go on, with why; and the kinds of the
+// host's interfaces, by index. Named in the options:
 // those, but one whose frames it cannot read (no Ethernet header). Else
 // those up that hold addr (every one that is up for a wildcard), but
 // loopback (the socket filter decides what arrives there: a listener on a
 // loopback address gets no XDP program) and the ones it leaves out by
 // default (linkKind.leftOut: bridges, VLANs, bonds and their ports,
 // tunnels), which it reports.
-func (e *xdpEngine) interfaces(addr netip.Addr) ([]net.Interface, []socketOnly, error) {
+func (e *xdpEngine) interfaces(addr netip.Addr) ([]net.Interface, []socketOnly, map[int]linkKind, error) {
 	kinds, err := linkKinds()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var out []net.Interface
 	var without []socketOnly
@@ -384,7 +411,7 @@ func (e *xdpEngine) interfaces(addr netip.Addr) ([]net.Interface, []socketOnly, 
 		for _, name := range e.opts.XDPInterfaces {
 			iface, err := net.InterfaceByName(name)
 			if err != nil {
-				return nil, nil, fmt.Errorf("xdp_interfaces: no interface %q on this host (`ip link` lists them)", name)
+				return nil, nil, nil, fmt.Errorf("xdp_interfaces: no interface %q on this host (`ip link` lists them)", name)
 			}
 			if why := kinds[iface.Index].notEthernet(); why != "" {
 				without = append(without, socketOnly{name: name, reason: fmt.Sprintf("xdp_interfaces: %s: %s", name, why)})
@@ -392,11 +419,11 @@ func (e *xdpEngine) interfaces(addr netip.Addr) ([]net.Interface, []socketOnly, 
 			}
 			out = append(out, *iface)
 		}
-		return out, without, nil
+		return out, without, kinds, nil
 	}
 	all, err := net.Interfaces()
 	if err != nil {
-		return nil, nil, fmt.Errorf("listing the network interfaces: %w", err)
+		return nil, nil, nil, fmt.Errorf("listing the network interfaces: %w", err)
 	}
 	names := map[int]string{}
 	for _, iface := range all {
@@ -410,7 +437,7 @@ func (e *xdpEngine) interfaces(addr netip.Addr) ([]net.Interface, []socketOnly, 
 		if !addr.IsUnspecified() {
 			held, err := iface.Addrs()
 			if err != nil {
-				return nil, nil, fmt.Errorf("listing the addresses of %s: %w", iface.Name, err)
+				return nil, nil, nil, fmt.Errorf("listing the addresses of %s: %w", iface.Name, err)
 			}
 			if !slices.ContainsFunc(held, func(a net.Addr) bool {
 				p, ok := a.(*net.IPNet)
@@ -429,7 +456,7 @@ func (e *xdpEngine) interfaces(addr netip.Addr) ([]net.Interface, []socketOnly, 
 		}
 		out = append(out, iface)
 	}
-	return out, without, nil
+	return out, without, kinds, nil
 }
 
 // listenAddrs are the addresses a socket receives datagrams to: its local

@@ -292,16 +292,23 @@ int rakelimit_xdp(struct xdp_md *xdp)
 	parse(&p, &k);
 	if (!listened(&p, &k))
 		return XDP_PASS;
-	// The mark before the decision, which may change the key (a
-	// benchmark's random source).
-	__u64 mark = passed_mark(&k);
-	__u64 *slot = passed_slot(mark);
-	if (slot && xdp_seen(slot, mark))
-		return XDP_PASS;
+	// Two programs on one path (xdp_stacked): a datagram the one below
+	// passed is passed on undecided.
+	if (xdp_stacked) {
+		__u64 mark = passed_mark(&k);
+		__u64 *slot = passed_slot(mark);
+		if (slot && xdp_seen(slot, mark))
+			return XDP_PASS;
+	}
 	int ret = decide_datagram(&p, &k);
-	// Looked up again: a pointer kept across the decision costs its
-	// frame a slot.
-	if (ret == XDP_PASS && (slot = passed_slot(mark)))
-		xdp_record(slot, mark);
+	// Only a datagram passed is marked: a drop costs nothing more. The
+	// decision changed the key only in a benchmark (bench_random_source,
+	// which has no socket to read the record).
+	if (ret == XDP_PASS) {
+		__u64 mark = passed_mark(&k);
+		__u64 *slot = passed_slot(mark);
+		if (slot)
+			xdp_record(slot, mark);
+	}
 	return ret;
 }

@@ -261,6 +261,7 @@ const (
 	rakelimitVarBenchRandomSource = "bench_random_source"
 	rakelimitVarTestMode          = "test_mode"
 	rakelimitVarXdpInterfaces     = "xdp_interfaces"
+	rakelimitVarXdpStacked        = "xdp_stacked"
 )
 
 // loadRakelimit returns the embedded CollectionSpec for rakelimit.
@@ -345,6 +346,7 @@ type rakelimitVariableSpecs struct {
 	BenchRandomSource *ebpf.VariableSpec `ebpf:"bench_random_source"`
 	TestMode          *ebpf.VariableSpec `ebpf:"test_mode"`
 	XdpInterfaces     *ebpf.VariableSpec `ebpf:"xdp_interfaces"`
+	XdpStacked        *ebpf.VariableSpec `ebpf:"xdp_stacked"`
 }
 
 // rakelimitObjects contains all objects after they have been loaded into the kernel.
@@ -427,6 +429,7 @@ type rakelimitVariables struct {
 	BenchRandomSource *ebpf.Variable `ebpf:"bench_random_source"`
 	TestMode          *ebpf.Variable `ebpf:"test_mode"`
 	XdpInterfaces     *ebpf.Variable `ebpf:"xdp_interfaces"`
+	XdpStacked        *ebpf.Variable `ebpf:"xdp_stacked"`
 }
 
 // rakelimitPrograms contains all programs after they have been loaded into the kernel.

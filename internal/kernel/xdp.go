@@ -167,6 +167,21 @@ func (f *Filter) markXDP(ifindex uint32, on bool) error {
 	return nil
 }
 
+// SetXDPStacked tells the XDP program whether it runs on two interfaces of
+// one path (a bridge and its port, a VLAN and its parent), where a datagram
+// may meet it twice: it then passes undecided a datagram it finds a record
+// of (c/listen.h). Off, a run looks for no record.
+func (f *Filter) SetXDPStacked(on bool) error {
+	v := uint32(0)
+	if on {
+		v = 1
+	}
+	if err := f.objs.XdpStacked.Set(v); err != nil {
+		return fmt.Errorf("telling the XDP program it runs on stacked interfaces: %w", err)
+	}
+	return nil
+}
+
 // CheckXDP reports what keeps the process from running the XDP program:
 // the capabilities it lacks (CAP_NET_ADMIN besides CAP_BPF and
 // CAP_PERFMON), or nil.

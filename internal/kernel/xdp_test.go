@@ -196,9 +196,10 @@ func TestSetListeners(t *testing.T) {
 // redirect: the XDP program saw port 443, which no listener has, and the
 // socket filter 8443 on an interface the program runs on) is decided at
 // the socket; a datagram the XDP program passed is not decided again at
-// the socket, nor by a second run of the program above (a bridge over its
-// port); copies of a passed datagram (a sender forging its mark) cost one
-// decision each all the same.
+// the socket, nor, on stacked interfaces, by a second run of the program
+// above (a bridge over its port), which decides it again otherwise; copies
+// of a passed datagram (a sender forging its mark) cost one decision each
+// all the same.
 func TestDecidedOnce(t *testing.T) {
 	f := loadTest(t, testutil.QUICLimits(1000, 1000), loadOptions{testMode: true, xdp: true})
 	if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("192.0.2.254:8443")}); err != nil {
@@ -250,24 +251,29 @@ func TestDecidedOnce(t *testing.T) {
 		decided bool
 	}
 	tests := []struct {
-		name string
-		hops []hop
-		mark bool // the program runs on an interface
+		name    string
+		hops    []hop
+		mark    bool // the program runs on an interface
+		stacked bool // on two of one path
 	}{
-		{"no XDP program anywhere: the socket decides", []hop{{"socket", 8443, 1, true}}, false},
-		{"passed at XDP, left alone at the socket", []hop{{"xdp", 8443, 2, true}, {"socket", 8443, 2, false}}, true},
-		{"a port redirected to the listener's", []hop{{"xdp", 443, 3, false}, {"socket", 8443, 3, true}}, true},
-		{"a destination rewritten to the listener's", []hop{{"xdp", 9443, 4, false}, {"socket", 8443, 4, true}}, true},
-		{"a datagram the program never saw", []hop{{"socket", 8443, 5, true}}, true},
+		{"no XDP program anywhere: the socket decides", []hop{{"socket", 8443, 1, true}}, false, false},
+		{"passed at XDP, left alone at the socket", []hop{{"xdp", 8443, 2, true}, {"socket", 8443, 2, false}}, true, false},
+		{"a port redirected to the listener's", []hop{{"xdp", 443, 3, false}, {"socket", 8443, 3, true}}, true, false},
+		{"a destination rewritten to the listener's", []hop{{"xdp", 9443, 4, false}, {"socket", 8443, 4, true}}, true, false},
+		{"a datagram the program never saw", []hop{{"socket", 8443, 5, true}}, true, false},
 		{"a second run above (a bridge over its port)", []hop{{"xdp", 8443, 6, true}, {"xdp", 8443, 6, false},
-			{"socket", 8443, 6, false}}, true},
+			{"socket", 8443, 6, false}}, true, true},
+		{"a second run, not stacked: decided again", []hop{{"xdp", 8443, 10, true}, {"xdp", 8443, 10, true},
+			{"socket", 8443, 10, false}, {"socket", 8443, 10, false}}, true, false},
 		{"a copy sent to the socket's port directly", []hop{{"xdp", 8443, 7, true}, {"socket", 8443, 7, false},
-			{"socket", 8443, 7, true}}, true},
-		{"copies of a passed datagram", []hop{{"xdp", 8443, 8, true}, {"xdp", 8443, 8, false}, {"xdp", 8443, 8, true},
+			{"socket", 8443, 7, true}}, true, false},
+		{"copies of a passed datagram, stacked", []hop{{"xdp", 8443, 8, true}, {"xdp", 8443, 8, false}, {"xdp", 8443, 8, true},
 			{"xdp", 8443, 8, false}, {"socket", 8443, 8, false}, {"socket", 8443, 8, false}, {"socket", 8443, 8, true},
-			{"socket", 8443, 8, true}}, true},
+			{"socket", 8443, 8, true}}, true, true},
+		{"copies of a passed datagram", []hop{{"xdp", 8443, 11, true}, {"xdp", 8443, 11, true},
+			{"socket", 8443, 11, false}, {"socket", 8443, 11, false}, {"socket", 8443, 11, true}}, true, false},
 		{"a copy redirected before its original reached the socket", []hop{{"xdp", 8443, 9, true}, {"xdp", 443, 9, false},
-			{"socket", 8443, 9, false}, {"socket", 8443, 9, true}}, true},
+			{"socket", 8443, 9, false}, {"socket", 8443, 9, true}}, true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -276,6 +282,9 @@ func TestDecidedOnce(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer f.markXDP(loopbackIndex, false)
+			}
+			if err := f.SetXDPStacked(tt.stacked); err != nil {
+				t.Fatal(err)
 			}
 			decisions := 0
 			for i, h := range tt.hops {

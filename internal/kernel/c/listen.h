@@ -42,9 +42,11 @@
 //
 // Stacked devices (a bridge and its port, a VLAN and its parent, both with
 // the program, one of them generic XDP) run the program twice on one
-// datagram: a run that finds an unconsumed record of its datagram passes
-// it undecided (xdp_seen), once for each record, so that a datagram passed
-// below is not decided again above.
+// datagram: while userspace says the program runs on such a pair
+// (xdp_stacked), a run that finds an unconsumed record of its datagram
+// passes it undecided (xdp_seen), once for each record, so that a datagram
+// passed below is not decided again above. Otherwise a run looks for no
+// record, and only a datagram it passes costs it a mark.
 #ifndef RAKELIMIT_LISTEN_H
 #define RAKELIMIT_LISTEN_H
 

@@ -489,6 +489,11 @@ struct {
 // xdp_interfaces: how many interfaces the XDP program runs on, set by
 // userspace; 0 spares the socket filter the lookup of xdp_passed.
 volatile __u32 xdp_interfaces = 0;
+// xdp_stacked: set by userspace while the XDP program runs on two
+// interfaces of one path (a bridge and its port, a VLAN and its parent),
+// where a datagram may meet it twice: only then does it look for a record
+// of its datagram before deciding (c/listen.h).
+volatile __u32 xdp_stacked = 0;
 
 // Load-time switches. The verifier knows their values and removes the
 // branches they disable, so production pays nothing for them.
