@@ -1,9 +1,10 @@
-// Package datagram decides the fate of one UDP datagram the way the BPF
-// socket filter's entry point (rakelimit() in internal/kernel/rakelimit.c) does: the
-// allowlist, the QUIC class (package quicclass) verified against the
-// server's connection IDs and peers when asked to, then the version
-// negotiation cap or the class's hierarchical limiter (package sketch), and
-// the counters.
+// Package decide decides the fate of one UDP datagram the way the BPF
+// program's entry point (decide_datagram in internal/kernel/rakelimit.c,
+// for the socket filter and the XDP program) does: the allowlist, the QUIC
+// class (package quicclass) verified against what the server taught it
+// (the server IDs bound to their addresses, the proven and answered peers
+// and their credit, the proof pacer), then the version negotiation cap or
+// the class's hierarchical limiter (package sketch), and the counters.
 // It is deterministic (time and randomness are arguments) and not safe for
 // concurrent use. The BPF tests run packet traces through both and compare
 // verdicts, counters and sketch state; the userspace mode runs it on

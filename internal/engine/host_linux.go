@@ -19,6 +19,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/kernel"
 )
 
 // The host as mode xdp needs to know it: its addresses (a wildcard
@@ -124,15 +126,39 @@ func procAddrPort(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(a.Unmap(), uint16(port)), nil
 }
 
-// xdpTargets are the destinations the XDP program decides for listeners:
-// each listener's address and port, a wildcard's (0.0.0.0, ::) listed by
-// the host's addresses of its family, less those another socket is bound
-// to on that port (bound: its traffic is not the limiter's).
-func xdpTargets(listeners []netip.AddrPort, host []netip.Addr, bound map[netip.AddrPort]bool) []netip.AddrPort {
-	var out []netip.AddrPort
+// xdpTable is what the XDP program is told of the listeners
+// (kernel.Filter.SetListeners): addresses and ports, wildcards among them,
+// and the host's addresses a wildcard stands for.
+type xdpTable struct {
+	addrs []netip.AddrPort
+	host  []netip.Addr
+}
+
+func (t xdpTable) equal(u xdpTable) bool {
+	return slices.Equal(t.addrs, u.addrs) && slices.Equal(t.host, u.host)
+}
+
+// xdpTargets is the table for listeners on a host of addresses host, of
+// which bound are taken by other sockets on their port (their traffic is
+// not the limiter's). A listener's own address stands for itself. A
+// wildcard (0.0.0.0, ::) stays one, for the host's addresses of its family,
+// which the program scans, while none of them is another socket's on its
+// port and the host has at most kernel.MaxHostAddrs of that family; else
+// it is listed by the host's addresses, less those.
+func xdpTargets(listeners []netip.AddrPort, host []netip.Addr, bound map[netip.AddrPort]bool) xdpTable {
+	var t xdpTable
+	count := map[bool]int{}
+	for _, h := range host {
+		count[h.Is4()]++
+	}
+	for _, h := range host {
+		if count[h.Is4()] <= kernel.MaxHostAddrs {
+			t.host = append(t.host, h)
+		}
+	}
 	add := func(ap netip.AddrPort) {
-		if !slices.Contains(out, ap) {
-			out = append(out, ap)
+		if !slices.Contains(t.addrs, ap) {
+			t.addrs = append(t.addrs, ap)
 		}
 	}
 	for _, l := range listeners {
@@ -141,15 +167,22 @@ func xdpTargets(listeners []netip.AddrPort, host []netip.Addr, bound map[netip.A
 			add(netip.AddrPortFrom(a, l.Port()))
 			continue
 		}
+		taken := false
 		for _, h := range host {
-			ap := netip.AddrPortFrom(h, l.Port())
-			if h.Is4() == a.Is4() && !bound[ap] {
+			taken = taken || (h.Is4() == a.Is4() && bound[netip.AddrPortFrom(h, l.Port())])
+		}
+		if !taken && count[a.Is4()] <= kernel.MaxHostAddrs {
+			add(netip.AddrPortFrom(a, l.Port()))
+			continue
+		}
+		for _, h := range host {
+			if ap := netip.AddrPortFrom(h, l.Port()); h.Is4() == a.Is4() && !bound[ap] {
 				add(ap)
 			}
 		}
 	}
-	slices.SortFunc(out, netip.AddrPort.Compare)
-	return out
+	slices.SortFunc(t.addrs, netip.AddrPort.Compare)
+	return t
 }
 
 // An interface's kind, as rtnetlink names it (IFLA_INFO_KIND: "veth",

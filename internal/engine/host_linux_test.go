@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/kernel"
 )
 
 // procWord is how /proc/net/udp prints the 4 bytes of an address at b: as
@@ -69,30 +71,46 @@ func TestBoundSockets(t *testing.T) {
 	}
 }
 
-// TestXDPTargets: a wildcard listener is listed by the host's addresses of
-// its family, but those another socket is bound to on its port; a
-// listener's own address always; each once.
+// TestXDPTargets: a listener's address stands for itself; a wildcard stays
+// one, for the host's addresses of its family, unless another socket is
+// bound to one of them on its port or the host has more than the program
+// scans: then it is listed by the host's addresses, less the taken ones.
 func TestXDPTargets(t *testing.T) {
 	ap := netip.MustParseAddrPort
-	host := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"),
-		netip.MustParseAddr("::1"), netip.MustParseAddr("fd00:38:1::1"), netip.MustParseAddr("fd00:38:1::3")}
+	addr := netip.MustParseAddr
+	host := []netip.Addr{addr("127.0.0.1"), addr("192.0.2.1"), addr("192.0.2.2"), addr("::1"), addr("fd00:38:1::1"),
+		addr("fd00:38:1::3")}
+	var many []netip.Addr // more IPv6 addresses than the program scans
+	for i := range kernel.MaxHostAddrs + 1 {
+		many = append(many, netip.AddrFrom16([16]byte{0xfd, 0, 0x38, 15: byte(i + 1)}))
+	}
+	many = append(many, addr("192.0.2.1"))
 	tests := []struct {
 		name      string
 		listeners []netip.AddrPort
+		host      []netip.Addr
 		bound     []netip.AddrPort
-		want      []netip.AddrPort
+		addrs     []netip.AddrPort
+		scanned   []netip.Addr
 	}{
-		{"an address", []netip.AddrPort{ap("192.0.2.1:443")}, nil, []netip.AddrPort{ap("192.0.2.1:443")}},
-		{"IPv4 wildcard", []netip.AddrPort{ap("0.0.0.0:443")}, nil,
-			[]netip.AddrPort{ap("127.0.0.1:443"), ap("192.0.2.1:443"), ap("192.0.2.2:443")}},
-		{"dual-stack wildcard, another socket on one address", []netip.AddrPort{ap("[::]:443"), ap("0.0.0.0:443")},
-			[]netip.AddrPort{ap("192.0.2.2:443"), ap("[fd00:38:1::3]:443"), ap("192.0.2.1:8443")},
-			[]netip.AddrPort{ap("127.0.0.1:443"), ap("192.0.2.1:443"), ap("[::1]:443"), ap("[fd00:38:1::1]:443")}},
-		{"the limiter's own address and its wildcard", []netip.AddrPort{ap("192.0.2.2:443"), ap("0.0.0.0:443")},
+		{"an address", []netip.AddrPort{ap("192.0.2.1:443")}, host, nil, []netip.AddrPort{ap("192.0.2.1:443")}, host},
+		{"IPv4 wildcard", []netip.AddrPort{ap("0.0.0.0:443")}, host, nil, []netip.AddrPort{ap("0.0.0.0:443")}, host},
+		{"dual-stack wildcard, another socket on one IPv6 address", []netip.AddrPort{ap("[::]:443"), ap("0.0.0.0:443")}, host,
+			[]netip.AddrPort{ap("[fd00:38:1::3]:443"), ap("192.0.2.1:8443")},
+			[]netip.AddrPort{ap("0.0.0.0:443"), ap("[::1]:443"), ap("[fd00:38:1::1]:443")}, host},
+		{"the limiter's own address and its wildcard", []netip.AddrPort{ap("192.0.2.2:443"), ap("0.0.0.0:443")}, host,
 			[]netip.AddrPort{ap("192.0.2.2:443")},
-			[]netip.AddrPort{ap("127.0.0.1:443"), ap("192.0.2.1:443"), ap("192.0.2.2:443")}},
-		{"IPv4-mapped", []netip.AddrPort{ap("[::ffff:192.0.2.9]:443")}, nil, []netip.AddrPort{ap("192.0.2.9:443")}},
-		{"none", nil, nil, nil},
+			[]netip.AddrPort{ap("127.0.0.1:443"), ap("192.0.2.1:443"), ap("192.0.2.2:443")}, host},
+		{"more host addresses than the program scans", []netip.AddrPort{ap("[::]:443"), ap("0.0.0.0:443")}, many, nil,
+			append([]netip.AddrPort{ap("0.0.0.0:443")}, func() []netip.AddrPort {
+				var out []netip.AddrPort
+				for _, h := range many[:len(many)-1] {
+					out = append(out, netip.AddrPortFrom(h, 443))
+				}
+				return out
+			}()...), []netip.Addr{addr("192.0.2.1")}},
+		{"IPv4-mapped", []netip.AddrPort{ap("[::ffff:192.0.2.9]:443")}, host, nil, []netip.AddrPort{ap("192.0.2.9:443")}, host},
+		{"none", nil, nil, nil, nil, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -100,8 +118,9 @@ func TestXDPTargets(t *testing.T) {
 			for _, b := range tt.bound {
 				bound[b] = true
 			}
-			if got := xdpTargets(tt.listeners, host, bound); !slices.Equal(got, tt.want) {
-				t.Fatalf("targets %v, want %v", got, tt.want)
+			got := xdpTargets(tt.listeners, tt.host, bound)
+			if !slices.Equal(got.addrs, tt.addrs) || !slices.Equal(got.host, tt.scanned) {
+				t.Fatalf("table %v, host %v; want %v, %v", got.addrs, got.host, tt.addrs, tt.scanned)
 			}
 		})
 	}

@@ -40,10 +40,12 @@ type xdpEngine struct {
 	listeners map[*net.UDPConn]xdpListener
 	// links are the program's links, by interface index.
 	links map[int]*xdpLink
-	// targets are the destinations the program decides for, as last
-	// written (xdpTargets); tableErr the last failure to write them;
-	// watchErr why rtnetlink does not tell of the host's changes.
-	targets            []netip.AddrPort
+	// table is what the program was last told of the listeners
+	// (xdpTargets), written says it was; tableErr the last failure to
+	// write it; watchErr why rtnetlink does not tell of the host's
+	// changes.
+	table              xdpTable
+	written            bool
 	tableErr, watchErr error
 	// stacked is what the program was last told of its interfaces
 	// (setStacked).
@@ -325,15 +327,15 @@ func (e *xdpEngine) setListeners() {
 			return
 		}
 	}
-	targets := xdpTargets(all, host, bound)
-	if e.targets != nil && slices.Equal(targets, e.targets) {
+	t := xdpTargets(all, host, bound)
+	if e.written && t.equal(e.table) {
 		return
 	}
-	if err := e.SetListeners(targets); err != nil {
+	if err := e.SetListeners(t.addrs, t.host); err != nil {
 		e.tableErr = err
 		return
 	}
-	e.targets, e.tableErr = targets, nil
+	e.table, e.written, e.tableErr = t, true, nil
 }
 
 // setStacked tells the program whether it runs on two interfaces of which

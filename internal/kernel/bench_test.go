@@ -75,8 +75,9 @@ func newBenchFrames() benchFrames {
 
 // load loads the filter with c and o for a benchmark of the frames: sid is
 // learned bound to src, src as a proven peer too if peer is set, and with
-// o.xdp the frames' listener (port 443, any address) is set for the XDP
-// program.
+// o.xdp the frames' listener is set for the XDP program: a wildcard on
+// port 443 of a host whose addresses are the frames' destinations (the
+// engine lists a wildcard so).
 func (bf benchFrames) load(b *testing.B, c decide.Config, o loadOptions, peer bool) *Filter {
 	b.Helper()
 	f := loadTest(b, c, o)
@@ -87,8 +88,8 @@ func (bf benchFrames) load(b *testing.B, c decide.Config, o loadOptions, peer bo
 		proveForTest(b, f, bf.src)
 	}
 	if o.xdp {
-		if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443"),
-			netip.MustParseAddrPort("[::]:443")}); err != nil {
+		if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443"), netip.MustParseAddrPort("[::]:443")},
+			[]netip.Addr{netip.MustParseAddr("127.0.0.1"), dst4, netip.MustParseAddr("::1"), dst6}); err != nil {
 			b.Fatal(err)
 		}
 	}

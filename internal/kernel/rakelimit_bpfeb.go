@@ -122,8 +122,12 @@ type rakelimitListenKey struct {
 }
 
 type rakelimitListenTable struct {
-	_     structs.HostLayout
-	Kinds [65536]uint8
+	_      structs.HostLayout
+	Kinds  [65536]uint8
+	Host4  [8]uint32
+	Host6  [8][4]uint32
+	Host4N uint32
+	Host6N uint32
 }
 
 type rakelimitNodeWork struct {

@@ -14,18 +14,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The families of the listener addresses on a port (struct listen_table in
-// c/maps.h), listed in listen_addrs.
+// What the XDP program decides on a port (struct listen_table in
+// c/maps.h), by family: the datagrams to the host's addresses (a wildcard
+// listener), or to some addresses, listed in listen_addrs.
 const (
+	listenHost4 = 1 // C: LISTEN_HOST4
+	listenHost6 = 2 // C: LISTEN_HOST6
 	listenSome4 = 4 // C: LISTEN_SOME4
 	listenSome6 = 8 // C: LISTEN_SOME6
 )
 
-// The capacities of the XDP program's tables: the listener addresses (a
-// wildcard listener's are the host's addresses), the interfaces it runs on,
-// and the slots of each CPU's record of the datagrams it passed (a power of
-// 2; c/listen.h).
+// The capacities of the XDP program's tables: the host's addresses of each
+// family it scans for a wildcard listener, the listener addresses it looks
+// up, the interfaces it runs on, and the slots of each CPU's record of the
+// datagrams it passed (a power of 2; c/listen.h).
 const (
+	MaxHostAddrs     = 8    // C: MAX_HOST_ADDRS
 	MaxListenAddrs   = 4096 // C: MAX_LISTEN_ADDRS
 	MaxXDPInterfaces = 256  // C: MAX_XDP_INTERFACES
 	xdpPassedSlots   = 1024 // C: XDP_PASSED_SLOTS
@@ -39,19 +43,40 @@ func (f *Filter) XDPProgram() *ebpf.Program {
 }
 
 // SetListeners makes the XDP program decide the datagrams to addrs, and
-// pass every other frame untouched (c/listen.h). Each is an address of the
-// host and a port: a wildcard listener is listed by the host's addresses
-// (an unspecified address is refused), an IPv4-mapped address stands for
-// the IPv4 address. New addresses are listed before the ports that send
-// the program to them, and old ones removed after.
-func (f *Filter) SetListeners(addrs []netip.AddrPort) error {
+// pass every other frame untouched (c/listen.h). An address of the host
+// and a port stands for itself; an unspecified one (0.0.0.0, ::) for the
+// host's addresses of its family, host (at most MaxHostAddrs of each, the
+// rest refused); an IPv4-mapped address for the IPv4 address. New
+// addresses are listed before the ports that send the program to them,
+// and old ones removed after.
+func (f *Filter) SetListeners(addrs []netip.AddrPort, host []netip.Addr) error {
 	var table rakelimitListenTable
+	for _, h := range host {
+		h = h.Unmap()
+		k := listenKey(h, 0)
+		switch {
+		case !h.IsValid() || h.IsUnspecified():
+			return fmt.Errorf("the XDP program decides for the host's addresses, and %v is none", h)
+		case h.Is4() && table.Host4N == MaxHostAddrs, h.Is6() && table.Host6N == MaxHostAddrs:
+			return fmt.Errorf("the XDP program scans at most %d host addresses of a family; list the addresses instead", MaxHostAddrs)
+		case h.Is4():
+			table.Host4[table.Host4N] = k.Addr[0]
+			table.Host4N++
+		default:
+			table.Host6[table.Host6N] = k.Addr
+			table.Host6N++
+		}
+	}
 	want := map[rakelimitListenKey]bool{}
 	for _, ap := range addrs {
 		a, port := ap.Addr().Unmap(), ap.Port()
 		switch {
-		case !a.IsValid() || a.IsUnspecified():
-			return fmt.Errorf("the XDP program decides for the host's addresses, and listener %v names none", ap)
+		case !a.IsValid():
+			return fmt.Errorf("the XDP program decides for addresses, and listener %v names none", ap)
+		case a.IsUnspecified() && a.Is4():
+			table.Kinds[port] |= listenHost4
+		case a.IsUnspecified():
+			table.Kinds[port] |= listenHost6
 		case a.Is4():
 			table.Kinds[port] |= listenSome4
 			want[listenKey(a, port)] = true

@@ -45,12 +45,14 @@ func arp() []byte {
 // (here: invalid, too short for an Initial).
 func TestXDPListeners(t *testing.T) {
 	f := loadTest(t, testutil.QUICLimits(1000, 1000), loadOptions{testMode: true, xdp: true})
+	// A wildcard on a host of two IPv4 addresses and one IPv6 address,
+	// and two listeners of one address each.
 	if err := f.SetListeners([]netip.AddrPort{
-		netip.MustParseAddrPort("192.0.2.254:443"), // a wildcard's, on a host of two addresses
-		netip.MustParseAddrPort("192.0.2.1:443"),
+		netip.MustParseAddrPort("0.0.0.0:443"),
 		netip.MustParseAddrPort("[2001:db8::fe]:8443"),
 		netip.MustParseAddrPort("[::ffff:192.0.2.254]:9443"),
-	}); err != nil {
+		netip.MustParseAddrPort("[::]:7443"),
+	}, []netip.Addr{netip.MustParseAddr("192.0.2.254"), netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::fe")}); err != nil {
 		t.Fatal(err)
 	}
 	sport := uint16(50000)
@@ -88,6 +90,9 @@ func TestXDPListeners(t *testing.T) {
 		{"ipv4 listener address", to("198.51.100.7", "192.0.2.254", 9443).Bytes(), true},
 		{"ipv4 other address", to("198.51.100.7", "192.0.2.1", 9443).Bytes(), false},
 		{"ipv6 listener address", to("2001:db8:1::7", "2001:db8::fe", 8443).Bytes(), true},
+		{"ipv6 wildcard, the host address", to("2001:db8:1::7", "2001:db8::fe", 7443).Bytes(), true},
+		{"ipv6 wildcard's port, not a host address", to("2001:db8:1::7", "2001:db8::fe:1", 7443).Bytes(), false},
+		{"ipv6 wildcard's port, a prefix of a host address", to("2001:db8:1::7", "2001:db8::", 7443).Bytes(), false},
 		{"ipv6 other address", to("2001:db8:1::7", "2001:db8::1", 8443).Bytes(), false},
 		{"ipv6 to an ipv4 wildcard's port", to("2001:db8:1::7", "2001:db8::fe", 443).Bytes(), false},
 		{"ipv4 to an ipv6 listener's port", to("198.51.100.7", "192.0.2.254", 8443).Bytes(), false},
@@ -129,7 +134,8 @@ func TestXDPListeners(t *testing.T) {
 }
 
 // TestSetListeners: the listener tables follow the listeners, those of a
-// reload that removes one among them.
+// reload that removes one among them; a wildcard stands for the host's
+// addresses of its family, at most MaxHostAddrs of them.
 func TestSetListeners(t *testing.T) {
 	f := loadTest(t, testutil.Limits(1000), loadOptions{})
 	a, b := netip.MustParseAddrPort("192.0.2.1:443"), netip.MustParseAddrPort("[2001:db8::1]:443")
@@ -146,47 +152,56 @@ func TestSetListeners(t *testing.T) {
 		}
 		return n
 	}
-	kinds := func(port uint16) uint8 {
+	table := func() rakelimitListenTable {
 		var table rakelimitListenTable
 		if err := f.objs.ListenPorts.Lookup(uint32(0), &table); err != nil {
 			t.Fatal(err)
 		}
-		return table.Kinds[port]
+		return table
 	}
+	host := []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2")}
 	for _, step := range []struct {
-		addrs []netip.AddrPort
-		n     int
-		kinds uint8
+		addrs        []netip.AddrPort
+		n            int
+		kinds        uint8
+		host4, host6 uint32
 	}{
-		{[]netip.AddrPort{a, b}, 2, listenSome4 | listenSome6},
-		{[]netip.AddrPort{b}, 1, listenSome6},
-		{[]netip.AddrPort{b, netip.MustParseAddrPort("[2001:db8::2]:443")}, 2, listenSome6},
-		{nil, 0, 0},
+		{[]netip.AddrPort{a, b}, 2, listenSome4 | listenSome6, 1, 2},
+		{[]netip.AddrPort{b}, 1, listenSome6, 1, 2},
+		{[]netip.AddrPort{b, netip.MustParseAddrPort("[::]:443")}, 1, listenSome6 | listenHost6, 1, 2},
+		{[]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:443")}, 0, listenHost4, 1, 2},
+		{nil, 0, 0, 1, 2},
 	} {
-		if err := f.SetListeners(step.addrs); err != nil {
+		if err := f.SetListeners(step.addrs, host); err != nil {
 			t.Fatal(err)
 		}
 		if got := count(); got != step.n {
 			t.Fatalf("%v: %d listener addresses, want %d", step.addrs, got, step.n)
 		}
-		if got := kinds(443); got != step.kinds {
-			t.Fatalf("%v: port 443 kinds %#x, want %#x", step.addrs, got, step.kinds)
+		tb := table()
+		if tb.Kinds[443] != step.kinds || tb.Host4N != step.host4 || tb.Host6N != step.host6 {
+			t.Fatalf("%v: port 443 kinds %#x, %d and %d host addresses; want %#x, %d, %d", step.addrs, tb.Kinds[443],
+				tb.Host4N, tb.Host6N, step.kinds, step.host4, step.host6)
 		}
 	}
 	var many []netip.AddrPort
 	for i := range MaxListenAddrs + 1 {
-		many = append(many, netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(443+i/256)))
+		many = append(many, netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, byte(2 + i/256), byte(i)}), 443))
 	}
-	if err := f.SetListeners(many); err == nil || !strings.Contains(err.Error(), "at most") {
+	if err := f.SetListeners(many, nil); err == nil || !strings.Contains(err.Error(), "at most") {
 		t.Fatalf("%d listener addresses: got %v, want an error", len(many), err)
 	}
-	for _, wild := range []string{"0.0.0.0:443", "[::]:443"} {
-		if err := f.SetListeners([]netip.AddrPort{a, netip.MustParseAddrPort(wild)}); err == nil {
-			t.Fatalf("a wildcard (%s) listed: want an error (the engine lists the host's addresses)", wild)
+	var manyHost []netip.Addr
+	for i := range MaxHostAddrs + 1 {
+		manyHost = append(manyHost, netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)}))
+	}
+	for _, bad := range [][]netip.Addr{manyHost, {netip.IPv4Unspecified()}, {{}}} {
+		if err := f.SetListeners([]netip.AddrPort{a}, bad); err == nil {
+			t.Fatalf("host addresses %v: want an error", bad)
 		}
 	}
 	if got := count(); got != 0 {
-		t.Fatalf("a refused list left %d addresses", got)
+		t.Fatalf("a refused table left %d addresses", got)
 	}
 }
 
@@ -202,7 +217,7 @@ func TestSetListeners(t *testing.T) {
 // all the same.
 func TestDecidedOnce(t *testing.T) {
 	f := loadTest(t, testutil.QUICLimits(1000, 1000), loadOptions{testMode: true, xdp: true})
-	if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("192.0.2.254:8443")}); err != nil {
+	if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("192.0.2.254:8443")}, nil); err != nil {
 		t.Fatal(err)
 	}
 	frame := func(port uint16, b byte) testutil.Frame {
@@ -350,11 +365,10 @@ func TestXDPVeth(t *testing.T) {
 		if err := f.Attach(conn); err != nil {
 			t.Fatal(err)
 		}
-		// The wildcard socket's listener addresses: the namespace's
-		// (the engine lists them in mode xdp).
-		port := testutil.PortOf(conn)
-		if err := f.SetListeners([]netip.AddrPort{netip.AddrPortFrom(netip.MustParseAddr("fd00:38::1"), port),
-			netip.AddrPortFrom(netip.MustParseAddr("fd00:38:1::1"), port)}); err != nil {
+		// The wildcard socket, on the namespace's addresses (the
+		// engine reads them in mode xdp).
+		if err := f.SetListeners([]netip.AddrPort{netip.AddrPortFrom(netip.IPv6Unspecified(), testutil.PortOf(conn))},
+			[]netip.Addr{netip.MustParseAddr("fd00:38::1"), netip.MustParseAddr("fd00:38:1::1")}); err != nil {
 			t.Fatal(err)
 		}
 		if x, err = f.AttachXDP(iface.Index, iface.Name, false); err != nil {

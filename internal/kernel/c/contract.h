@@ -153,8 +153,11 @@
 #define PACER_PROOF 2 // kernel.pacerProof
 #define PACER_RETURNING 3 // kernel.pacerReturning
 #define NUM_PACERS 4 // kernel.numPacers
+#define LISTEN_HOST4 1 // kernel.listenHost4
+#define LISTEN_HOST6 2 // kernel.listenHost6
 #define LISTEN_SOME4 4 // kernel.listenSome4
 #define LISTEN_SOME6 8 // kernel.listenSome6
+#define MAX_HOST_ADDRS 8 // kernel.MaxHostAddrs
 #define MAX_LISTEN_ADDRS 4096 // kernel.MaxListenAddrs
 #define MAX_XDP_INTERFACES 256 // kernel.MaxXDPInterfaces
 #define XDP_PASSED_SLOTS 1024 // kernel.xdpPassedSlots

@@ -4,11 +4,12 @@
 //
 // The XDP program sees every frame that reaches its interface, before
 // routing. It decides the UDP datagrams to a listener (listened): to a port
-// and an address the limiter listens on, each listed (listen_addrs). A
-// wildcard listener is listed by the host's own addresses, which userspace
-// keeps current (internal/engine), less those another socket is bound to
-// on that port: forwarded traffic, a macvlan child's in another namespace
-// and another process's socket are not the limiter's, and pass untouched.
+// and an address the limiter listens on. A wildcard listener's addresses
+// are the host's own, which userspace keeps current (internal/engine) in
+// the port table (a few, scanned), or lists one by one (listen_addrs) on a
+// port where another socket is bound to one of them, or for a host with
+// many: forwarded traffic, a macvlan child's in another namespace and
+// another process's socket are not the limiter's, and pass untouched.
 // So does everything else: other ports and protocols, ARP, VLAN-tagged
 // frames, non-first fragments (no port). A first fragment carries the port
 // and is decided as the datagram it starts (QUIC datagrams are never
@@ -60,9 +61,38 @@
 #include "parse.h"
 #include "pkt.h"
 
+// host_addr reports whether addr, of family v6 or IPv4, is one of the
+// host's addresses in lp (a wildcard listener's: struct listen_table).
+static __always_inline int host_addr(const struct listen_table *lp, int v6, const __u32 *addr)
+{
+	if (!v6) {
+		__u32 n = lp->host4_n;
+#pragma unroll
+		for (int i = 0; i < MAX_HOST_ADDRS; i++) {
+			if (i >= n)
+				return 0;
+			if (lp->host4[i] == addr[0])
+				return 1;
+		}
+		return 0;
+	}
+	__u32 n = lp->host6_n;
+#pragma unroll
+	for (int i = 0; i < MAX_HOST_ADDRS; i++) {
+		if (i >= n)
+			return 0;
+		const __u32 *h = lp->host6[i];
+		if (h[3] == addr[3] && h[2] == addr[2] && h[1] == addr[1] && h[0] == addr[0])
+			return 1;
+	}
+	return 0;
+}
+
 // listened reports whether the datagram of key k is to a listener of the
-// limiter: its port has listener addresses of its family (listen_ports),
-// and its destination address is one of them (listen_addrs).
+// limiter: its port has listeners of its family (listen_ports), and its
+// destination address is one of the host's for a wildcard listener (a
+// scan of a few, cheaper than the hash's lookup) or one of those listed
+// (listen_addrs).
 static __always_inline int listened(const pkt_ctx *ctx, const struct key *k)
 {
 	__u32 zero = 0;
@@ -73,7 +103,8 @@ static __always_inline int listened(const pkt_ctx *ctx, const struct key *k)
 	if (!lp)
 		return 0;
 	int v6 = k->family == FAMILY_IPV6;
-	if (!(lp->kinds[k->dport] & (v6 ? LISTEN_SOME6 : LISTEN_SOME4)))
+	__u8 kinds = lp->kinds[k->dport] & (v6 ? LISTEN_HOST6 | LISTEN_SOME6 : LISTEN_HOST4 | LISTEN_SOME4);
+	if (!kinds)
 		return 0;
 	struct listen_key lk = {.port = k->dport, .family = k->family};
 	// Two loads of constant sizes: the XDP program's loads are direct.
@@ -81,7 +112,9 @@ static __always_inline int listened(const pkt_ctx *ctx, const struct key *k)
 		      : pkt_load_net(ctx, __builtin_offsetof(struct iphdr, daddr), lk.addr, 4);
 	if (err < 0)
 		return 0;
-	return bpf_map_lookup_elem(&listen_addrs, &lk) != NULL;
+	if ((kinds & (LISTEN_HOST4 | LISTEN_HOST6)) && host_addr(lp, v6, lk.addr))
+		return 1;
+	return (kinds & (LISTEN_SOME4 | LISTEN_SOME6)) && bpf_map_lookup_elem(&listen_addrs, &lk) != NULL;
 }
 
 // A slot of xdp_passed: the mark's top bits (PASSED_TAG), how many XDP runs
@@ -91,33 +124,35 @@ static __always_inline int listened(const pkt_ctx *ctx, const struct key *k)
 #define PASSED_SKIPS_SHIFT 8
 #define PASSED_COUNT 0xffULL
 
-// passed_mix folds v into the mark h (a multiplication by the golden ratio
-// and a shift: the mark needs spread, not secrecy; see above).
-static __always_inline __u64 passed_mix(__u64 h, __u32 v)
+// passed_word is the 64-bit word of the two 32-bit ones at p (4-byte
+// aligned in struct key: two loads).
+static __always_inline __u64 passed_word(const void *p)
 {
-	h = (h ^ v) * 0x9e3779b97f4a7c15ULL;
-	return h ^ (h >> 29);
+	__u32 lo, hi;
+
+	__builtin_memcpy(&lo, p, 4);
+	__builtin_memcpy(&hi, (const __u8 *)p + 4, 4);
+	return (__u64)hi << 32 | lo;
 }
 
 // passed_mark is the mark of the datagram of key k: its source address and
 // port and the first 24 bytes of its payload (the probe), which neither NAT
 // nor the stack changes between the XDP program and the socket filter.
+// Five 64-bit words, each multiplied by an odd constant, summed and mixed:
+// the multiplications do not wait on each other, and the mark needs spread,
+// not secrecy (see above).
 static __always_inline __u64 passed_mark(const struct key *k)
 {
-	__u64 h = passed_mix(k->sport, k->words[0]);
+	__u64 h = k->sport;
 
-	h = passed_mix(h, k->words[1]);
-	h = passed_mix(h, k->words[2]);
-	h = passed_mix(h, k->words[3]);
-#pragma unroll
-	for (int i = 0; i < 24; i += 4) {
-		__u32 w;
-
-		// The probe is 4-byte aligned in struct key: one load each.
-		__builtin_memcpy(&w, k->probe + i, 4);
-		h = passed_mix(h, w);
-	}
-	return h;
+	h += passed_word(&k->words[0]) * 0x9e3779b97f4a7c15ULL;
+	h += passed_word(&k->words[2]) * 0xc2b2ae3d27d4eb4fULL;
+	h += passed_word(k->probe) * 0x165667b19e3779f9ULL;
+	h += passed_word(k->probe + 8) * 0xd6e8feb86659fd93ULL;
+	h += passed_word(k->probe + 16) * 0xff51afd7ed558ccdULL;
+	h ^= h >> 29;
+	h *= 0xbf58476d1ce4e5b9ULL;
+	return h ^ (h >> 32);
 }
 
 // passed_slot is the slot of mark in this CPU's xdp_passed, or NULL.

@@ -437,10 +437,16 @@ struct {
 
 // The XDP program's listeners (c/listen.h), written by userspace
 // (internal/kernel/xdp.go) as it attaches the program: by destination port,
-// the families the limiter listens on there (LISTEN_SOME* bits), whose
-// addresses are listed in listen_addrs.
+// the families whose datagrams it decides there (LISTEN_* bits): to the
+// host's addresses (a wildcard listener: LISTEN_HOST*, the addresses in
+// host4 and host6, at most MAX_HOST_ADDRS of each, host4_n and host6_n in
+// use), or to some addresses, listed in listen_addrs (LISTEN_SOME*).
 struct listen_table {
 	__u8 kinds[65536];
+	__u32 host4[MAX_HOST_ADDRS];
+	__u32 host6[MAX_HOST_ADDRS][4];
+	__u32 host4_n;
+	__u32 host6_n;
 };
 
 // A listener's address: its family, port and address in network byte order
