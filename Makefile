@@ -24,9 +24,10 @@ endif
 # privileges), setcap (granting capabilities to a copy of the test binary),
 # gtlsclient (an independent HTTP/3 client), gcc (the race detector needs cgo),
 # tmux (a real terminal for `caddy rakelimit top`), chromium (a browser as an
-# HTTP/3 client, headless; about 350 MB installed).
-DEB_PACKAGES = iproute2 util-linux libcap2-bin ngtcp2-client gcc tmux chromium
-DEB_COMMANDS = ip setpriv setcap gtlsclient gcc tmux chromium
+# HTTP/3 client, headless; about 350 MB installed), nft (a port redirect in
+# front of mode xdp's listener).
+DEB_PACKAGES = iproute2 util-linux libcap2-bin ngtcp2-client gcc tmux chromium nftables
+DEB_COMMANDS = ip setpriv setcap gtlsclient gcc tmux chromium nft
 
 .PHONY: deps generate run test test-kernels fuzz bench bench-quick bench-filter bench-xdp
 deps:

@@ -145,9 +145,10 @@ func (e *xdpEngine) follow() {
 // the interfaces its traffic arrives on (once each), and makes the program
 // decide the datagrams to its addresses. Only a socket filter that cannot
 // attach fails it, leaving the socket without either: an interface that
-// refuses the program is reported (XDPInterfaces), its traffic decided by
-// the socket filter, and when none takes it Protect returns a
-// *SocketFilterOnlyError with the socket protected.
+// refuses the program (the kernel, or xdp_interfaces naming a device
+// without an Ethernet header) is reported (XDPInterfaces), its traffic
+// decided by the socket filter, and when one refuses it and none takes it
+// Protect returns a *SocketFilterOnlyError with the socket protected.
 func (e *xdpEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	addrs, err := listenAddrs(conn)
 	if err != nil {
@@ -168,6 +169,11 @@ func (e *xdpEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	}
 	l := xdpListener{addrs: addrs, without: without}
 	var refused []string
+	for _, w := range without {
+		if !w.leftOut { // named, and refused: no Ethernet header
+			refused = append(refused, w.reason)
+		}
+	}
 	for _, iface := range ifaces {
 		if err := e.hold(iface, kinds[iface.Index].stacks()); err != nil {
 			l.without = append(l.without, socketOnly{name: iface.Name, reason: err.Error()})
@@ -179,7 +185,7 @@ func (e *xdpEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	e.listeners[conn] = l
 	e.setListeners()
 	e.setStacked()
-	if len(ifaces) > 0 && len(l.ifaces) == 0 {
+	if len(refused) > 0 && len(l.ifaces) == 0 {
 		return &SocketFilterOnlyError{Listener: conn.LocalAddr().String(), Refused: refused}
 	}
 	return nil

@@ -57,9 +57,10 @@ func TestXDPListeners(t *testing.T) {
 	}
 	sport := uint16(50000)
 	to := func(src string, dst string, port uint16) testutil.Frame {
-		// A source port of its own: a datagram the XDP program passed
-		// is recorded, and the same again would pass undecided
-		// (TestDecidedOnce).
+		// A source port of its own: a stream of its own for the
+		// limiter. (The same datagram again would find the record of
+		// the one passed and pass undecided only on stacked interfaces,
+		// off here: TestDecidedOnce.)
 		sport++
 		p := udp(src, sport)
 		p.Dst, p.DstPort = netip.MustParseAddr(dst), port

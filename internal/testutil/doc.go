@@ -29,8 +29,9 @@
 //     Key), and IPv4Checksum;
 //   - netns.go (Linux): NetNS, a network namespace of the test's own
 //     (NewNetNS, removed when the test ends) with fd00::/8 addresses on its
-//     loopback, Do to make sockets inside it, IP to configure it, and Link,
-//     a veth pair between two namespaces;
+//     loopback, Do to make sockets inside it, IP to configure it, Link,
+//     a veth pair between two namespaces, and JoinNetNS, for a copy of the
+//     test binary started inside one of them to reach the others by name;
 //   - require.go: Required, SkipOrFail, RequireBPF and RequireRoot, the one
 //     switch (CI=true or RAKELIMIT_REQUIRE_BPF=1) that turns a test's
 //     missing privilege or tool from a skip into a failure;

@@ -20,6 +20,9 @@ import (
 type NetNS struct {
 	name string
 	fd   int
+	// joined: another process made the namespace (JoinNetNS), and
+	// removes it.
+	joined bool
 }
 
 // OpenNetNS makes a network namespace named after prefix, this process and
@@ -68,13 +71,31 @@ func NewNetNS(t testing.TB, addrs ...string) *NetNS {
 	return n
 }
 
+// JoinNetNS opens the network namespace name, which another process made
+// (a test that runs a copy of its binary inside one of its namespaces hands
+// it their names), to enter it and to link it; it is closed when t ends,
+// and not removed: its maker removes it.
+func JoinNetNS(t testing.TB, name string) *NetNS {
+	t.Helper()
+	fd, err := unix.Open("/var/run/netns/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("opening network namespace %s: %v", name, err)
+	}
+	n := &NetNS{name: name, fd: fd, joined: true}
+	t.Cleanup(n.Close)
+	return n
+}
+
 // Name is the namespace's name, as `ip netns` lists it.
 func (n *NetNS) Name() string { return n.name }
 
-// Close removes the namespace, and with it the links that end there.
+// Close removes the namespace, and with it the links that end there; a
+// namespace joined (JoinNetNS) is only closed.
 func (n *NetNS) Close() {
 	unix.Close(n.fd)
-	exec.Command("ip", "netns", "del", n.name).Run()
+	if !n.joined {
+		exec.Command("ip", "netns", "del", n.name).Run()
+	}
 }
 
 // Run runs ip commands (such as "addr add fd00::1/128 dev lo") in the

@@ -78,3 +78,18 @@ func TestNetNS(t *testing.T) {
 		}
 	}
 }
+
+// TestJoinNetNS: a namespace another process made is joined by its name:
+// entered, it is that namespace (its address binds), and closing it when
+// the test that joined it ends leaves it to its maker.
+func TestJoinNetNS(t *testing.T) {
+	RequireRoot(t)
+	made := NewNetNS(t, "fd00:2::1/128")
+	t.Run("joined", func(t *testing.T) {
+		joined := JoinNetNS(t, made.Name())
+		joined.Do(t, func() { Listen(t, "udp6", "[fd00:2::1]:0") })
+	})
+	if _, err := os.Stat("/var/run/netns/" + made.Name()); err != nil {
+		t.Errorf("namespace %s gone after the test that joined it: %v", made.Name(), err)
+	}
+}

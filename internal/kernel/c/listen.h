@@ -19,14 +19,14 @@
 // A datagram is decided once, whatever happens to it between the two hooks.
 // The XDP program records each datagram it passed (xdp_record), in a table
 // of the CPU it runs on (xdp_passed), under a mark of what the stack leaves
-// as it was (passed_mark: the source address and port and the payload's
-// first bytes; NAT may rewrite the destination, a VLAN's tag may be
-// stripped, a bridge may take the frame up). The socket filter leaves one
-// datagram alone for each record it finds, and consumes the record
-// (passed_at_xdp); it decides every other datagram. Nothing is inferred
-// from where a datagram arrived or what its headers say by then: a port
-// redirected to a listener's is decided at the socket, since the XDP
-// program, which saw another port, recorded nothing.
+// as it was (passed_mark: the source address and the payload's first
+// bytes; NAT may rewrite the destination, and the source port too, a
+// VLAN's tag may be stripped, a bridge may take the frame up). The socket
+// filter leaves one datagram alone for each record it finds, and consumes
+// the record (passed_at_xdp); it decides every other datagram. Nothing is
+// inferred from where a datagram arrived or what its headers say by then:
+// a port redirected to a listener's is decided at the socket, since the
+// XDP program, which saw another port, recorded nothing.
 //
 // The socket filter runs on the CPU that ran the XDP program (the same
 // receive softirq), unless RPS or RFS steers the packet to another: then it
@@ -36,8 +36,8 @@
 // slots against a NAPI poll's 64 frames) does the same.
 //
 // A record proves nothing a sender could not forge: a datagram the XDP
-// program did not decide matches one only by carrying the source, port and
-// first bytes of a datagram it passed, and that datagram, finding no
+// program did not decide matches one only by carrying the source address
+// and first bytes of a datagram it passed, and that datagram, finding no
 // record, is decided at the socket. Each decision skipped costs the sender
 // one decided, so a forged mark gains it nothing.
 //
@@ -136,16 +136,19 @@ static __always_inline __u64 passed_word(const void *p)
 }
 
 // passed_mark is the mark of the datagram of key k: its source address and
-// port and the first 24 bytes of its payload (the probe), which neither NAT
-// nor the stack changes between the XDP program and the socket filter.
-// Five 64-bit words, each multiplied by an odd constant, summed and mixed:
-// the multiplications do not wait on each other, and the mark needs spread,
-// not secrecy (see above).
+// the first 24 bytes of its payload (the probe), which neither NAT nor the
+// stack changes between the XDP program and the socket filter. Not its
+// source port: netfilter gives an inbound flow another one where the flow's
+// reply would be another flow's (a client's port that reached a port
+// redirected to the listener's, then the listener's port straight), and
+// the datagram would be decided again at the socket. Five 64-bit words,
+// each multiplied by an odd constant, summed and mixed: the multiplications
+// do not wait on each other, and the mark needs spread, not secrecy (see
+// above).
 static __always_inline __u64 passed_mark(const struct key *k)
 {
-	__u64 h = k->sport;
+	__u64 h = passed_word(&k->words[0]) * 0x9e3779b97f4a7c15ULL;
 
-	h += passed_word(&k->words[0]) * 0x9e3779b97f4a7c15ULL;
 	h += passed_word(&k->words[2]) * 0xc2b2ae3d27d4eb4fULL;
 	h += passed_word(k->probe) * 0x165667b19e3779f9ULL;
 	h += passed_word(k->probe + 8) * 0xd6e8feb86659fd93ULL;
