@@ -1,11 +1,18 @@
 // Package rakelimit is a Caddy module that protects HTTP/3 (QUIC over UDP)
-// listeners from packet floods. It attaches a BPF socket filter to the UDP
-// socket quic-go reads from, so that flood packets are dropped in the kernel,
-// before any handshake work. The filter sorts datagrams by QUIC class
-// (internal/decide/quicclass): invalid ones are dropped, packets that open
-// connections and packets of established connections each go through a
-// hierarchical fair-share rate limiter over the source address, its prefixes
-// and the ports (internal/decide/sketch).
+// listeners from packet floods. It puts a BPF program in front of the UDP
+// socket quic-go reads from, so that flood packets are dropped in the kernel
+// before any handshake work: a socket filter (mode bpf), or an XDP program
+// at the driver with the socket filter behind it (mode xdp); without the
+// privileges to load it, the same decision runs in Caddy in front of quic-go
+// (mode userspace). The program sorts datagrams by QUIC class
+// (internal/decide/quicclass), verifies them by what the server sent
+// (internal/engine/egress: its connection IDs, the peers it answered and
+// their credit), drops the invalid ones, and puts the packets that open
+// connections and those of established connections each through a
+// hierarchical fair-share rate limiter over the source address, its
+// prefixes and the ports (internal/decide/sketch). This package is the
+// Caddy glue: the module, its options and Caddyfile, the commit of settings
+// on start, the registry of limiters, and the views of their report.
 package rakelimit
 
 import (
@@ -110,8 +117,8 @@ type RakeLimit struct {
 	EstablishedUnlimitedLevels []int          `json:"established_unlimited_levels,omitempty"`
 
 	// Classify sorts datagrams by QUIC class (see above). Off, every
-	// datagram counts alike against limit and level_limits, as before the
-	// filter knew QUIC: for comparison, or for a socket that serves
+	// datagram counts alike against limit and level_limits, with no
+	// regard to QUIC: for comparison, or for a socket that serves
 	// something else than QUIC. Default: on.
 	Classify *bool `json:"classify,omitempty"`
 

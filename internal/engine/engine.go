@@ -1,15 +1,19 @@
 // Package engine runs a limiter: it opens the engine that decides datagrams
-// (the kernel's BPF socket filter, package kernel, or the userspace limiter in
-// front of quic-go, package userspace) in the mode asked for (the table of
-// modes, modes.go), puts it in front of sockets, falls back from BPF to
-// userspace when the filter cannot attach, and runs the goroutines that
-// report on it: newly limited streams, streams no longer limited, and the
-// hourly sweep of stale sketch cells. Report reads a limiter into one
-// snapshot (package report) that the admin view, the metrics and the
-// console all render; a Registry holds the running limiters by name and the
-// sockets each owns. It takes a logger and knows nothing of Caddy; the Caddy
-// module (the root package) counts the uses of each limiter across reloads
-// and decides when settings change.
+// in the mode asked for (the table of modes, modes.go): the BPF program of
+// package kernel at the driver (mode xdp: its XDP program, with the socket
+// filter behind it) or on the sockets (mode bpf), or the userspace limiter
+// in front of quic-go (package userspace); puts it in front of sockets,
+// falls back down a chain (mode auto: XDP, the socket filter, userspace)
+// when an engine cannot attach; feeds it what the server sends (package
+// egress); moves the opening and established totals with the receive
+// queues (total.go, package backlog); and runs the goroutines that report
+// on it: newly limited streams, streams no longer limited, the expiry of
+// what was learned, and the hourly sweep of stale sketch cells. Report
+// reads a limiter into one snapshot (package report) that the admin view,
+// the metrics and the console all render; a Registry holds the running
+// limiters by name and the sockets each owns. It takes a logger and knows
+// nothing of Caddy; the Caddy module (the root package) counts the uses of
+// each limiter across reloads and decides when settings change.
 package engine
 
 import (

@@ -39,6 +39,6 @@ func (l *Limiter) oddID(length int) {
 		l.put.Logger.Error("turning connection ID verification off", zap.String("limiter", l.name), zap.Error(err))
 	}
 	l.put.Logger.Error("the server sends connection IDs of another length than quic-go's default 4 bytes: "+
-		"rakelimit cannot verify them and treats every client packet as before verification",
+		"rakelimit cannot verify them and turns connection ID verification off: client packets are classified by their headers alone",
 		zap.String("limiter", l.name), zap.Int("length", length))
 }

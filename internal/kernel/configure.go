@@ -13,6 +13,18 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
+// The pacers' slots in the pacer map: the version negotiation cap's
+// (decide.Pacing), the tracking pacer's (decide.TrackPacing), the proof
+// pacer's (decide.ProofPacing) and the returning part of the opening
+// class's fair total's (sketch.Params.Returning).
+const (
+	pacerNegotiation = 0 // C: PACER_NEGOTIATION
+	pacerTracking    = 1 // C: PACER_TRACKING
+	pacerProof       = 2 // C: PACER_PROOF
+	pacerReturning   = 3 // C: PACER_RETURNING
+	numPacers        = 4 // C: NUM_PACERS
+)
+
 // Configure replaces the configuration of a live filter, all or nothing,
 // with one switch of the configuration slot: the change governs the next
 // packet, and the sketches and counters are kept. On an error the filter is

@@ -43,15 +43,11 @@
 // # What it costs
 //
 // The kernel filter drops a flood before it is queued; here every datagram
-// is received first. On the development machine (2 cores shared with other
-// jobs, so the figures vary by run; go test -bench, medians of 5, three
-// runs), reading through Conn.ReadBatch cost per datagram 1.0 to 1.4 times
-// a wrapper that only passes datagrams through for a flood from one source,
-// 1.8 to 2.4 times for a flood from a new address per datagram, and 1.4 to
-// 1.9 times for traffic under the limit (which walks every level). The
-// decision alone took 0.12 to 0.15 µs per datagram from one source, 0.35 to
-// 0.39 µs from a new source each time and 0.34 µs under the limit, in
-// quic-go's batches of 8. So, against the kernel mode:
+// is received first, and decided on the goroutine that reads the socket
+// (bench_test.go measures reading through Conn.ReadBatch against a wrapper
+// that only passes datagrams through; the figures are in the lab's
+// notebook, "The userspace conn's cost per datagram"). So, against the
+// kernel mode:
 //
 //   - Each flood datagram still costs its share of a recvmmsg call, a copy
 //     into quic-go's buffer and the decision, on the goroutine that reads

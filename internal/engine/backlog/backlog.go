@@ -1,7 +1,12 @@
-// Package backlog sets the socket's total of connection-opening packets (the
-// last level of the opening class) from what quic-go can take, measured on
-// the socket itself: how full its receive queue is, and how many datagrams
-// the kernel dropped because the queue was full.
+// Package backlog sets a class's total for the sockets (the last level of
+// the opening class, and of the established class: LawFor) from what
+// quic-go can take, measured on the sockets themselves: how full their
+// receive queues are, and how many datagrams the kernel dropped because a
+// queue was full; and, in the userspace mode, the share of long headers
+// the kernel pre-filter sheds while the queue overflows (Shedder). It reads
+// the sockets' counters from /proc/net (procnet.go) and their queues
+// (socket_linux.go), in every mode: the XDP program's refusals never reach
+// a socket, so they count in neither.
 //
 // A fixed total is a guess about one machine: set too low, it refuses new
 // connections quic-go could have served (under a spoofed flood every network

@@ -20,9 +20,9 @@ const (
 	// DefaultSampleShift lets one invalid datagram in 2^10 through to the
 	// userspace limiter, which counts it by reason: the kernel's drops of
 	// that reason are estimated from it. A flood of invalid junk at 300,000
-	// datagrams a second still leaves about 300 samples a second. One in
-	// 2^6 cost Caddy 1.5x its idle CPU under the end-to-end benchmark's
-	// invalid flood, one in 2^10 1.1x: the sample's wakeups were the cost.
+	// datagrams a second still leaves about 300 samples a second; a larger
+	// sample's cost is the reading goroutine's wakeups (the lab's notebook,
+	// "The pre-filter's sample of invalid datagrams").
 	DefaultSampleShift = 10
 	// MaxPortRanges bounds the blocked source port ranges compiled; a set
 	// with more leaves the ports to the userspace limiter.
