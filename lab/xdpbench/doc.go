@@ -29,6 +29,12 @@
 //     mode, interleaved
 //   - report.go: medians, ratios, results.md and results.json
 //
+// lab/virtiobench runs the same comparison on a virtio-net NIC in a guest,
+// with what this package exports: the floods (Flood), the floor
+// (AttachFloor), the site and its counters (Site, Caddy, ParseCounts), the
+// readings of a process and a program (ProcTicks, ProgramRuns, UDPDrops),
+// and the summary and tables of samples (Summarize, WriteTables).
+//
 // Network rule: every datagram goes to fd00::/8 addresses in namespaces
 // the run makes and removes, and every flood is bounded by a count and a
 // duration.

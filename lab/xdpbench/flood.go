@@ -31,21 +31,33 @@ var FloodKinds = []string{FloodInitial, FloodSmall}
 // batch is how many datagrams one sendmmsg sends.
 const batch = 64
 
-// flood is a bounded flood of one kind from the sender's namespace.
-type flood struct {
-	kind string
-	// rate is the datagrams per second of all the senders together; 0
+// Flood is a bounded flood of one kind to one address, from the
+// addresses FloodSource(0) to FloodSource(Sources-1): from sockets bound to
+// them (Send), or as Ethernet frames that claim them (SendFrames).
+type Flood struct {
+	// Kind is one of FloodKinds.
+	Kind string
+	// Rate is the datagrams per second of all the senders together; 0
 	// sends as fast as they go.
-	rate int
-	// senders are the goroutines that send, sources the addresses they
+	Rate int
+	// Senders are the goroutines that send, Sources the addresses they
 	// send from, in turn.
-	senders, sources int
-	// count and dur bound the flood.
-	count int
-	dur   time.Duration
-	// live sends XDP frames into the veth (runLive), not datagrams from
-	// sockets.
-	live bool
+	Senders, Sources int
+	// Count and For bound the flood.
+	Count int
+	For   time.Duration
+}
+
+// check refuses a flood to an address outside loopback and fd00::/8, and
+// an unbounded one.
+func (f Flood) check(dst netip.AddrPort) error {
+	if !testutil.Allowed(dst.Addr()) {
+		return fmt.Errorf("flood: destination %v is not in fd00::/8", dst)
+	}
+	if f.Count <= 0 || f.For <= 0 || f.Senders <= 0 || f.Sources < f.Senders {
+		return errors.New("flood: needs a count, a duration, senders and a source for each")
+	}
+	return nil
 }
 
 // payloads are the datagrams a sender sends in turn.
@@ -71,15 +83,14 @@ func payloads(kind string, seed uint64) [][]byte {
 	return out
 }
 
-// run sends the flood to dst and returns what it sent and for how long.
-func (f flood) run(ns *testutil.NetNS, dst netip.AddrPort) (int, time.Duration, error) {
-	if !testutil.Allowed(dst.Addr()) {
-		return 0, 0, fmt.Errorf("flood: destination %v is not in fd00::/8", dst)
+// Send sends the flood to dst from UDP sockets bound in ns to its sources
+// (addresses of an interface there), and returns what it sent and for how
+// long.
+func (f Flood) Send(ns *testutil.NetNS, dst netip.AddrPort) (int, time.Duration, error) {
+	if err := f.check(dst); err != nil {
+		return 0, 0, err
 	}
-	if f.count <= 0 || f.dur <= 0 || f.senders <= 0 || f.sources < f.senders {
-		return 0, 0, errors.New("flood: needs a count, a duration, senders and a source for each")
-	}
-	conns := make([][]*ipv6.PacketConn, f.senders)
+	conns := make([][]*ipv6.PacketConn, f.Senders)
 	var raw []*net.UDPConn
 	defer func() {
 		for _, c := range raw {
@@ -87,13 +98,13 @@ func (f flood) run(ns *testutil.NetNS, dst netip.AddrPort) (int, time.Duration, 
 		}
 	}()
 	if err := ns.Enter(func() error {
-		for i := range f.sources {
-			c, err := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(floodSource(i)), 0)))
+		for i := range f.Sources {
+			c, err := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(FloodSource(i)), 0)))
 			if err != nil {
-				return fmt.Errorf("flood: binding %s: %w", floodSource(i), err)
+				return fmt.Errorf("flood: binding %s: %w", FloodSource(i), err)
 			}
 			raw = append(raw, c)
-			conns[i%f.senders] = append(conns[i%f.senders], ipv6.NewPacketConn(c))
+			conns[i%f.Senders] = append(conns[i%f.Senders], ipv6.NewPacketConn(c))
 		}
 		return nil
 	}); err != nil {
@@ -105,9 +116,9 @@ func (f flood) run(ns *testutil.NetNS, dst netip.AddrPort) (int, time.Duration, 
 	total := 0
 	var firstErr error
 	var wg sync.WaitGroup
-	for s := range f.senders {
+	for s := range f.Senders {
 		wg.Go(func() {
-			n, err := f.send(conns[s], to, payloads(f.kind, uint64(s)+1), start)
+			n, err := f.send(conns[s], to, payloads(f.Kind, uint64(s)+1), start)
 			mu.Lock()
 			defer mu.Unlock()
 			total += n
@@ -123,17 +134,17 @@ func (f flood) run(ns *testutil.NetNS, dst netip.AddrPort) (int, time.Duration, 
 // send is one sender's loop: batches from its sockets in turn, paced at its
 // share of the rate, until its share of the count is sent or the flood's
 // time is up.
-func (f flood) send(conns []*ipv6.PacketConn, to *net.UDPAddr, data [][]byte, start time.Time) (int, error) {
+func (f Flood) send(conns []*ipv6.PacketConn, to *net.UDPAddr, data [][]byte, start time.Time) (int, error) {
 	msgs := make([]ipv6.Message, batch)
 	for i := range msgs {
 		msgs[i] = ipv6.Message{Buffers: [][]byte{data[i]}, Addr: to}
 	}
-	count := f.count / f.senders
-	rate := float64(f.rate) / float64(f.senders)
+	count := f.Count / f.Senders
+	rate := float64(f.Rate) / float64(f.Senders)
 	sent := 0
 	for turn := 0; sent < count; turn++ {
 		elapsed := time.Since(start)
-		if elapsed >= f.dur {
+		if elapsed >= f.For {
 			break
 		}
 		n := min(batch, count-sent)

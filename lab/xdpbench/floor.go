@@ -14,14 +14,14 @@ import (
 )
 
 // ModeFloor is the floor the XDP program is measured against: Caddy in
-// mode bpf behind a trivial XDP program (floorProgram) that drops every
+// mode bpf behind a trivial XDP program (FloorProgram) that drops every
 // frame from the flood's /48 and passes the rest. Its receiving CPU per
 // drop is what the veth and XDP itself cost per frame, whatever a program
 // decides: the least any XDP program can cost on this path.
 const ModeFloor = "xdp-floor"
 
 // Offsets in an Ethernet frame of an IPv6 packet, and the flood's /48
-// (fd00:78:b0::/48, floodSource) as the program reads it: a 32-bit load
+// (FloodPrefix, FloodSource) as the program reads it: a 32-bit load
 // of the source's first 4 bytes and a 16-bit load of the next 2, in the
 // machine's byte order (little-endian, x86 and arm64).
 const (
@@ -33,10 +33,10 @@ const (
 	floodHalf1LE = 0xb000     // 00 b0
 )
 
-// floorProgram returns the floor's XDP program: XDP_DROP for an IPv6
+// FloorProgram returns the floor's XDP program: XDP_DROP for an IPv6
 // frame from the flood's /48, XDP_PASS for any other (the legit client's
 // and Caddy's neighbour discovery among them).
-func floorProgram() (*ebpf.Program, error) {
+func FloorProgram() (*ebpf.Program, error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:    "xdp_floor_drop",
 		Type:    ebpf.XDP,
@@ -65,41 +65,48 @@ func floorProgram() (*ebpf.Program, error) {
 	return prog, nil
 }
 
-// floor is the floor's program attached to the server's veth; its run
-// count (the kernel's program statistics, which Run turns on) is the
-// floor's drops.
-type floor struct {
+// Floor is the floor's program attached to an interface; its run count
+// (the kernel's program statistics, which must be on: ebpf.EnableStats)
+// is the floor's drops.
+type Floor struct {
 	prog *ebpf.Program
 	link link.Link
 }
 
-// attachFloor loads the floor's program and attaches it natively to the
-// veth in the server's namespace.
-func (l *lab) attachFloor() (*floor, error) {
-	f := &floor{}
+// AttachFloor loads the floor's program and attaches it natively (in the
+// driver) to the interface ifname of the calling thread's namespace.
+func AttachFloor(ifname string) (*Floor, error) {
+	f := &Floor{}
 	var err error
-	if f.prog, err = floorProgram(); err != nil {
-		f.close()
+	if f.prog, err = FloorProgram(); err != nil {
 		return nil, err
 	}
-	err = l.server.Enter(func() error {
-		iface, err := net.InterfaceByName(vethName)
-		if err != nil {
-			return err
-		}
+	iface, err := net.InterfaceByName(ifname)
+	if err == nil {
 		f.link, err = link.AttachXDP(link.XDPOptions{Program: f.prog, Interface: iface.Index, Flags: link.XDPDriverMode})
-		return err
-	})
+	}
 	if err != nil {
-		f.close()
-		return nil, fmt.Errorf("attaching the floor's XDP program to %s: %w", vethName, err)
+		f.Close()
+		return nil, fmt.Errorf("attaching the floor's XDP program to %s: %w", ifname, err)
 	}
 	return f, nil
 }
 
-// runs is how many frames the floor's program saw; all but the legit
+// attachFloor attaches the floor's program to the veth in the server's
+// namespace.
+func (l *lab) attachFloor() (*Floor, error) {
+	var f *Floor
+	err := l.server.Enter(func() error {
+		var err error
+		f, err = AttachFloor(vethName)
+		return err
+	})
+	return f, err
+}
+
+// Runs is how many frames the floor's program saw; all but the legit
 // client's few and neighbour discovery are the flood's, which it dropped.
-func (f *floor) runs() (uint64, error) {
+func (f *Floor) Runs() (uint64, error) {
 	st, err := f.prog.Stats()
 	if err != nil {
 		return 0, fmt.Errorf("the floor's program statistics: %w", err)
@@ -107,11 +114,11 @@ func (f *floor) runs() (uint64, error) {
 	return st.RunCount, nil
 }
 
-// programRuns sums the run counts of the loaded BPF programs named name
+// ProgramRuns sums the run counts of the loaded BPF programs named name
 // (the kernel's program statistics: on while a floor is attached, or
 // enableStats): how many frames the XDP program of a Caddy in mode xdp ran
 // on.
-func programRuns(name string) (uint64, error) {
+func ProgramRuns(name string) (uint64, error) {
 	var sum uint64
 	for id := ebpf.ProgramID(0); ; {
 		next, err := ebpf.ProgramGetNextID(id)
@@ -140,8 +147,8 @@ func programRuns(name string) (uint64, error) {
 	}
 }
 
-// close detaches and unloads the floor's program.
-func (f *floor) close() {
+// Close detaches and unloads the floor's program.
+func (f *Floor) Close() {
 	if f.link != nil {
 		f.link.Close()
 	}

@@ -4,6 +4,9 @@ package xdpbench
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
+	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -14,13 +17,20 @@ type lab struct {
 	server, sender *testutil.NetNS
 }
 
-// The veth's name at both ends, and its addresses: Caddy's, the legit
-// client's (in Caddy's /64) and the flood's sources (another /48).
+// The veth's name at both ends, and its addresses: Caddy's and the legit
+// client's (in Caddy's /64); the flood's sources are another /48
+// (FloodSource).
 const vethName = "rkxb"
 
-func serverAddr() string       { return "fd00:78:b::1" }
-func clientAddr() string       { return "fd00:78:b::2" }
-func floodSource(i int) string { return fmt.Sprintf("fd00:78:b0::%x", i+1) }
+func serverAddr() string { return "fd00:78:b::1" }
+func clientAddr() string { return "fd00:78:b::2" }
+
+// FloodPrefix is the /48 of the flood's sources, which the floor's program
+// drops.
+const FloodPrefix = "fd00:78:b0::/48"
+
+// FloodSource is the flood's i-th source address (from 0), in FloodPrefix.
+func FloodSource(i int) string { return fmt.Sprintf("fd00:78:b0::%x", i+1) }
 
 // newLab makes the namespaces and the veth, with sources flood addresses.
 func newLab(sources int) (*lab, error) {
@@ -42,7 +52,7 @@ func newLab(sources int) (*lab, error) {
 	}
 	cmds = []string{"link set " + vethName + " up", fmt.Sprintf("addr add %s/64 dev %s nodad", clientAddr(), vethName)}
 	for i := range sources {
-		cmds = append(cmds, fmt.Sprintf("addr add %s/128 dev %s nodad", floodSource(i), vethName))
+		cmds = append(cmds, fmt.Sprintf("addr add %s/128 dev %s nodad", FloodSource(i), vethName))
 	}
 	// The sources' /48 is reached over the veth from Caddy's side too, for
 	// whatever Caddy answers.
@@ -50,11 +60,27 @@ func newLab(sources int) (*lab, error) {
 		l.close()
 		return nil, err
 	}
-	if err := server.Run(fmt.Sprintf("route add fd00:78:b0::/48 dev %s", vethName)); err != nil {
+	if err := server.Run(fmt.Sprintf("route add %s dev %s", FloodPrefix, vethName)); err != nil {
 		l.close()
 		return nil, err
 	}
 	return l, nil
+}
+
+// sendFrames sends fl to dst as XDP frames into the sender's end of the
+// veth, addressed to the server's end.
+func (l *lab) sendFrames(fl Flood, dst netip.AddrPort) (int, time.Duration, error) {
+	var dstMAC net.HardwareAddr
+	if err := l.server.Enter(func() error {
+		iface, err := net.InterfaceByName(vethName)
+		if err == nil {
+			dstMAC = iface.HardwareAddr
+		}
+		return err
+	}); err != nil {
+		return 0, 0, err
+	}
+	return fl.SendFrames(l.sender, vethName, dstMAC, dst)
 }
 
 // close removes both namespaces.

@@ -5,6 +5,7 @@ package xdpbench
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -52,13 +53,13 @@ type Ratio struct {
 // paired returns the medians over the repetitions of mode's receiving CPU
 // per drop and rate sent, each divided by the socket filter's in the same
 // repetition, under the flood and rate of k.
-func (r *Report) paired(k key, mode string) (nsPerDrop, sentPPS float64, ok bool) {
+func paired(samples []Sample, k key, mode string) (nsPerDrop, sentPPS float64, ok bool) {
 	var ns, sent []float64
-	for _, a := range r.Samples {
+	for _, a := range samples {
 		if a.Flood != k.flood || a.Rate != k.rate || a.Mode != mode {
 			continue
 		}
-		for _, b := range r.Samples {
+		for _, b := range samples {
 			if b.Flood == a.Flood && b.Rate == a.Rate && b.Rep == a.Rep && b.Mode == Modes[0] && b.NsPerDrop() > 0 && b.Sent > 0 {
 				ns, sent = append(ns, a.NsPerDrop()/b.NsPerDrop()), append(sent, a.SentPPS()/b.SentPPS())
 			}
@@ -87,16 +88,20 @@ type key struct {
 }
 
 // summarize computes the rows and the ratios from the samples.
-func (r *Report) summarize() {
-	r.Rows, r.Ratios = nil, nil
+func (r *Report) summarize() { r.Rows, r.Ratios = Summarize(r.Samples) }
+
+// Summarize computes the rows (medians per flood, rate and mode, the
+// socket filter first) and the ratios (medians of the per-repetition
+// ratios to the socket filter, under each flood and rate) of samples.
+func Summarize(samples []Sample) (rows []Row, ratios []Ratio) {
 	var keys []key
-	for _, s := range r.Samples {
+	for _, s := range samples {
 		if k := (key{s.Flood, s.Rate}); !slices.Contains(keys, k) {
 			keys = append(keys, k)
 		}
 	}
 	modes := slices.Clone(Modes)
-	for _, s := range r.Samples {
+	for _, s := range samples {
 		if !slices.Contains(modes, s.Mode) {
 			modes = append(modes, s.Mode)
 		}
@@ -104,7 +109,7 @@ func (r *Report) summarize() {
 	for _, k := range keys {
 		for _, mode := range modes {
 			var sent, dropped, passed, soft, cad, ns, legit []float64
-			for _, s := range r.Samples {
+			for _, s := range samples {
 				if s.Flood != k.flood || s.Rate != k.rate || s.Mode != mode || s.Seconds <= 0 {
 					continue
 				}
@@ -116,14 +121,15 @@ func (r *Report) summarize() {
 			if len(sent) == 0 {
 				continue
 			}
-			r.Rows = append(r.Rows, Row{Mode: mode, Flood: k.flood, Rate: k.rate, SentPPS: median(sent), DroppedPPS: median(dropped),
+			rows = append(rows, Row{Mode: mode, Flood: k.flood, Rate: k.rate, SentPPS: median(sent), DroppedPPS: median(dropped),
 				PassedPPS: median(passed), SoftirqPct: median(soft), CaddyPct: median(cad), NsPerDrop: median(ns), Legit: median(legit)})
 		}
-		if ns, sent, ok := r.paired(k, Modes[1]); ok {
-			floor, _, _ := r.paired(k, ModeFloor)
-			r.Ratios = append(r.Ratios, Ratio{Flood: k.flood, Rate: k.rate, NsPerDrop: ns, SentPPS: sent, FloorNsPerDrop: floor})
+		if ns, sent, ok := paired(samples, k, Modes[1]); ok {
+			floor, _, _ := paired(samples, k, ModeFloor)
+			ratios = append(ratios, Ratio{Flood: k.flood, Rate: k.rate, NsPerDrop: ns, SentPPS: sent, FloorNsPerDrop: floor})
 		}
 	}
+	return rows, ratios
 }
 
 // line is a sample's progress line.
@@ -139,28 +145,34 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&b, "# The socket filter against the XDP program\n\n")
 	fmt.Fprintf(&b, "%s; %d repetitions of %v floods across a veth, modes interleaved; medians.\n\n", r.Machine,
 		r.Options.Reps, r.Options.For)
-	fmt.Fprintf(&b, "| flood | rate | mode | sent/s | dropped/s | passed/s | softirq CPU | Caddy CPU | receiving CPU per drop | legit requests |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, row := range r.Rows {
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.0f | %.1f%% | %.1f%% | %.0f ns | %.1f%% |\n", row.Flood, rateName(row.Rate),
-			row.Mode, row.SentPPS, row.DroppedPPS, row.PassedPPS, row.SoftirqPct, row.CaddyPct, row.NsPerDrop, 100*row.Legit)
-	}
-	if len(r.Ratios) > 0 {
-		fmt.Fprintf(&b, "\nxdp / bpf (and %s / bpf), medians of the per-repetition ratios:\n\n"+
-			"| flood | rate | receiving CPU per drop | rate sent | the floor's receiving CPU per drop |\n|---|---|---|---|---|\n", ModeFloor)
-		for _, q := range r.Ratios {
-			floor := "not measured"
-			if q.FloorNsPerDrop > 0 {
-				floor = fmt.Sprintf("%.2f", q.FloorNsPerDrop)
-			}
-			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %s |\n", q.Flood, rateName(q.Rate), q.NsPerDrop, q.SentPPS, floor)
-		}
-	}
+	WriteTables(&b, r.Rows, r.Ratios)
 	fmt.Fprintf(&b, "\nSender: %s. Receiving CPU: the machine's softirq time (the veth's receive path, wherever it ran) and "+
 		"Caddy's, per datagram the limiter dropped. CPU shares are of one core. Sent: what the sender handed the veth, "+
 		"whose receive ring drops what its receiver does not take in time: sent less dropped and passed is what never reached the program. %s: Caddy in mode bpf behind an XDP program that "+
 		"drops the flood's frames and does nothing else; its drops are the frames that program saw.\n", senderName(r.Options.Sender), ModeFloor)
 	return b.String()
+}
+
+// WriteTables writes rows and ratios as results.md's two tables: the
+// medians per flood, rate and mode, then xdp / bpf and the floor / bpf.
+func WriteTables(w io.Writer, rows []Row, ratios []Ratio) {
+	fmt.Fprintf(w, "| flood | rate | mode | sent/s | dropped/s | passed/s | softirq CPU | Caddy CPU | receiving CPU per drop | legit requests |\n")
+	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, row := range rows {
+		fmt.Fprintf(w, "| %s | %s | %s | %.0f | %.0f | %.0f | %.1f%% | %.1f%% | %.0f ns | %.1f%% |\n", row.Flood, rateName(row.Rate),
+			row.Mode, row.SentPPS, row.DroppedPPS, row.PassedPPS, row.SoftirqPct, row.CaddyPct, row.NsPerDrop, 100*row.Legit)
+	}
+	if len(ratios) > 0 {
+		fmt.Fprintf(w, "\nxdp / bpf (and %s / bpf), medians of the per-repetition ratios:\n\n"+
+			"| flood | rate | receiving CPU per drop | rate sent | the floor's receiving CPU per drop |\n|---|---|---|---|---|\n", ModeFloor)
+		for _, q := range ratios {
+			floor := "not measured"
+			if q.FloorNsPerDrop > 0 {
+				floor = fmt.Sprintf("%.2f", q.FloorNsPerDrop)
+			}
+			fmt.Fprintf(w, "| %s | %s | %.2f | %.2f | %s |\n", q.Flood, rateName(q.Rate), q.NsPerDrop, q.SentPPS, floor)
+		}
+	}
 }
 
 // senderName says how the flood was sent.

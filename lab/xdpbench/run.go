@@ -161,7 +161,7 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 	}
 	defer stats.Close()
 	r := &runner{o: o, lab: l}
-	rep := &Report{Machine: machine(), Options: *o}
+	rep := &Report{Machine: Machine(), Options: *o}
 	total := o.Reps * len(o.Floods) * len(o.Rates) * len(o.modes())
 	for i := range o.Reps {
 		for _, kind := range o.Floods {
@@ -175,8 +175,7 @@ func Run(ctx context.Context, o *Options, progress io.Writer) (*Report, error) {
 					if err := ctx.Err(); err != nil {
 						return nil, err
 					}
-					fl := flood{kind: kind, rate: rate, senders: o.Senders, sources: o.Sources, count: o.MaxCount, dur: o.For,
-						live: o.Sender == SenderXDP}
+					fl := Flood{Kind: kind, Rate: rate, Senders: o.Senders, Sources: o.Sources, Count: o.MaxCount, For: o.For}
 					s, err := r.sample(ctx, mode, fl, i+1)
 					if err != nil {
 						return nil, fmt.Errorf("repetition %d, flood %s, rate %s, mode %s: %w", i+1, kind, rateName(rate), mode, err)
@@ -203,8 +202,8 @@ func rateName(rate int) string {
 	return strconv.Itoa(rate)
 }
 
-// machine names the CPU and the kernel.
-func machine() string {
+// Machine names this machine's CPU, its count and the kernel.
+func Machine() string {
 	cpu := "unknown CPU"
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {

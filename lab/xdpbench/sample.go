@@ -4,6 +4,7 @@ package xdpbench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -91,28 +92,41 @@ func (s Sample) LegitShare() float64 {
 
 // The site: Caddy's HTTPS port and what its page says.
 const (
-	httpsPort  = 8443
+	HTTPSPort  = 8443
 	httpPort   = 8080
-	pageMarker = "rakebench-xdp-page"
+	PageMarker = "rakebench-xdp-page"
 )
 
-// caddy is a running Caddy of a sample.
-type caddy struct {
-	proc  *testutil.CaddyProcess
-	admin string
-	// floor is the floor's program in front of it (ModeFloor), or nil.
-	floor *floor
+// Site is a Caddy that serves the benchmark's page over HTTP/3 on
+// HTTPSPort, with rakelimit in one mode.
+type Site struct {
+	// Bin is the binary of ./cmd/caddy; Prefix, when set, a command that
+	// runs it (such as ip netns exec).
+	Bin    string
+	Prefix []string
+	// Dir holds its Caddyfile, admin socket, log and data (its tls
+	// internal authority among them).
+	Dir string
+	// Addr is the address it serves the page at, besides localhost; Mode
+	// is rakelimit's mode.
+	Addr, Mode string
+	// Ready, when set, is what shows that Caddy serves the page, once its
+	// admin endpoint answers; Wait bounds the wait (0: 30 s).
+	Ready func(ctx context.Context) error
+	Wait  time.Duration
 }
 
-// startCaddy starts Caddy in the server's namespace with rakelimit in mode,
-// ready once the legit client gets the page.
-func (r *runner) startCaddy(ctx context.Context, mode string) (*caddy, error) {
-	dir, err := os.MkdirTemp("", "rakebench-xdp-")
-	if err != nil {
-		return nil, err
-	}
-	c := &caddy{admin: filepath.Join(dir, "admin.sock")}
-	cfg := filepath.Join(dir, "Caddyfile")
+// Caddy is a running Caddy of a Site.
+type Caddy struct {
+	proc  *testutil.CaddyProcess
+	admin string
+}
+
+// Start starts Caddy, ready once its admin endpoint answers and s.Ready
+// returns nil.
+func (s Site) Start(ctx context.Context) (*Caddy, error) {
+	c := &Caddy{admin: filepath.Join(s.Dir, "admin.sock")}
+	cfg := filepath.Join(s.Dir, "Caddyfile")
 	body := fmt.Sprintf(`{
 	admin unix/%s
 	skip_install_trust
@@ -127,34 +141,54 @@ localhost:%d, [%s]:%d {
 	}
 	respond "%s"
 }
-`, c.admin, httpPort, httpsPort, httpsPort, serverAddr(), httpsPort, mode, pageMarker)
+`, c.admin, httpPort, HTTPSPort, HTTPSPort, s.Addr, HTTPSPort, s.Mode, PageMarker)
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		return nil, err
 	}
-	tc := testutil.Caddy{Bin: r.o.Caddy, Prefix: []string{"ip", "netns", "exec", r.lab.server.Name()}, Config: cfg, LogFile: filepath.Join(dir, "caddy.log"),
-		Env: append(os.Environ(), "XDG_DATA_HOME="+filepath.Join(dir, "data"), "XDG_CONFIG_HOME="+filepath.Join(dir, "config")),
+	tc := testutil.Caddy{Bin: s.Bin, Prefix: s.Prefix, Config: cfg, LogFile: filepath.Join(s.Dir, "caddy.log"), Wait: s.Wait,
+		Env: append(os.Environ(), "XDG_DATA_HOME="+filepath.Join(s.Dir, "data"), "XDG_CONFIG_HOME="+filepath.Join(s.Dir, "config")),
 		Ready: func(ctx context.Context) error {
 			if _, err := c.get(ctx, "/config/"); err != nil {
 				return err
 			}
+			if s.Ready != nil {
+				return s.Ready(ctx)
+			}
+			return nil
+		}}
+	var err error
+	c.proc, err = tc.Start(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("starting caddy in mode %s: %w", s.Mode, err)
+	}
+	return c, nil
+}
+
+// startCaddy starts Caddy in the server's namespace with rakelimit in mode,
+// ready once the legit client gets the page.
+func (r *runner) startCaddy(ctx context.Context, mode string) (*Caddy, error) {
+	dir, err := os.MkdirTemp("", "rakebench-xdp-")
+	if err != nil {
+		return nil, err
+	}
+	return Site{Bin: r.o.Caddy, Prefix: []string{"ip", "netns", "exec", r.lab.server.Name()}, Dir: dir, Addr: serverAddr(), Mode: mode,
+		Ready: func(ctx context.Context) error {
 			ok, err := r.legit(ctx)
 			if err == nil && !ok {
 				err = fmt.Errorf("not the page")
 			}
 			return err
-		}}
-	c.proc, err = tc.Start(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("starting caddy in mode %s: %w", mode, err)
-	}
-	return c, nil
+		}}.Start(ctx)
 }
 
-// stop stops Caddy and waits for it.
-func (c *caddy) stop() { c.proc.Stop(5 * time.Second) }
+// Stop stops Caddy and waits for it.
+func (c *Caddy) Stop() { c.proc.Stop(5 * time.Second) }
+
+// Pid is Caddy's process ID.
+func (c *Caddy) Pid() int { return c.proc.Pid() }
 
 // get fetches path from Caddy's admin endpoint.
-func (c *caddy) get(ctx context.Context, path string) ([]byte, error) {
+func (c *Caddy) get(ctx context.Context, path string) ([]byte, error) {
 	client := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", c.admin)
@@ -176,8 +210,8 @@ func (c *caddy) get(ctx context.Context, path string) ([]byte, error) {
 	return b, err
 }
 
-// view is the admin view of Caddy's one limiter.
-func (c *caddy) view(ctx context.Context) (report.Limiter, error) {
+// View is the admin view of Caddy's one limiter.
+func (c *Caddy) View(ctx context.Context) (report.Limiter, error) {
 	b, err := c.get(ctx, "/rakelimit/")
 	if err != nil {
 		return report.Limiter{}, err
@@ -189,16 +223,21 @@ func (c *caddy) view(ctx context.Context) (report.Limiter, error) {
 	return v.Limiters[0], nil
 }
 
-// counts sums the limiter's verdicts in caddy_rakelimit_packets_total:
-// dropped, the datagrams counted dropped or invalid; passed, those counted
-// passed or limited (let through).
-func (c *caddy) counts(ctx context.Context) (dropped, passed uint64, err error) {
+// Counts sums the limiter's verdicts in Caddy's metrics (ParseCounts).
+func (c *Caddy) Counts(ctx context.Context) (dropped, passed uint64, err error) {
 	b, err := c.get(ctx, "/metrics")
 	if err != nil {
 		return 0, 0, err
 	}
+	return ParseCounts(b)
+}
+
+// ParseCounts sums the limiter's verdicts in caddy_rakelimit_packets_total
+// of a Prometheus exposition: dropped, the datagrams counted dropped or
+// invalid; passed, those counted passed or limited (let through).
+func ParseCounts(metrics []byte) (dropped, passed uint64, err error) {
 	var drop, pass float64
-	sc := bufio.NewScanner(strings.NewReader(string(b)))
+	sc := bufio.NewScanner(bytes.NewReader(metrics))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
@@ -230,15 +269,15 @@ func (r *runner) legit(ctx context.Context) (bool, error) {
 	err := r.lab.sender.Enter(func() error {
 		var err error
 		body, _, err = testutil.HTTP3Get(ctx, netip.MustParseAddr(clientAddr()),
-			fmt.Sprintf("https://[%s]:%d/", serverAddr(), httpsPort))
+			fmt.Sprintf("https://[%s]:%d/", serverAddr(), HTTPSPort))
 		return err
 	})
-	return err == nil && strings.Contains(body, pageMarker), err
+	return err == nil && strings.Contains(body, PageMarker), err
 }
 
-// xdpProgramName is the name of Caddy's XDP program, as the kernel lists
+// XDPProgramName is the name of Caddy's XDP program, as the kernel lists
 // it (the ELF section's function, cut to 15 bytes).
-const xdpProgramName = "rakelimit_xdp"
+const XDPProgramName = "rakelimit_xdp"
 
 // reading is what a sample reads at each end of its window.
 type reading struct {
@@ -255,15 +294,16 @@ type reading struct {
 // clockTicks is USER_HZ, the unit of /proc/stat and /proc/PID/stat.
 const clockTicks = 100
 
-// read reads the machine, Caddy and the limiter.
-func (r *runner) read(ctx context.Context, c *caddy) (reading, error) {
+// read reads the machine, Caddy and the limiter (or the floor's program
+// in front of it).
+func (r *runner) read(ctx context.Context, c *Caddy, fl *Floor) (reading, error) {
 	var rd reading
 	rd.at = time.Now()
 	var err error
 	if rd.softirq, err = softirqTicks(); err != nil {
 		return rd, err
 	}
-	if rd.caddy, err = procTicks(c.proc.Pid()); err != nil {
+	if rd.caddy, err = ProcTicks(c.Pid()); err != nil {
 		return rd, err
 	}
 	var ru unix.Rusage
@@ -271,20 +311,20 @@ func (r *runner) read(ctx context.Context, c *caddy) (reading, error) {
 		return rd, fmt.Errorf("getrusage: %w", err)
 	}
 	rd.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	if c.floor != nil {
-		rd.dropped, err = c.floor.runs()
+	if fl != nil {
+		rd.dropped, err = fl.Runs()
 	} else {
-		rd.dropped, rd.passed, err = c.counts(ctx)
+		rd.dropped, rd.passed, err = c.Counts(ctx)
 	}
 	if err != nil {
 		return rd, err
 	}
-	if rd.xdpRuns, err = programRuns(xdpProgramName); err != nil {
+	if rd.xdpRuns, err = ProgramRuns(XDPProgramName); err != nil {
 		return rd, err
 	}
 	err = r.lab.server.Enter(func() error {
 		var err error
-		rd.socketDrops, err = udpDrops(httpsPort)
+		rd.socketDrops, err = UDPDrops(HTTPSPort)
 		return err
 	})
 	return rd, err
@@ -304,8 +344,9 @@ func softirqTicks() (uint64, error) {
 	return strconv.ParseUint(f[7], 10, 64)
 }
 
-// procTicks is a process's utime + stime, every thread's.
-func procTicks(pid int) (uint64, error) {
+// ProcTicks is a process's utime + stime, every thread's, in USER_HZ
+// ticks.
+func ProcTicks(pid int) (uint64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
@@ -324,9 +365,9 @@ func procTicks(pid int) (uint64, error) {
 	return u + s, nil
 }
 
-// udpDrops sums the drop counters of the IPv6 UDP sockets on port, in the
+// UDPDrops sums the drop counters of the IPv6 UDP sockets on port, in the
 // calling thread's namespace.
-func udpDrops(port int) (uint64, error) {
+func UDPDrops(port int) (uint64, error) {
 	b, err := os.ReadFile("/proc/thread-self/net/udp6")
 	if err != nil {
 		return 0, err
@@ -347,9 +388,9 @@ func udpDrops(port int) (uint64, error) {
 	return sum, nil
 }
 
-// sample measures mode under fl in repetition rep.
-func (r *runner) sample(ctx context.Context, mode string, fl flood, rep int) (Sample, error) {
-	s := Sample{Mode: mode, Flood: fl.kind, Rate: fl.rate, Rep: rep}
+// sample measures mode under flood in repetition rep.
+func (r *runner) sample(ctx context.Context, mode string, flood Flood, rep int) (Sample, error) {
+	s := Sample{Mode: mode, Flood: flood.Kind, Rate: flood.Rate, Rep: rep}
 	caddyMode := mode
 	if mode == ModeFloor {
 		caddyMode = engine.ModeBPF
@@ -358,24 +399,25 @@ func (r *runner) sample(ctx context.Context, mode string, fl flood, rep int) (Sa
 	if err != nil {
 		return s, err
 	}
-	defer c.stop()
-	v, err := c.view(ctx)
+	defer c.Stop()
+	v, err := c.View(ctx)
 	if err != nil {
 		return s, err
 	}
 	if v.Mode != caddyMode {
 		return s, fmt.Errorf("caddy runs in mode %s, asked for %s", v.Mode, caddyMode)
 	}
+	var fl *Floor
 	if mode == ModeFloor {
-		if c.floor, err = r.lab.attachFloor(); err != nil {
+		if fl, err = r.lab.attachFloor(); err != nil {
 			return s, err
 		}
-		defer c.floor.close()
+		defer fl.Close()
 	}
 	for _, x := range v.XDP {
 		s.XDP = append(s.XDP, x.Name+" "+x.Attach)
 	}
-	before, err := r.read(ctx, c)
+	before, err := r.read(ctx, c, fl)
 	if err != nil {
 		return s, err
 	}
@@ -406,16 +448,16 @@ func (r *runner) sample(ctx context.Context, mode string, fl flood, rep int) (Sa
 			}
 		}
 	})
-	dst := netip.AddrPortFrom(netip.MustParseAddr(serverAddr()), httpsPort)
+	dst := netip.AddrPortFrom(netip.MustParseAddr(serverAddr()), HTTPSPort)
 	var sent int
 	var elapsed time.Duration
 	var ferr error
-	if fl.live {
-		sent, elapsed, ferr = fl.runLive(r.lab, dst)
+	if r.o.Sender == SenderXDP {
+		sent, elapsed, ferr = r.lab.sendFrames(flood, dst)
 	} else {
-		sent, elapsed, ferr = fl.run(r.lab.sender, dst)
+		sent, elapsed, ferr = flood.Send(r.lab.sender, dst)
 	}
-	after, err := r.read(ctx, c)
+	after, err := r.read(ctx, c, fl)
 	close(stop)
 	wg.Wait()
 	if ferr != nil {

@@ -15,6 +15,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // The senders: SenderXDP hands frames to the veth the way a NIC's driver
@@ -100,51 +102,48 @@ func frame(srcMAC, dstMAC net.HardwareAddr, src, dst netip.AddrPort, payload []b
 	return b
 }
 
-// runLive sends the flood as XDP frames: each sender runs the redirect
-// program in live-frame mode on frames of its sources in turn, until its
-// share of the count is sent or the flood's time is up. Without a rate the
-// runs follow each other; with one, each sender paces its runs.
-func (f flood) runLive(l *lab, dst netip.AddrPort) (int, time.Duration, error) {
-	var srcMAC, dstMAC net.HardwareAddr
-	var ifindex int
-	if err := l.server.Enter(func() error {
-		iface, err := net.InterfaceByName(vethName)
-		if err == nil {
-			dstMAC = iface.HardwareAddr
-		}
-		return err
-	}); err != nil {
+// SendFrames sends the flood to dst as XDP frames from ns's interface
+// ifname to the MAC address dstMAC: each sender runs the redirect program
+// in live-frame mode on frames of its sources in turn, until its share of
+// the count is sent or the flood's time is up; the interface hands them on
+// as it transmits (a veth to its peer's NAPI poll, a tap to the reader of
+// its queue). Without a rate the runs follow each other; with one, each
+// sender paces its runs. It returns what it sent and for how long.
+func (f Flood) SendFrames(ns *testutil.NetNS, ifname string, dstMAC net.HardwareAddr, dst netip.AddrPort) (int, time.Duration, error) {
+	if err := f.check(dst); err != nil {
 		return 0, 0, err
 	}
-	if err := l.sender.Enter(func() error {
-		iface, err := net.InterfaceByName(vethName)
+	var srcMAC net.HardwareAddr
+	var ifindex int
+	if err := ns.Enter(func() error {
+		iface, err := net.InterfaceByName(ifname)
 		if err == nil {
 			srcMAC, ifindex = iface.HardwareAddr, iface.Index
 		}
 		return err
 	}); err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("flood: %w", err)
 	}
 	prog, err := redirector(ifindex)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer prog.Close()
-	frames := make([][][]byte, f.senders)
-	for i := range f.sources {
-		data := payloads(f.kind, uint64(i)+1)[0]
-		src := netip.AddrPortFrom(netip.MustParseAddr(floodSource(i)), uint16(40000+i))
-		frames[i%f.senders] = append(frames[i%f.senders], frame(srcMAC, dstMAC, src, dst, data))
+	frames := make([][][]byte, f.Senders)
+	for i := range f.Sources {
+		data := payloads(f.Kind, uint64(i)+1)[0]
+		src := netip.AddrPortFrom(netip.MustParseAddr(FloodSource(i)), uint16(40000+i))
+		frames[i%f.Senders] = append(frames[i%f.Senders], frame(srcMAC, dstMAC, src, dst, data))
 	}
 	start := time.Now()
 	var mu sync.Mutex
 	total := 0
 	var firstErr error
 	var wg sync.WaitGroup
-	for s := range f.senders {
+	for s := range f.Senders {
 		wg.Go(func() {
 			var n int
-			err := l.sender.Enter(func() error {
+			err := ns.Enter(func() error {
 				var err error
 				n, err = f.sendLive(prog, frames[s], start)
 				return err
@@ -162,13 +161,13 @@ func (f flood) runLive(l *lab, dst netip.AddrPort) (int, time.Duration, error) {
 }
 
 // sendLive is one sender's loop of live-frame runs.
-func (f flood) sendLive(prog *ebpf.Program, frames [][]byte, start time.Time) (int, error) {
-	count := f.count / f.senders
-	rate := float64(f.rate) / float64(f.senders)
+func (f Flood) sendLive(prog *ebpf.Program, frames [][]byte, start time.Time) (int, error) {
+	count := f.Count / f.Senders
+	rate := float64(f.Rate) / float64(f.Senders)
 	sent := 0
 	for turn := 0; sent < count; turn++ {
 		elapsed := time.Since(start)
-		if elapsed >= f.dur {
+		if elapsed >= f.For {
 			break
 		}
 		n := min(liveRepeat, count-sent)
