@@ -132,24 +132,6 @@ static __always_inline void load_udp(pkt_ctx *ctx, struct key *k, __u32 off, __u
 	load_probe(ctx, k);
 }
 
-// loaded_whole reports whether the one load of the headers (its result err)
-// covered them all, the UDP header and the probe with the IP header.
-static __always_inline int loaded_whole(const pkt_ctx *ctx, long err)
-{
-	int full = err == 0;
-
-	// Verifier workaround: without the barrier, clang tests the XDP
-	// program's bounds check again where the caller uses full; the
-	// verifier does not remember the check's outcome from the first test
-	// and walks the path where the two disagree, with registers the
-	// compiler knew unused there (a pointer where the UDP header would
-	// be: "invalid size of register spill"). The socket filter, whose
-	// check is the helper's return value, goes without it.
-	if (ctx->xdp)
-		barrier_var(full);
-	return full;
-}
-
 // parse_ipv4 fills the key from an IPv4 packet. One load covers the header
 // without options, the UDP header and the probe; options or a short packet
 // cost more.
@@ -160,7 +142,7 @@ static __always_inline void parse_ipv4(pkt_ctx *ctx, struct key *k)
 		struct udphdr udp;
 		__u8 probe[PROBE_BYTES];
 	} h;
-	int full = loaded_whole(ctx, pkt_load_net(ctx, 0, &h, sizeof(h)));
+	int full = pkt_loaded(ctx, pkt_load_net(ctx, 0, &h, sizeof(h)));
 
 	if (!full && pkt_load_net(ctx, 0, &h.ip, sizeof(h.ip)) < 0)
 		return; // no address: counted as unknown
@@ -192,7 +174,7 @@ static __always_inline void parse_ipv6(pkt_ctx *ctx, struct key *k)
 		struct udphdr udp;
 		__u8 probe[PROBE_BYTES];
 	} h;
-	int full = loaded_whole(ctx, pkt_load_net(ctx, 0, &h, sizeof(h)));
+	int full = pkt_loaded(ctx, pkt_load_net(ctx, 0, &h, sizeof(h)));
 
 	if (!full && pkt_load_net(ctx, 0, &h.ip, sizeof(h.ip)) < 0)
 		return;

@@ -21,6 +21,8 @@
 //                                     the payload of the UDP header at offset
 //                                     off of the network header, in an IP
 //                                     datagram of ip_len bytes
+//   pkt_loaded(ctx, err)              whether a load that returned err read
+//                                     every byte asked for
 //   pkt_pass(ctx), pkt_drop(ctx)      the program's verdicts
 //   pkt_test_now(ctx),                the time and the random number a test
 //   pkt_test_random(ctx)              gives the program (test_mode)
@@ -80,6 +82,11 @@ static __always_inline long pkt_load(const pkt_ctx *ctx, __u32 off, void *dst, _
 static __always_inline __u32 pkt_payload_at(const pkt_ctx *ctx, __u32 off, __u32 ip_len)
 {
 	return ctx->xdp ? xdp_payload_at(ctx, off, ip_len) : skb_payload_at(ctx, off, ip_len);
+}
+
+static __always_inline int pkt_loaded(const pkt_ctx *ctx, long err)
+{
+	return ctx->xdp ? xdp_loaded(ctx, err) : skb_loaded(ctx, err);
 }
 
 static __always_inline int pkt_pass(const pkt_ctx *ctx)

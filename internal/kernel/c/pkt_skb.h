@@ -58,6 +58,12 @@ static __always_inline __u32 skb_payload_at(const struct pkt *p, __u32 off, __u3
 	return test_mode || skb_of(p)->len >= ip_len ? off + UDP_HDR_LEN : UDP_HDR_LEN;
 }
 
+// skb_loaded: the helper's return value is the load's bounds check.
+static __always_inline int skb_loaded(const struct pkt *p, long err)
+{
+	return err == 0;
+}
+
 // A socket filter passes the bytes it returns: all of them, or none.
 static __always_inline int skb_pass(const struct pkt *p)
 {

@@ -121,6 +121,22 @@ static __always_inline __u32 xdp_payload_at(const struct pkt *p, __u32 off, __u3
 	return off + UDP_HDR_LEN;
 }
 
+// xdp_loaded: whether a load (xdp_load_net, xdp_load) that returned err
+// read every byte asked for.
+static __always_inline int xdp_loaded(const struct pkt *p, long err)
+{
+	int full = err == 0;
+
+	// Verifier workaround: without the barrier, clang tests the bounds
+	// check again where the caller uses full; the verifier does not
+	// remember the check's outcome from the first test and walks the path
+	// where the two disagree, with registers the compiler knew unused
+	// there (a pointer where the UDP header would be: "invalid size of
+	// register spill").
+	barrier_var(full);
+	return full;
+}
+
 static __always_inline int xdp_pass(const struct pkt *p)
 {
 	return XDP_PASS;
