@@ -7,7 +7,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
@@ -177,7 +180,7 @@ func TestRefusesWithoutCapBPF(t *testing.T) {
 			if err == nil || ctx.Err() != nil {
 				t.Fatalf("caddy %s without CAP_BPF: err %v, context %v:\n%s", verb, err, ctx.Err(), out)
 			}
-			for _, want := range []string{"lacks CAP_BPF", "setcap cap_bpf,cap_perfmon,cap_net_bind_service+ep",
+			for _, want := range []string{"lacks CAP_BPF", "setcap cap_bpf,cap_perfmon,cap_net_bind_service+p",
 				"AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_BIND_SERVICE"} {
 				if !bytes.Contains(out, []byte(want)) {
 					t.Errorf("caddy %s output lacks %q:\n%s", verb, want, out)
@@ -207,28 +210,22 @@ func unprivilegedDir(t *testing.T) (dir, bin string) {
 
 // TestLeastPrivilege runs Caddy as an unprivileged user holding exactly the
 // capabilities the README documents, granted as the README says: file
-// capabilities set with setcap, and ambient capabilities as systemd's
-// AmbientCapabilities and CapabilityBoundingSet give them. Caddy loads the
-// filter, attaches it and limits a flood. With CAP_BPF alone (the old
-// advice) or with none, in mode bpf it refuses to start with a one-line
-// error naming what is missing, and with the log at DEBUG the verifier's
-// log is there; in mode auto (the default) it warns once, saying why and
-// what to grant, and limits in userspace; so it does in mode userspace,
-// which never tries BPF, and as root without CAP_BPF, CAP_PERFMON and
-// CAP_SYS_ADMIN.
+// capabilities set with setcap, permitted only (+p) or effective too
+// (+ep), and ambient capabilities as systemd's AmbientCapabilities and
+// CapabilityBoundingSet give them. Caddy loads the filter, attaches it and
+// limits a flood, and so does a reload that loads a second filter. With
+// +p, no thread of Caddy has CAP_BPF or CAP_PERFMON effective once it has
+// started, nor after the reload, and every one still holds them
+// permitted; effective at start, they stay effective in every thread. With
+// CAP_BPF alone or with none, in mode bpf it refuses to start with a
+// one-line error naming what is missing, and with the log at DEBUG the
+// verifier's log is there; in mode auto (the default) it warns once,
+// saying why and what to grant, and limits in userspace; so it does in
+// mode userspace, which never tries BPF, and as root without CAP_BPF,
+// CAP_PERFMON and CAP_SYS_ADMIN.
 func TestLeastPrivilege(t *testing.T) {
 	testutil.RequireRoot(t)
-	tools := map[string]string{}
-	for _, tool := range []string{"setpriv", "setcap"} {
-		p, err := exec.LookPath(tool)
-		if err != nil {
-			p, err = exec.LookPath("/usr/sbin/" + tool)
-		}
-		if err != nil {
-			t.Fatalf("%s is needed (make deps installs it): %v", tool, err)
-		}
-		tools[tool] = p
-	}
+	tools := privilegeTools(t)
 	unprivilegedBPF, _ := os.ReadFile("/proc/sys/kernel/unprivileged_bpf_disabled")
 	asNobody := []string{tools["setpriv"], fmt.Sprintf("--reuid=%d", testutil.Nobody), fmt.Sprintf("--regid=%d", testutil.Nobody), "--clear-groups"}
 	const documented = "cap_bpf,cap_perfmon,cap_net_bind_service"
@@ -247,17 +244,22 @@ func TestLeastPrivilege(t *testing.T) {
 		// and limit in the mode runs.
 		refused []string
 		runs    string
+		// effective: in the kernel, CAP_BPF and CAP_PERFMON stay in
+		// every thread's effective set (they were there at start);
+		// otherwise no thread has them there once Caddy has started.
+		effective bool
 	}{
-		{"setcap " + documented, documented + "+ep", nil, false, "", nil, engine.ModeBPF},
+		{"setcap " + documented + "+p", documented + "+p", nil, false, "", nil, engine.ModeBPF, false},
+		{"setcap " + documented + "+ep", documented + "+ep", nil, false, "", nil, engine.ModeBPF, true},
 		{"ambient capabilities as systemd sets them", "",
-			[]string{"--inh-caps=" + ambient, "--ambient-caps=" + ambient, "--bounding-set=" + ambient}, false, "", nil, engine.ModeBPF},
-		{"CAP_BPF without CAP_PERFMON, mode bpf", "cap_bpf,cap_net_bind_service+ep", nil, false, engine.ModeBPF,
-			[]string{"lacks CAP_PERFMON", "setcap " + documented + "+ep"}, ""},
-		{"no capability, mode bpf", "", nil, false, engine.ModeBPF, []string{"lacks CAP_BPF and CAP_PERFMON"}, ""},
-		{"CAP_BPF without CAP_PERFMON, mode auto", "cap_bpf,cap_net_bind_service+ep", nil, false, "", nil, engine.ModeUserspace},
-		{"no capability, mode auto", "", nil, false, "", nil, engine.ModeUserspace},
-		{"no capability, mode userspace", "", nil, false, engine.ModeUserspace, nil, engine.ModeUserspace},
-		{"root without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN", "", dropRoot, true, "", nil, engine.ModeUserspace},
+			[]string{"--inh-caps=" + ambient, "--ambient-caps=" + ambient, "--bounding-set=" + ambient}, false, "", nil, engine.ModeBPF, true},
+		{"CAP_BPF without CAP_PERFMON, mode bpf", "cap_bpf,cap_net_bind_service+p", nil, false, engine.ModeBPF,
+			[]string{"lacks CAP_PERFMON", "setcap " + documented + "+p"}, "", false},
+		{"no capability, mode bpf", "", nil, false, engine.ModeBPF, []string{"lacks CAP_BPF and CAP_PERFMON"}, "", false},
+		{"CAP_BPF without CAP_PERFMON, mode auto", "cap_bpf,cap_net_bind_service+p", nil, false, "", nil, engine.ModeUserspace, false},
+		{"no capability, mode auto", "", nil, false, "", nil, engine.ModeUserspace, false},
+		{"no capability, mode userspace", "", nil, false, engine.ModeUserspace, nil, engine.ModeUserspace, false},
+		{"root without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN", "", dropRoot, true, "", nil, engine.ModeUserspace, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -343,8 +345,81 @@ func TestLeastPrivilege(t *testing.T) {
 			t.Logf("%s mode, as uid %d (root %v): flood of %d at 30x the limit, %d dropped", tt.runs, testutil.Nobody, tt.root, sent, d)
 			if tt.runs == engine.ModeUserspace {
 				checkPrefilter(t, admin, port)
+				return
 			}
+			const held = 1<<unix.CAP_BPF | 1<<unix.CAP_PERFMON
+			checkThreadCaps(t, caddyProc.Pid(), held, tt.effective, "at start")
+			loadSecondFilter(t, admin, config)
+			checkThreadCaps(t, caddyProc.Pid(), held, tt.effective, "after a reload that loaded a filter")
 		})
+	}
+}
+
+// privilegeTools finds setpriv and setcap, by name.
+func privilegeTools(t *testing.T) map[string]string {
+	t.Helper()
+	tools := map[string]string{}
+	for _, tool := range []string{"setpriv", "setcap"} {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			p, err = exec.LookPath("/usr/sbin/" + tool)
+		}
+		if err != nil {
+			t.Fatalf("%s is needed (make deps installs it): %v", tool, err)
+		}
+		tools[tool] = p
+	}
+	return tools
+}
+
+// checkThreadCaps fails t unless every thread of process pid holds the
+// capabilities held in its permitted set, and in its effective set all of
+// them (effective) or none; when says when, for the errors.
+func checkThreadCaps(t *testing.T, pid int, held uint64, effective bool, when string) {
+	t.Helper()
+	want := uint64(0)
+	if effective {
+		want = held
+	}
+	threads := testutil.ThreadCaps(t, pid)
+	for tid, c := range threads {
+		if c.Permitted&held != held {
+			t.Errorf("%s, thread %d of Caddy holds %#x of %#x permitted (CapPrm %#x)", when, tid, c.Permitted&held, held, c.Permitted)
+		}
+		if got := c.Effective & held; got != want {
+			t.Errorf("%s, thread %d of Caddy has %#x of %#x effective, want %#x (CapEff %#x)", when, tid, got, held, want, c.Effective)
+		}
+	}
+	t.Logf("%s: %d threads of Caddy checked, each to have %#x of capabilities %#x effective", when, len(threads), want, held)
+}
+
+// loadSecondFilter reloads Caddy, whose configuration is the Caddyfile
+// config and whose admin endpoint is on port admin, with one more site, on
+// a port of its own, limited by a limiter of its own in mode bpf: the
+// reload loads a second filter, and fails unless it can.
+func loadSecondFilter(t *testing.T, admin int, config string) {
+	t.Helper()
+	second := fmt.Sprintf("127.0.0.1:%d {\n\ttls internal\n\trakelimit 100 {\n\t\tname second\n\t\tmode bpf\n\t}\n\trespond \"hello\"\n}\n",
+		testutil.FreePort(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d/load", admin),
+		strings.NewReader(config+second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "text/caddyfile")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("reloading Caddy: %v", err)
+	}
+	defer resp.Body.Close()
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a reload that loads a second filter: %s: %s", resp.Status, b)
+	}
+	_, m := testutil.AdminGet(t, admin, "/metrics")
+	if got := testutil.Metric(t, m, "caddy_rakelimit_mode", `limiter="second"`, `mode="bpf"`); got != 1 {
+		t.Fatalf(`after the reload, caddy_rakelimit_mode{limiter="second", mode="bpf"} = %v, want 1`, got)
 	}
 }
 

@@ -11,13 +11,17 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
@@ -305,7 +309,7 @@ func TestXDPRefusals(t *testing.T) {
 		{"without CAP_NET_ADMIN", "rakelimit {\n\t\tmode xdp\n\t}",
 			[]string{setpriv, "--bounding-set=-net_admin", "--inh-caps=-net_admin"},
 			[]string{"the XDP program needs CAP_NET_ADMIN besides CAP_BPF and CAP_PERFMON", "lacks CAP_NET_ADMIN",
-				"setcap cap_bpf,cap_perfmon,cap_net_admin,cap_net_bind_service+ep"}},
+				"setcap cap_bpf,cap_perfmon,cap_net_admin,cap_net_bind_service+p"}},
 		{"an interface that does not exist", "rakelimit {\n\t\tmode xdp\n\t\txdp_interfaces rk-none\n\t}", nil,
 			[]string{`xdp_interfaces: no interface "rk-none" on this host`}},
 	} {
@@ -322,5 +326,112 @@ func TestXDPRefusals(t *testing.T) {
 				checkRefusal(t, string(out), tt.want)
 			})
 		}
+	}
+}
+
+// TestLeastPrivilegeXDP runs Caddy behind the veth as an unprivileged user
+// whose binary holds its capabilities permitted only (setcap ...+p). With
+// CAP_NET_ADMIN besides CAP_BPF and CAP_PERFMON, in mode xdp, the XDP
+// program runs natively on the veth (ip link, the metrics), a client
+// across it gets the page, and the socket filter limits a flood to
+// loopback; without CAP_NET_ADMIN, mode auto asked to run on the veth
+// falls back to the socket filter with one WARN line that says what to
+// grant, and the veth has no program. Either way no thread of Caddy has
+// CAP_BPF, CAP_PERFMON or CAP_NET_ADMIN effective once it has started, and
+// every one still holds them permitted.
+func TestLeastPrivilegeXDP(t *testing.T) {
+	testutil.RequireRoot(t)
+	tools := privilegeTools(t)
+	for _, tt := range []struct {
+		name, fileCaps string
+		held           uint64
+		// mode is the directive's mode, runs the mode it must run in.
+		mode, runs string
+		// warn is what the one WARN line of the fallback says; empty:
+		// no fallback.
+		warn string
+	}{
+		{"CAP_NET_ADMIN, mode xdp", "cap_bpf,cap_perfmon,cap_net_admin,cap_net_bind_service+p",
+			1<<unix.CAP_BPF | 1<<unix.CAP_PERFMON | 1<<unix.CAP_NET_ADMIN, engine.ModeXDP, engine.ModeXDP, ""},
+		{"without CAP_NET_ADMIN, mode auto", "cap_bpf,cap_perfmon,cap_net_bind_service+p",
+			1<<unix.CAP_BPF | 1<<unix.CAP_PERFMON, engine.ModeAuto, engine.ModeBPF, "grant CAP_NET_ADMIN besides CAP_BPF and CAP_PERFMON"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, cli := xdpNamespaces(t)
+			dir, bin := unprivilegedDir(t)
+			if out, err := exec.Command(tools["setcap"], tt.fileCaps, bin).CombinedOutput(); err != nil {
+				t.Fatalf("setcap %s: %v: %s", tt.fileCaps, err, out)
+			}
+			const limit = 100
+			s := &clientSite{mode: tt.runs, port: testutil.FreePort(t), ns: srv, clients: cli,
+				admin: filepath.Join(dir, "data", "admin.sock")}
+			cfg := filepath.Join(dir, "Caddyfile")
+			config := fmt.Sprintf(`{
+	admin unix/%s
+	skip_install_trust
+	local_certs
+	http_port %d
+	https_port %d
+}
+localhost:%d, 127.0.0.1:%d, [%s]:%d {
+	tls internal
+	rakelimit %d {
+		mode %s
+		xdp_interfaces %s
+	}
+	respond "hello"
+}
+`, s.admin, testutil.FreePort(t), s.port, s.port, s.port, xdpServer, s.port, limit, tt.mode, xdpLink)
+			if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			prefix := append(s.prefix(srv), tools["setpriv"], fmt.Sprintf("--reuid=%d", testutil.Nobody),
+				fmt.Sprintf("--regid=%d", testutil.Nobody), "--clear-groups")
+			c := asCaddy(bin, prefix, []string{"XDG_DATA_HOME=" + filepath.Join(dir, "data"),
+				"XDG_CONFIG_HOME=" + filepath.Join(dir, "config"), "HOME=" + filepath.Join(dir, "data")})
+			c.Config = cfg
+			c.Ready = func(ctx context.Context) error {
+				if _, err := s.adminGet(ctx, "/config/"); err != nil {
+					return fmt.Errorf("admin endpoint: %w", err)
+				}
+				var err error
+				cli.Do(t, func() {
+					var body string
+					body, _, err = testutil.HTTP3Get(ctx, xdpClient, s.url(xdpServer.String()))
+					if err == nil && body != "hello" {
+						err = fmt.Errorf("not the page: %.80q", body)
+					}
+				})
+				return err
+			}
+			s.proc = testutil.StartCaddy(t, c)
+			s.checkMode(t)
+			if prog := xdpProgram(t, srv); (prog != "") != (tt.runs == engine.ModeXDP) {
+				t.Errorf("in mode %s, ip link shows XDP program %q on the veth", tt.runs, prog)
+			}
+			if tt.runs == engine.ModeXDP {
+				if got := testutil.Metric(t, s.metrics(t), "caddy_rakelimit_xdp_listeners", `interface="`+xdpLink+`"`, `attach="native"`); got < 1 {
+					t.Errorf("caddy_rakelimit_xdp_listeners{interface=%q, attach=\"native\"} = %v", xdpLink, got)
+				}
+			}
+			if warned := strings.Count(s.proc.Output(), tt.warn); tt.warn != "" && warned != 1 {
+				t.Errorf("%d lines say %q, want 1:\n%s", warned, tt.warn, s.proc.Output())
+			}
+			dropped := func() float64 {
+				return testutil.Metric(t, s.metrics(t), "caddy_rakelimit_packets_total", `class="opening"`, `verdict="dropped"`,
+					`level="0"`, `family="ipv4"`)
+			}
+			before := dropped()
+			var sent int
+			srv.Do(t, func() {
+				sent = testutil.FloodInitials(t, floodSrc, testutil.LoopbackFor(floodSrc, uint16(s.port)), 30*limit, time.Second)
+			})
+			d := uint64(dropped() - before)
+			if !testutil.Held(sent, d, limit) {
+				t.Errorf("a flood of %d to loopback at 30x the limit: the filter dropped %d", sent, d)
+			}
+			t.Logf("mode %s: a flood of %d to loopback at 30x the limit, %d dropped", tt.runs, sent, d)
+			checkThreadCaps(t, s.proc.Pid(), tt.held, false, "at start")
+		})
 	}
 }

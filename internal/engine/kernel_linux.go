@@ -66,6 +66,6 @@ func VerifierLog(err error) []string {
 }
 
 // KernelGrant says what gives a process the kernel filter.
-var KernelGrant = fmt.Sprintf("grant CAP_BPF and CAP_PERFMON (setcap cap_bpf,cap_perfmon,cap_net_bind_service+ep on the binary, "+
+var KernelGrant = fmt.Sprintf("grant CAP_BPF and CAP_PERFMON (setcap cap_bpf,cap_perfmon,cap_net_bind_service+p on the binary, "+
 	"AmbientCapabilities under systemd, --cap-add BPF --cap-add PERFMON in Docker; see Privileges in the README) %s",
 	"to filter in the kernel")

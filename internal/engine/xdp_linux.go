@@ -498,6 +498,6 @@ func listenAddrs(conn *net.UDPConn) ([]netip.AddrPort, error) {
 
 // XDPGrant says what gives a process the XDP program.
 var XDPGrant = strings.Join([]string{
-	"grant CAP_NET_ADMIN besides CAP_BPF and CAP_PERFMON (setcap cap_bpf,cap_perfmon,cap_net_admin,cap_net_bind_service+ep on the binary;",
+	"grant CAP_NET_ADMIN besides CAP_BPF and CAP_PERFMON (setcap cap_bpf,cap_perfmon,cap_net_admin,cap_net_bind_service+p on the binary;",
 	"see Privileges in the README), and name interfaces whose driver has native XDP (or set xdp_generic), to filter at the driver",
 }, " ")

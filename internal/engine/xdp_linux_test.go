@@ -266,7 +266,7 @@ func TestOpenXDPRefusals(t *testing.T) {
 	}
 	result, _, _ = strings.Cut(result, "\n")
 	for _, want := range []string{"needs CAP_NET_ADMIN besides CAP_BPF and CAP_PERFMON", "lacks CAP_NET_ADMIN",
-		"setcap cap_bpf,cap_perfmon,cap_net_admin,cap_net_bind_service+ep"} {
+		"setcap cap_bpf,cap_perfmon,cap_net_admin,cap_net_bind_service+p"} {
 		if !strings.Contains(result, want) {
 			t.Errorf("error without CAP_NET_ADMIN = %q, want it to contain %q", result, want)
 		}

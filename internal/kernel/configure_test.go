@@ -236,7 +236,7 @@ func TestLoadErrorOneLine(t *testing.T) {
 		want    []string
 	}{
 		{"CAP_BPF without CAP_PERFMON", fmt.Errorf("load program: %w", ve), []string{"CAP_PERFMON"},
-			[]string{"lacks CAP_PERFMON", "setcap cap_bpf,cap_perfmon,cap_net_bind_service+ep",
+			[]string{"lacks CAP_PERFMON", "setcap cap_bpf,cap_perfmon,cap_net_bind_service+p",
 				"AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_BIND_SERVICE"}},
 		{"no capability", memlock, []string{"CAP_BPF", "CAP_PERFMON"},
 			[]string{"operation not permitted", "lacks CAP_BPF and CAP_PERFMON", "setcap cap_bpf,cap_perfmon"}},

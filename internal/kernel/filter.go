@@ -162,7 +162,12 @@ func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
 			return nil, fmt.Errorf("setting %s: %w", name, err)
 		}
 	}
-	if err := f.loadObjects(spec, o.xdp); err != nil {
+	caps := loadCaps
+	if o.xdp {
+		caps = loadXDPCaps
+	}
+	if err := withCapabilities(caps, func() error { return f.loadObjects(spec, o.xdp) }); err != nil {
+		f.objs.Close() // loaded, when lowering the capabilities failed
 		return nil, explainLoad(err)
 	}
 	defer func() {
@@ -191,7 +196,12 @@ func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
 
 // loadObjects loads the maps, the variables and the socket filter of spec,
 // and with xdp the XDP program: a program left out of the objects assigned
-// is not loaded.
+// is not loaded. Its system calls (map creation, program load and
+// verification) are the only ones of a filter's life that need CAP_BPF
+// and CAP_PERFMON (and with xdp CAP_NET_ADMIN): load runs it with them
+// raised (withCapabilities). What follows, the maps' writes, reads and
+// mappings through their file descriptors and SO_ATTACH_BPF on a socket of
+// the process, needs none.
 func (f *Filter) loadObjects(spec *ebpf.CollectionSpec, xdp bool) error {
 	if xdp {
 		return spec.LoadAndAssign(&f.objs, nil)

@@ -52,7 +52,7 @@ func explain(err error, missing []string) error {
 	switch {
 	case len(missing) > 0 && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)):
 		e.msg = fmt.Sprintf("%s: %v: the process lacks %s (it needs CAP_BPF and CAP_PERFMON); grant them with "+
-			"`setcap cap_bpf,cap_perfmon,cap_net_bind_service+ep %s` or, under systemd, "+
+			"`setcap cap_bpf,cap_perfmon,cap_net_bind_service+p %s` or, under systemd, "+
 			"AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_BIND_SERVICE (see Privileges in the README)",
 			what, e.err, strings.Join(missing, " and "), executable())
 	case ve != nil:
@@ -101,15 +101,15 @@ func missingCapabilities() []string {
 	return out
 }
 
-// hasCapability reports whether the process has the capability c in its
-// effective set; true when it cannot tell (the kernel then says).
+// hasCapability reports whether the process holds the capability c: in
+// its permitted set, from which it is raised while it is needed
+// (withCapabilities); true when it cannot tell (the kernel then says).
 func hasCapability(c int) bool {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
+	tc, err := readThreadCaps()
+	if err != nil {
 		return true
 	}
-	return data[c/32].Effective&(1<<(c%32)) != 0
+	return tc.permitted()&(1<<c) != 0
 }
 
 // executable is the path of the running binary, for the setcap hint.

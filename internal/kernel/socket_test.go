@@ -406,7 +406,7 @@ func TestLoadWithoutCapBPF(t *testing.T) {
 		t.Fatalf("child printed no result:\n%s", out)
 	}
 	result, _, _ = strings.Cut(result, "\n")
-	for _, want := range []string{"operation not permitted", "lacks CAP_BPF", "setcap cap_bpf,cap_perfmon,cap_net_bind_service+ep",
+	for _, want := range []string{"operation not permitted", "lacks CAP_BPF", "setcap cap_bpf,cap_perfmon,cap_net_bind_service+p",
 		"AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_BIND_SERVICE"} {
 		if !strings.Contains(result, want) {
 			t.Errorf("error without CAP_BPF = %q, want it to contain %q", result, want)

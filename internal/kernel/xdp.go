@@ -140,7 +140,9 @@ type XDPLink struct {
 // ifindex and name (for errors), in the driver (native XDP) or, with
 // generic, after the kernel has allocated the skb (generic XDP, for
 // drivers without native XDP). The socket filter then leaves alone the
-// datagrams the XDP program passed there (c/listen.h).
+// datagrams the XDP program passed there (c/listen.h). The link is
+// created with CAP_NET_ADMIN raised (withCapabilities); closing it, and
+// the listener tables the program reads, need no capability.
 func (f *Filter) AttachXDP(ifindex int, name string, generic bool) (*XDPLink, error) {
 	if f.objs.RakelimitXdp == nil {
 		return nil, errors.New("the filter was loaded without its XDP program (LoadXDP loads it)")
@@ -152,7 +154,14 @@ func (f *Filter) AttachXDP(ifindex int, name string, generic bool) (*XDPLink, er
 	if err := f.markXDP(uint32(ifindex), true); err != nil {
 		return nil, err
 	}
-	l, err := link.AttachXDP(link.XDPOptions{Program: f.objs.RakelimitXdp, Interface: ifindex, Flags: flags})
+	var l link.Link
+	err := withCapabilities(attachXDPCaps, func() (err error) {
+		l, err = link.AttachXDP(link.XDPOptions{Program: f.objs.RakelimitXdp, Interface: ifindex, Flags: flags})
+		return err
+	})
+	if err != nil && l != nil { // attached, when lowering the capabilities failed
+		l.Close()
+	}
 	if err != nil {
 		if merr := f.markXDP(uint32(ifindex), false); merr != nil {
 			err = fmt.Errorf("%w; and %w", err, merr)
@@ -213,7 +222,7 @@ func (f *Filter) SetXDPStacked(on bool) error {
 func CheckXDP() error {
 	if missing := missingXDPCapabilities(); len(missing) > 0 {
 		return fmt.Errorf("the XDP program needs CAP_NET_ADMIN besides CAP_BPF and CAP_PERFMON, and the process lacks %s; "+
-			"grant them with `setcap cap_bpf,cap_perfmon,cap_net_admin,cap_net_bind_service+ep %s` or, under systemd, "+
+			"grant them with `setcap cap_bpf,cap_perfmon,cap_net_admin,cap_net_bind_service+p %s` or, under systemd, "+
 			"AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_ADMIN CAP_NET_BIND_SERVICE (see Privileges in the README)",
 			strings.Join(missing, " and "), executable())
 	}

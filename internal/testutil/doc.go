@@ -49,7 +49,8 @@
 //     tests run Caddy in their own process);
 //   - process.go: Nobody, CopyTestBinary and RerunUnprivileged (with
 //     Unprivileged and Tail), for tests that run this test binary again
-//     without privileges, and EffectiveCaps;
+//     without privileges, EffectiveCaps, and ThreadCaps, the capabilities
+//     of each thread of a process;
 //   - process_linux.go: Process, a child in a process group of its own,
 //     killed with its context or this process, with Stop (SIGTERM, then
 //     SIGKILL after a grace), and WaitGone;

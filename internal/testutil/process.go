@@ -1,7 +1,7 @@
 package testutil
 
 import (
-	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -104,23 +105,74 @@ func Tail(out []byte) string {
 // /proc/self/status): bit n is capability n (unix.CAP_BPF and so on).
 func EffectiveCaps(t testing.TB) uint64 {
 	t.Helper()
-	f, err := os.Open("/proc/self/status")
+	caps, err := readCaps("/proc/self/status")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			if err != nil {
-				t.Fatalf("parsing CapEff %q: %v", v, err)
+	return caps.Effective
+}
+
+// Caps are a thread's capability sets: bit n is capability n.
+type Caps struct {
+	Effective, Permitted uint64
+}
+
+// ThreadCaps reads the capabilities of every thread of the process pid
+// (CapEff and CapPrm in /proc/<pid>/task/<tid>/status), by thread ID:
+// Linux keeps them per thread. A thread that ends while they are read is
+// left out.
+func ThreadCaps(t testing.TB, pid int) map[int]Caps {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatalf("listing the threads of process %d: %v", pid, err)
+	}
+	out := map[int]Caps{}
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(task.Name())
+		if err != nil {
+			continue
+		}
+		caps, err := readCaps(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid))
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[tid] = caps
+	}
+	if len(out) == 0 {
+		t.Fatalf("process %d has no thread", pid)
+	}
+	return out
+}
+
+// readCaps reads CapEff and CapPrm from the status file path.
+func readCaps(path string) (Caps, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Caps{}, fmt.Errorf("reading capabilities: %w", err)
+	}
+	var caps Caps
+	found := 0
+	for line := range strings.SplitSeq(string(b), "\n") {
+		for _, f := range []struct {
+			name string
+			to   *uint64
+		}{{"CapEff:", &caps.Effective}, {"CapPrm:", &caps.Permitted}} {
+			if v, ok := strings.CutPrefix(line, f.name); ok {
+				if *f.to, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil {
+					return Caps{}, fmt.Errorf("parsing %s %q in %s: %w", f.name, v, path, err)
+				}
+				found++
 			}
-			return caps
 		}
 	}
-	t.Fatal("no CapEff in /proc/self/status")
-	return 0
+	if found != 2 {
+		return Caps{}, fmt.Errorf("no CapEff and CapPrm in %s", path)
+	}
+	return caps, nil
 }
 
 // copyFile copies from into a new file to with mode perm.
