@@ -85,7 +85,7 @@ test-quicgo: deps
 	@dir=$$(mktemp -d /tmp/rakelimit-quicgo.XXXXXX); cp go.mod go.sum $$dir/ && \
 	go get -modfile=$$dir/go.mod github.com/quic-go/quic-go@$(QUICGO) && \
 	go build -modfile=$$dir/go.mod -o $$dir/caddy ./cmd/caddy && \
-	go test -modfile=$$dir/go.mod $(TEST_EXEC)-count=1 ./internal/engine/egress ./internal/userspace; \
+	go test -modfile=$$dir/go.mod $(TEST_EXEC)-count=1 ./internal/packetconn/... ./internal/userspace; \
 	rc=$$?; rm -rf $$dir; exit $$rc
 
 # The fuzzing campaign: each target for FUZZTIME on one worker (the BPF

@@ -6,7 +6,7 @@
 // privileges to load it, the same decision runs in Caddy in front of quic-go
 // (mode userspace). The program sorts datagrams by QUIC class
 // (internal/decide/quicclass), verifies them by what the server sent
-// (internal/engine/egress: its connection IDs, the peers it answered and
+// (internal/packetconn/learn: its connection IDs, the peers it answered and
 // their credit), drops the invalid ones, and puts the packets that open
 // connections and those of established connections each through a
 // hierarchical fair-share rate limiter over the source address, its

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
@@ -131,7 +132,7 @@ func engineStats(t *testing.T, l *engine.Limiter) decide.Stats {
 // answer every spoofed short header with a packet, and make its forged
 // source an answered peer, with a new peer's credit (the reset's own grant
 // is one credit, which pays back the datagram that asked for it:
-// egress.TestBorrowedProof). This sends short headers with unknown IDs to
+// learn.TestBorrowedProof). This sends short headers with unknown IDs to
 // a running Caddy and expects no reply, and checks that the learner
 // learned no peer from them.
 func TestNoStatelessReset(t *testing.T) {
@@ -145,7 +146,7 @@ func TestNoStatelessReset(t *testing.T) {
 	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(c.port)))
 	before := limiterNamed(DefaultName).Learned()
 	for i := range 20 {
-		if _, err := s.WriteToUDP(quicclass.ShortPacket(decide.ServerID{0xee, 0xee, 0xee, byte(i)}, 1200), dst); err != nil {
+		if _, err := s.WriteToUDP(quicclasstest.ShortPacket(decide.ServerID{0xee, 0xee, 0xee, byte(i)}, 1200), dst); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
@@ -51,17 +52,17 @@ func TestDecideClasses(t *testing.T) {
 		reason quicclass.Reason
 		drop   bool
 	}{
-		{"initial", nil, dgram("192.0.2.1:50000", quicclass.Initial()), quicclass.Opening, 0, false},
-		{"short header", nil, dgram("192.0.2.1:50000", quicclass.ShortHeader(100)), quicclass.Established, 0, false},
+		{"initial", nil, dgram("192.0.2.1:50000", quicclasstest.Initial()), quicclass.Opening, 0, false},
+		{"short header", nil, dgram("192.0.2.1:50000", quicclasstest.ShortHeader(100)), quicclass.Established, 0, false},
 		{"junk", nil, dgram("192.0.2.1:50000", make([]byte, 50)), quicclass.Invalid, quicclass.FixedBit, true},
 		{"junk in a dry run", func(c *Config) { c.DryRun = true }, dgram("192.0.2.1:50000", make([]byte, 50)),
 			quicclass.Invalid, quicclass.FixedBit, false},
-		{"from port 123", nil, dgram("192.0.2.1:123", quicclass.Initial()), quicclass.Invalid, quicclass.SourcePort, true},
-		{"no blocked ports", func(c *Config) { c.BlockedPorts = nil }, dgram("192.0.2.1:123", quicclass.Initial()), quicclass.Opening, 0, false},
+		{"from port 123", nil, dgram("192.0.2.1:123", quicclasstest.Initial()), quicclass.Invalid, quicclass.SourcePort, true},
+		{"no blocked ports", func(c *Config) { c.BlockedPorts = nil }, dgram("192.0.2.1:123", quicclasstest.Initial()), quicclass.Opening, 0, false},
 		{"no UDP header", nil, &Datagram{Key: sketch.Key{Family: sketch.IPv4}}, quicclass.Invalid, quicclass.Unparsed, true},
 		{"not classifying", func(c *Config) { c.Classify = false }, dgram("192.0.2.1:53", make([]byte, 50)), quicclass.Opening, 0, false},
-		{"negotiation", nil, dgram("192.0.2.1:50000", quicclass.UnknownVersion()), quicclass.Negotiation, 0, false},
-		{"negotiation off", func(c *Config) { c.Negotiation = 0 }, dgram("192.0.2.1:50000", quicclass.UnknownVersion()), quicclass.Negotiation, 0, true},
+		{"negotiation", nil, dgram("192.0.2.1:50000", quicclasstest.UnknownVersion()), quicclass.Negotiation, 0, false},
+		{"negotiation off", func(c *Config) { c.Negotiation = 0 }, dgram("192.0.2.1:50000", quicclasstest.UnknownVersion()), quicclass.Negotiation, 0, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -99,7 +100,7 @@ func TestNegotiationCap(t *testing.T) {
 	passed := 0
 	for i := range 3000 { // 3 s at 1000 per second from many sources
 		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 40000)
-		d := dgram(src.String(), quicclass.UnknownVersion())
+		d := dgram(src.String(), quicclasstest.UnknownVersion())
 		if !f.Decide(d, start+int64(i)*int64(time.Millisecond), 0).Drop {
 			passed++
 		}
@@ -136,7 +137,7 @@ func TestAllowlistFamilies(t *testing.T) {
 			c := quicConfig()
 			c.Allow = []netip.Prefix{netip.MustParsePrefix(tt.allow)}
 			f := newFilter(t, c)
-			d := dgram(tt.src, quicclass.Initial())
+			d := dgram(tt.src, quicclasstest.Initial())
 			out := f.Decide(d, start, 0)
 			// An allowlisted Initial is counted as allowed, any other by
 			// the limiter. (An invalid datagram no longer tells them
@@ -160,7 +161,7 @@ func TestAllowlistFamilies(t *testing.T) {
 // paced, as anyone's (a spoofer can send from an allowlisted address).
 func TestAllowlistKeepsValidity(t *testing.T) {
 	notQUIC := make([]byte, 64)
-	smallUnknown := quicclass.UnknownVersion()[:300]
+	smallUnknown := quicclasstest.UnknownVersion()[:300]
 	tests := []struct {
 		name        string
 		src         string
@@ -170,13 +171,13 @@ func TestAllowlistKeepsValidity(t *testing.T) {
 		reason      quicclass.Reason
 		drop        bool
 	}{
-		{"initial", "192.0.2.1:50000", quicclass.Initial(), true, quicclass.Opening, 0, false},
-		{"short header", "192.0.2.1:50000", quicclass.ShortHeader(100), true, quicclass.Established, 0, false},
+		{"initial", "192.0.2.1:50000", quicclasstest.Initial(), true, quicclass.Opening, 0, false},
+		{"short header", "192.0.2.1:50000", quicclasstest.ShortHeader(100), true, quicclass.Established, 0, false},
 		{"fixed bit 0", "192.0.2.1:50000", notQUIC, false, quicclass.Invalid, quicclass.FixedBit, true},
-		{"reflection port", "192.0.2.1:53", quicclass.Initial(), false, quicclass.Invalid, quicclass.SourcePort, true},
+		{"reflection port", "192.0.2.1:53", quicclasstest.Initial(), false, quicclass.Invalid, quicclass.SourcePort, true},
 		{"empty", "192.0.2.1:50000", []byte{}, false, quicclass.Invalid, quicclass.Empty, true},
 		{"small unknown version", "192.0.2.1:50000", smallUnknown, false, quicclass.Invalid, quicclass.SmallUnknownVersion, true},
-		{"unknown version", "192.0.2.1:50000", quicclass.UnknownVersion(), false, quicclass.Negotiation, 0, false},
+		{"unknown version", "192.0.2.1:50000", quicclasstest.UnknownVersion(), false, quicclass.Negotiation, 0, false},
 		{"ipv6 fixed bit 0", "[2001:db8::1]:50000", notQUIC, false, quicclass.Invalid, quicclass.FixedBit, true},
 	}
 	for _, tt := range tests {
@@ -211,7 +212,7 @@ func TestAllowlistKeepsValidity(t *testing.T) {
 func TestUpdateKeepsCounts(t *testing.T) {
 	f := newFilter(t, quicConfig())
 	for i := range 500 {
-		f.Decide(dgram("192.0.2.1:50000", quicclass.Initial()), start+int64(i)*int64(time.Millisecond), 0)
+		f.Decide(dgram("192.0.2.1:50000", quicclasstest.Initial()), start+int64(i)*int64(time.Millisecond), 0)
 	}
 	before := f.Stats()
 	c := quicConfig()

@@ -11,7 +11,7 @@ import (
 )
 
 // What the filter knows of the server, learned from the server's own
-// datagrams (package egress) and from what clients prove, kept in three
+// datagrams (package learn) and from what clients prove, kept in three
 // learned sets of one shape (the C program's in internal/kernel/c/learned.h):
 //
 //   - the server IDs: each connection ID the server chose, bound to the
@@ -447,7 +447,7 @@ func (s *LearnedSet) CopyFrom(o *LearnedSet, st uint32) {
 // credit (quicclass.FromAnswered, OpeningFromAnswered): the learner grants
 // CreditPerDatagram for each datagram the server sends the address that
 // holds a short-header packet (not a path probe, not a stateless reset; see
-// package egress), up to CreditMax, and the filter spends one for each
+// package learn), up to CreditMax, and the filter spends one for each
 // datagram it verifies so. A client that the server talks to sends at most
 // about as many datagrams as it receives (an upload's acknowledgements are
 // one for two of its packets), so it never runs out; an address a spoofer

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
@@ -46,7 +47,7 @@ func learnedFilter(t *testing.T, c Config) *Filter {
 	}
 	// spent spends what a new peer starts with.
 	for range CreditFirst {
-		if out := f.Decide(dgram("192.0.2.61:50000", quicclass.ShortPacket(otherID, 100)), start, 0); c.VerifyIDs && out.Verified != quicclass.FromAnswered {
+		if out := f.Decide(dgram("192.0.2.61:50000", quicclasstest.ShortPacket(otherID, 100)), start, 0); c.VerifyIDs && out.Verified != quicclass.FromAnswered {
 			t.Fatalf("a new peer's first credits: %+v", out)
 		}
 	}
@@ -55,7 +56,7 @@ func learnedFilter(t *testing.T, c Config) *Filter {
 			t.Fatal(err)
 		}
 		if c.VerifyIDs {
-			d := dgram(netip.AddrPortFrom(a, 40000).String(), quicclass.LongPacket(quicclass.Version1, 2, serverID[:], clientID, nil, 90))
+			d := dgram(netip.AddrPortFrom(a, 40000).String(), quicclasstest.LongPacket(quicclass.Version1, 2, serverID[:], clientID, nil, 90))
 			if out := f.Decide(d, start, 0); out.Verified != quicclass.OpeningByID {
 				t.Fatalf("the proof from %v: %+v", a, out)
 			}
@@ -71,10 +72,10 @@ func learnedFilter(t *testing.T, c Config) *Filter {
 // Classify. A server ID verifies nothing from another address.
 func TestVerify(t *testing.T) {
 	sid := serverID[:]
-	initial := quicclass.LongPacket(quicclass.Version1, 0, clientID, clientID, nil, 1200)
-	retried := quicclass.LongPacket(quicclass.Version2, 1, sid, clientID, []byte("token"), 1200)
-	handshake := quicclass.LongPacket(quicclass.Version1, 2, sid, clientID, nil, 90)
-	strangeHandshake := quicclass.LongPacket(quicclass.Version2, 3, otherID[:], clientID, nil, 90)
+	initial := quicclasstest.LongPacket(quicclass.Version1, 0, clientID, clientID, nil, 1200)
+	retried := quicclasstest.LongPacket(quicclass.Version2, 1, sid, clientID, []byte("token"), 1200)
+	handshake := quicclasstest.LongPacket(quicclass.Version1, 2, sid, clientID, nil, 90)
+	strangeHandshake := quicclasstest.LongPacket(quicclass.Version2, 3, otherID[:], clientID, nil, 90)
 	tiny := []byte{0xe0, 0, 0, 0, 1, 0, 0}
 	tests := []struct {
 		name     string
@@ -85,19 +86,19 @@ func TestVerify(t *testing.T) {
 		reason   quicclass.Reason
 		verified quicclass.Verification
 	}{
-		{"short, server id from its address", true, "192.0.2.50:50000", quicclass.ShortPacket(serverID, 100), quicclass.Established, 0, quicclass.ShortByID},
-		{"short, server id from its address, new port", true, "192.0.2.50:50001", quicclass.ShortPacket(serverID, 100), quicclass.Established, 0, quicclass.ShortByID},
-		{"short, server id from another address", true, "198.51.100.1:50000", quicclass.ShortPacket(serverID, 100), quicclass.Unverified, 0, 0},
-		{"short, server id from an answered address", true, "192.0.2.60:50000", quicclass.ShortPacket(serverID, 100), quicclass.Established, 0, quicclass.FromAnswered},
+		{"short, server id from its address", true, "192.0.2.50:50000", quicclasstest.ShortPacket(serverID, 100), quicclass.Established, 0, quicclass.ShortByID},
+		{"short, server id from its address, new port", true, "192.0.2.50:50001", quicclasstest.ShortPacket(serverID, 100), quicclass.Established, 0, quicclass.ShortByID},
+		{"short, server id from another address", true, "198.51.100.1:50000", quicclasstest.ShortPacket(serverID, 100), quicclass.Unverified, 0, 0},
+		{"short, server id from an answered address", true, "192.0.2.60:50000", quicclasstest.ShortPacket(serverID, 100), quicclass.Established, 0, quicclass.FromAnswered},
 		// Peers are addresses, not ports: the proof came from port
 		// 40000, and everyone behind that address is verified (a NAT's
 		// clients share one).
-		{"short, proven peer, another port", true, "192.0.2.50:50000", quicclass.ShortPacket(otherID, 100), quicclass.Established, 0, quicclass.ShortByPeer},
-		{"short, ipv6 proven peer", true, "[2001:db8::50]:50000", quicclass.ShortPacket(otherID, 100), quicclass.Established, 0, quicclass.ShortByPeer},
-		{"short, answered peer", true, "192.0.2.60:50000", quicclass.ShortPacket(otherID, 100), quicclass.Established, 0, quicclass.FromAnswered},
-		{"short, answered peer out of credit", true, "192.0.2.61:50000", quicclass.ShortPacket(otherID, 100), quicclass.Unverified, 0, quicclass.OverCredit},
-		{"short, stranger", true, "198.51.100.1:50000", quicclass.ShortPacket(otherID, 100), quicclass.Unverified, 0, 0},
-		{"short, peer's /24", true, "192.0.2.51:50000", quicclass.ShortPacket(otherID, 100), quicclass.Unverified, 0, 0},
+		{"short, proven peer, another port", true, "192.0.2.50:50000", quicclasstest.ShortPacket(otherID, 100), quicclass.Established, 0, quicclass.ShortByPeer},
+		{"short, ipv6 proven peer", true, "[2001:db8::50]:50000", quicclasstest.ShortPacket(otherID, 100), quicclass.Established, 0, quicclass.ShortByPeer},
+		{"short, answered peer", true, "192.0.2.60:50000", quicclasstest.ShortPacket(otherID, 100), quicclass.Established, 0, quicclass.FromAnswered},
+		{"short, answered peer out of credit", true, "192.0.2.61:50000", quicclasstest.ShortPacket(otherID, 100), quicclass.Unverified, 0, quicclass.OverCredit},
+		{"short, stranger", true, "198.51.100.1:50000", quicclasstest.ShortPacket(otherID, 100), quicclass.Unverified, 0, 0},
+		{"short, peer's /24", true, "192.0.2.51:50000", quicclasstest.ShortPacket(otherID, 100), quicclass.Unverified, 0, 0},
 		{"initial, stranger", true, "198.51.100.1:50000", initial, quicclass.Opening, 0, 0},
 		{"initial, proven peer", true, "192.0.2.50:50000", initial, quicclass.Opening, 0, quicclass.OpeningFromPeer},
 		{"initial, answered peer", true, "192.0.2.60:50000", initial, quicclass.Opening, 0, quicclass.OpeningFromAnswered},
@@ -110,7 +111,7 @@ func TestVerify(t *testing.T) {
 		{"handshake to another id, from an answered peer", true, "192.0.2.60:50000", strangeHandshake, quicclass.Established, 0, quicclass.FromAnswered},
 		{"handshake to another id, out of credit", true, "192.0.2.61:50000", strangeHandshake, quicclass.Unverified, 0, quicclass.OverCredit},
 		{"7-byte handshake", true, "198.51.100.1:50000", tiny, quicclass.Invalid, quicclass.Length, 0},
-		{"not verifying: short, stranger", false, "198.51.100.1:50000", quicclass.ShortPacket(otherID, 100), quicclass.Established, 0, 0},
+		{"not verifying: short, stranger", false, "198.51.100.1:50000", quicclasstest.ShortPacket(otherID, 100), quicclass.Established, 0, 0},
 		{"not verifying: handshake to another id", false, "198.51.100.1:50000", strangeHandshake, quicclass.Opening, 0, 0},
 		{"not verifying: 7-byte handshake", false, "198.51.100.1:50000", tiny, quicclass.Opening, 0, 0},
 		{"not verifying: initial, peer", false, "192.0.2.50:50000", initial, quicclass.Opening, 0, 0},
@@ -167,9 +168,9 @@ func TestProof(t *testing.T) {
 	proven := func() bool { return f.learned.Proven.Find(PeerHash(&f.hk, &pk)) >= 0 }
 	at := start + int64(time.Millisecond)
 	short := func(src string, id ServerID) Outcome {
-		return f.Decide(dgram(src, quicclass.ShortPacket(id, 100)), at, 0)
+		return f.Decide(dgram(src, quicclasstest.ShortPacket(id, 100)), at, 0)
 	}
-	retried := quicclass.LongPacket(quicclass.Version1, 0, serverID[:], clientID, []byte("token"), 1200)
+	retried := quicclasstest.LongPacket(quicclass.Version1, 0, serverID[:], clientID, []byte("token"), 1200)
 	if out := short("198.51.100.9:40000", serverID); out.Class != quicclass.Unverified || proven() || f.Stats().Proofs != 0 {
 		t.Fatalf("the ID from a stranger: %+v, the client proven %v", out, proven())
 	}
@@ -240,11 +241,11 @@ func TestLearnedTimes(t *testing.T) {
 		t.Fatalf("learned with stamp %d, want %d", got, stamp)
 	}
 	short := func(src string, at time.Duration) quicclass.Class {
-		d := dgram(src, quicclass.ShortPacket(serverID, 100))
+		d := dgram(src, quicclasstest.ShortPacket(serverID, 100))
 		return f.Decide(d, base+int64(at), 0).Class
 	}
 	// The client proves its address with its Handshake at +u/2.
-	hs := dgram("198.51.100.1:50000", quicclass.LongPacket(quicclass.Version1, 2, serverID[:], clientID, nil, 90))
+	hs := dgram("198.51.100.1:50000", quicclasstest.LongPacket(quicclass.Version1, 2, serverID[:], clientID, nil, 90))
 	if out := f.Decide(hs, base+int64(u/2), 0); out.Verified != quicclass.OpeningByID || f.Stats().Proofs != 1 {
 		t.Fatalf("the client's Handshake: %+v, %d proofs", out, f.Stats().Proofs)
 	}
@@ -272,7 +273,7 @@ func TestLearnedTimes(t *testing.T) {
 	if got := f.ExpireLearned(base+int64(3*u), int64(u)); got != [NumLearned]int{0, 1, 2} {
 		t.Fatalf("expired %v, want the proof and the answered peers", got)
 	}
-	d := dgram("198.51.100.1:50000", quicclass.ShortPacket(otherID, 100))
+	d := dgram("198.51.100.1:50000", quicclasstest.ShortPacket(otherID, 100))
 	if out := f.Decide(d, base+int64(3*u), 0); out.Class != quicclass.Unverified {
 		t.Fatalf("a forgotten peer's short header: %+v", out)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
@@ -87,11 +88,11 @@ func TestGuessing(t *testing.T) {
 		var b []byte
 		switch i % 3 {
 		case 0:
-			b = quicclass.LongPacket(quicclass.Version1, 2, id[:], clientID, nil, 60)
+			b = quicclasstest.LongPacket(quicclass.Version1, 2, id[:], clientID, nil, 60)
 		case 1:
-			b = quicclass.LongPacket(quicclass.Version1, 0, id[:], clientID, nil, quicclass.MinInitialDatagram)
+			b = quicclasstest.LongPacket(quicclass.Version1, 0, id[:], clientID, nil, quicclass.MinInitialDatagram)
 		default:
-			b = quicclass.ShortPacket(id, 40)
+			b = quicclasstest.ShortPacket(id, 40)
 		}
 		d := dgram(netip.AddrPortFrom(victim, uint16(1024+rng.IntN(60000))).String(), b)
 		if !f.Decide(d, start+int64(i)*int64(time.Microsecond), rng.Uint32()).Drop {
@@ -131,13 +132,13 @@ func TestAnsweredUnderRandomFlood(t *testing.T) {
 		var id ServerID
 		binary.BigEndian.PutUint32(id[:], rng.Uint32())
 		src := netip.AddrFrom4([4]byte{byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())})
-		if !f.Decide(dgram(netip.AddrPortFrom(src, uint16(1024+rng.IntN(60000))).String(), quicclass.ShortPacket(id, 30)), now, rng.Uint32()).Drop {
+		if !f.Decide(dgram(netip.AddrPortFrom(src, uint16(1024+rng.IntN(60000))).String(), quicclasstest.ShortPacket(id, 30)), now, rng.Uint32()).Drop {
 			junk++
 		}
 		if i%4000 == 0 { // 50 a second, each answered by the server
-			b := quicclass.ShortPacket(otherID, 60)
+			b := quicclasstest.ShortPacket(otherID, 60)
 			if i%8000 == 0 {
-				b = quicclass.LongPacket(quicclass.Version1, 2, otherID[:], clientID, nil, 60)
+				b = quicclasstest.LongPacket(quicclass.Version1, 2, otherID[:], clientID, nil, 60)
 			}
 			sent++
 			if !f.Decide(dgram("192.0.2.70:50000", b), now, rng.Uint32()).Drop {

@@ -5,7 +5,8 @@
 // in front of quic-go (package userspace); puts it in front of sockets,
 // falls back down a chain (mode auto: XDP, the socket filter, userspace)
 // when an engine cannot attach; feeds it what the server sends (package
-// egress); moves the opening and established totals with the receive
+// learn, under the conn quic-go reads and writes through, package
+// packetconn); moves the opening and established totals with the receive
 // queues (total.go, package backlog); and runs the goroutines that report
 // on it: newly limited streams, streams no longer limited, the expiry of
 // what was learned, and the hourly sweep of stale sketch cells. Report
@@ -23,7 +24,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn"
 )
 
 // Engine is what a limiter runs on: the kernel's BPF socket filter or the
@@ -63,7 +64,7 @@ type Engine interface {
 	// and AdoptLearned takes over another engine's (stamped now), which
 	// must hash with the same key (HashKey; Options.HashKey opens an
 	// engine on one).
-	egress.Sink
+	learn.Sink
 	ExpireLearned(lifetime time.Duration) ([decide.NumLearned]int, error)
 	Learned() decide.Learned
 	AdoptLearned(from decide.Learned)
@@ -86,11 +87,11 @@ type EventReader interface {
 // ReadConn is what an engine is given of the conn quic-go reads a socket
 // through: a packet conn over the socket (Unwrap returns it) that passes
 // every datagram until an engine that decides in userspace takes its reads.
-// The limiter gives quic-go one per socket, package userspace's Conn, which
+// The limiter gives quic-go one per socket, a packetconn.Conn, which
 // embeds the *net.UDPConn so that quic-go keeps its fast path (batched
 // reads, GSO, ECN), and hands it to the engine in force with the socket; an
 // engine that decides in the kernel leaves it alone, and one that decides
-// in userspace finds its own conn type behind it.
+// in userspace sets itself as its Decider.
 type ReadConn interface {
 	net.PacketConn
 	// Unwrap returns the socket, a *net.UDPConn.

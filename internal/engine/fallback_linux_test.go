@@ -8,6 +8,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -69,7 +70,7 @@ func TestFallBackKeepsLearned(t *testing.T) {
 			u.AdoptLearned(k.Learned())
 			ul := u.(*userEngine).Limiter
 			for _, d := range datagrams {
-				b := quicclass.ShortPacket(d.id, 100)
+				b := quicclasstest.ShortPacket(d.id, 100)
 				dg := decide.Datagram{Key: sketch.KeyFrom(netip.AddrPortFrom(d.from, 50000), 443), Length: len(b), Probe: b}
 				got := ul.Decide(&dg).Verified
 				if want := map[bool]quicclass.Verification{true: d.want, false: quicclass.NotVerified}[tt.same]; got != want {

@@ -3,25 +3,25 @@ package engine
 import (
 	"go.uber.org/zap"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn"
 )
 
 // The server's connection IDs and peers: each protected socket's conn
-// shows what quic-go writes to the limiter's learner (package egress), which
+// shows what quic-go writes to the limiter's learner (package learn), which
 // teaches the engine in force; the engine verifies what clients send
 // against it, and forgets what was not used for IDLifetime.
 
 // IDLifetime is how long an engine keeps a server connection ID or a peer
 // that is not used: a bit more than quic-go's idle timeout (30 s), after
 // which the connection is gone.
-const IDLifetime = egress.DefaultLifetime
+const IDLifetime = learn.DefaultLifetime
 
 // expireLearnedEvery is how many ticks of the expiry loop (seconds) pass
 // between two expiries of the learned IDs and peers.
 const expireLearnedEvery = 5
 
 // Learned returns what the limiter's learner has seen and taught.
-func (l *Limiter) Learned() egress.Stats { return l.learner.Stats() }
+func (l *Limiter) Learned() learn.Stats { return l.learner.Stats() }
 
 // VerificationOff reports whether the server's connection IDs cannot be
 // verified (it sent IDs of another length than quic-go's default).

@@ -18,8 +18,8 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn"
 )
 
 // Limiter is a running limiter: its engine, the sockets it protects, the
@@ -43,7 +43,7 @@ type Limiter struct {
 	// limiter through, protected or not: they pass every datagram until
 	// the userspace limiter decides them, so that the limiter can move to
 	// userspace on sockets already served.
-	reads map[*net.UDPConn]*userspace.Conn
+	reads map[*net.UDPConn]*packetconn.Conn
 	// conns are the sockets the engine protects.
 	conns []*net.UDPConn
 	// failed are the sockets the engine could not protect: served
@@ -60,7 +60,7 @@ type Limiter struct {
 
 	// learner learns the server's connection IDs and peers from what
 	// quic-go writes, and teaches the engine in force.
-	learner *egress.Learner
+	learner *learn.Learner
 	// oddIDs is set once the server sent connection IDs the engine cannot
 	// verify (not quic-go's 4 bytes): verification is then off.
 	oddIDs atomic.Bool
@@ -166,8 +166,8 @@ func start(name string, eng Engine, put Setting, open func(Mode, decide.Config, 
 		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
 	}
 	l := &Limiter{name: name, open: open, eng: eng, put: put, events: events,
-		reads: map[*net.UDPConn]*userspace.Conn{}, stop: make(chan struct{})}
-	l.learner, err = egress.NewLearner(eng, egress.Options{Lifetime: IDLifetime, OnOddID: l.oddID})
+		reads: map[*net.UDPConn]*packetconn.Conn{}, stop: make(chan struct{})}
+	l.learner, err = learn.NewLearner(eng, learn.Options{Lifetime: IDLifetime, OnOddID: l.oddID})
 	if err != nil {
 		events.Close()
 		eng.Close()
@@ -355,7 +355,7 @@ func (l *Limiter) Attach(conn *net.UDPConn) (out net.PacketConn, attached bool, 
 	case known && slices.Contains(l.conns, conn):
 		return read, false, nil // the same conn again
 	case !known:
-		if read, err = userspace.NewConn(conn, nil); err != nil {
+		if read, err = packetconn.New(conn); err != nil {
 			return nil, false, fmt.Errorf("wrapping the socket: %w", err)
 		}
 		read.SetLearner(l.learner)
@@ -400,7 +400,7 @@ func (l *Limiter) protect(conn *net.UDPConn) error {
 }
 
 // warnPrefilter logs, once each, the failures of the engine's kernel
-// pre-filter: the userspace limiter still decides every decide.
+// pre-filter: the userspace limiter still decides every datagram.
 func (l *Limiter) warnPrefilter(eng Engine, logger *zap.Logger) {
 	pf, ok := eng.(Prefiltered)
 	if !ok {

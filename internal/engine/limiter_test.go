@@ -17,7 +17,7 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
-	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn"
 )
 
 // fakeEngine is an engine whose attaching can fail and whose events a test
@@ -246,7 +246,7 @@ func TestFallBack(t *testing.T) {
 			}
 			warned := logs.FilterMessageSnippet("cannot attach").Len()
 			if tt.wantMode == ModeUserspace {
-				if read, ok := out.(*userspace.Conn); !attached || !ok || read.UDPConn != conn || len(u.protecting()) != 1 || !k.isClosed() {
+				if read, ok := out.(*packetconn.Conn); !attached || !ok || read.UDPConn != conn || len(u.protecting()) != 1 || !k.isClosed() {
 					t.Fatalf("after the fallback: attached %v, userspace protects %d sockets, BPF closed %v",
 						attached, len(u.protecting()), k.isClosed())
 				}
@@ -333,7 +333,7 @@ func TestLaterSocketFallsBack(t *testing.T) {
 			}
 			k.setProtectErr(denied)
 			out, attached, err := l.Attach(later)
-			read, ok := out.(*userspace.Conn)
+			read, ok := out.(*packetconn.Conn)
 			if !ok || read.UDPConn != later || read.Learner() == nil {
 				t.Fatalf("later socket: conn %T, want a conn on the socket that teaches the learner", out)
 			}

@@ -17,17 +17,18 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
-	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
 )
 
 // prefiltered opens a userspace engine with configuration c, closed when
 // the test ends, and protects a dual-stack socket with it, read through the
 // returned conn; the engine's pre-filter (returned) must attach.
-func prefiltered(t *testing.T, c decide.Config) (*net.UDPConn, *userspace.Conn, Prefiltered) {
+func prefiltered(t *testing.T, c decide.Config) (*net.UDPConn, *packetconn.Conn, Prefiltered) {
 	t.Helper()
 	eng, err := OpenUserspace(c, Options{})
 	if err != nil {
@@ -35,7 +36,7 @@ func prefiltered(t *testing.T, c decide.Config) (*net.UDPConn, *userspace.Conn, 
 	}
 	t.Cleanup(func() { eng.Close() })
 	ln := testutil.Listen(t, "udp", "[::]:0")
-	pc, err := userspace.NewConn(ln, nil)
+	pc, err := packetconn.New(ln)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestPrefilterDropsInKernel(t *testing.T) {
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
 	flooder := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.2:0"))
 	junker := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.3:0"))
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	junk := []byte{0x01, 0x02, 0x03, 0x04}
 	const rate, seconds = 10_000, 2
 	const junkSamples = 40
@@ -233,7 +234,7 @@ func TestPrefilterAttachFails(t *testing.T) {
 	if err := testutil.Pace(s, dst, 5000, 500, func() []byte { return []byte{0x01} }); err != nil {
 		t.Fatal(err)
 	}
-	valid := quicclass.ShortHeader(100)
+	valid := quicclasstest.ShortHeader(100)
 	if err := testutil.Pace(s, dst, 5000, 10, func() []byte { return valid }); err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +267,7 @@ func TestPrefilterDropsNegotiation(t *testing.T) {
 	done := drain(pc, &long, &other)
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
 	flooder := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.4:0"))
-	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+	unknown := quicclasstest.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
 	const rate, seconds = 5_000, 3
 	// The probability is read while the flood lasts: one read after it
 	// ends may fall on an update that measured the flood over part of its
@@ -331,7 +332,7 @@ func TestPrefilterDropsFairTotal(t *testing.T) {
 		}
 	}
 	quiet := testutil.Sender(t, netip.AddrPortFrom(quietSrc, 0))
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	const rate, seconds, quietRate = 20_000, 3, 20
 	peakRules := watchRules(pf, 4*seconds)
 	errs := make(chan error, 1)
@@ -443,7 +444,7 @@ func prefilterOnset(t *testing.T) time.Duration {
 	time.Sleep(prefilter.Period + 20*time.Millisecond)
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(ln))
 	flooder := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.7:0"))
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	stop := make(chan struct{})
 	flooded := make(chan error, 1)
 	go func() {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
@@ -53,8 +54,8 @@ func TestShedKeepsShortHeaders(t *testing.T) {
 		}
 	})
 	dst := netip.MustParseAddrPort(rx.LocalAddr().String())
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
-	established := quicclass.ShortHeader(100)
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	established := quicclasstest.ShortHeader(100)
 	// 3 s of Initials at 20,000 a second from 16 ports, and of short
 	// headers at 200 a second from another address; bounded in count.
 	const senders, rate, shortRate, seconds = 16, 20_000, 200, 3

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
@@ -103,7 +104,7 @@ func TestTotalFollowsQueue(t *testing.T) {
 	// The reader takes 2,000 datagrams a second at most.
 	stopReader := slowReader(rx, 500*time.Microsecond, func([]byte) {})
 	dst := netip.MustParseAddrPort(rx.LocalAddr().String())
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	start := l.OpeningTotal()
 	if !start.Adaptive || start.Cap != 20_000 {
 		t.Fatalf("the total starts at %+v, want adaptive from 20000", start)
@@ -228,7 +229,7 @@ func TestEstablishedTotalFollowsQueue(t *testing.T) {
 	stopReader := slowReader(rx, 500*time.Microsecond, func([]byte) {})
 	defer stopReader()
 	dst := netip.MustParseAddrPort(rx.LocalAddr().String())
-	short := quicclass.ShortHeader(1200)
+	short := quicclasstest.ShortHeader(1200)
 	// 3 s at 40,000 a second from 16 addresses: twenty times what the
 	// reader takes; bounded in count.
 	const senders = 16

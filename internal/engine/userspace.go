@@ -9,6 +9,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace"
 	"github.com/rakelimit/caddy-rakelimit/internal/userspace/prefilter"
 )
@@ -60,15 +61,15 @@ func (e *userEngine) Configure(c decide.Config) error {
 }
 
 // userspaceReads is the conn quic-go reads a socket through as the
-// userspace limiter takes it: package userspace's Conn, whose reads the
-// limiter decides once SetLimiter puts it there (a pointer the conn loads
-// per read, with no interface call per datagram).
+// userspace limiter takes it: a packetconn.Conn, whose reads the limiter
+// decides once SetDecider puts it there (loaded once per read, one call
+// per batch of datagrams).
 type userspaceReads interface {
 	ReadConn
-	SetLimiter(*userspace.Limiter)
+	SetDecider(packetconn.Decider)
 }
 
-var _ userspaceReads = (*userspace.Conn)(nil)
+var _ userspaceReads = (*packetconn.Conn)(nil)
 
 // Protect makes the userspace limiter decide every datagram quic-go reads
 // through read, the socket's conn, which keeps quic-go's batched reads, GSO
@@ -85,7 +86,7 @@ func (e *userEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.conns[conn] = ur
-	ur.SetLimiter(e.Limiter)
+	ur.SetDecider(e.Limiter)
 	if err := e.pre.Attach(conn, e.Limiter.Config()); err != nil {
 		e.preErr = fmt.Errorf("socket %v: %w", conn.LocalAddr(), err)
 	}
@@ -215,7 +216,7 @@ func (e *userEngine) Unprotect(conn *net.UDPConn) (bool, error) {
 	if !ok {
 		return false, errors.New("not a socket of this limiter")
 	}
-	c.SetLimiter(nil)
+	c.SetDecider(nil)
 	open := !IsClosed(conn)
 	if err := e.pre.Detach(conn); err != nil && open {
 		return open, err

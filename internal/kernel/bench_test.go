@@ -12,6 +12,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -63,11 +64,11 @@ func newBenchFrames() benchFrames {
 	return benchFrames{
 		src:      src,
 		sid:      sid,
-		initial:  withData(quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)),
-		short:    withData(quicclass.ShortHeader(1200)),
+		initial:  withData(quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)),
+		short:    withData(quicclasstest.ShortHeader(1200)),
 		junk:     withData(make([]byte, 100)),
-		verified: withData(quicclass.ShortPacket(sid, 1200)),
-		stranger: withData(quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100)),
+		verified: withData(quicclasstest.ShortPacket(sid, 1200)),
+		stranger: withData(quicclasstest.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100)),
 		quicPass: testutil.QUICLimits(1_000_000, 1_000_000),
 		quicDrop: testutil.QUICLimits(25, 25),
 	}
@@ -159,7 +160,7 @@ func BenchmarkFilter(b *testing.B) {
 		cases = append(cases, bc)
 	}
 	otherPort := udp(bf.src.String(), 50000)
-	otherPort.DstPort, otherPort.Data = 8080, quicclass.ShortHeader(1200)
+	otherPort.DstPort, otherPort.Data = 8080, quicclasstest.ShortHeader(1200)
 	cases = append(cases, benchCase{"xdp-other-port", quicPass, otherPort.Bytes(), loadOptions{}})
 	for _, bc := range cases {
 		b.Run(bc.name, func(b *testing.B) {
@@ -217,7 +218,7 @@ func BenchmarkFilter(b *testing.B) {
 func BenchmarkXDPAgainstSocket(b *testing.B) {
 	bf := newBenchFrames()
 	v6 := udp("2001:db8:1:2::7", 50000)
-	v6.Data = quicclass.ShortHeader(1200)
+	v6.Data = quicclasstest.ShortHeader(1200)
 	quicPass, quicDrop, verify := bf.quicPass, bf.quicDrop, verifying
 	floors := [2]*ebpf.Program{floorProgram(b), xdpFloorProgram(b)}
 	cases := []struct {

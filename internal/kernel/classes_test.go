@@ -19,6 +19,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -34,21 +35,21 @@ func TestClassifyFrames(t *testing.T) {
 		class  quicclass.Class
 		reason quicclass.Reason
 	}{
-		{"initial", 50000, quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200), quicclass.Opening, 0},
-		{"v2 initial", 50000, quicclass.LongHeader(quicclass.Version2, 1, 8, 8, 1252), quicclass.Opening, 0},
-		{"handshake", 50000, quicclass.LongHeader(quicclass.Version1, 2, 4, 8, 90), quicclass.Opening, 0},
-		{"short header", 50000, quicclass.ShortHeader(1200), quicclass.Established, 0},
-		{"ack", 50000, quicclass.ShortHeader(25), quicclass.Established, 0},
-		{"unknown version", 50000, quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200), quicclass.Negotiation, 0},
+		{"initial", 50000, quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200), quicclass.Opening, 0},
+		{"v2 initial", 50000, quicclasstest.LongHeader(quicclass.Version2, 1, 8, 8, 1252), quicclass.Opening, 0},
+		{"handshake", 50000, quicclasstest.LongHeader(quicclass.Version1, 2, 4, 8, 90), quicclass.Opening, 0},
+		{"short header", 50000, quicclasstest.ShortHeader(1200), quicclass.Established, 0},
+		{"ack", 50000, quicclasstest.ShortHeader(25), quicclass.Established, 0},
+		{"unknown version", 50000, quicclasstest.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200), quicclass.Negotiation, 0},
 		{"empty", 50000, []byte{}, quicclass.Invalid, quicclass.Empty},
-		{"from port 53", 53, quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200), quicclass.Invalid, quicclass.SourcePort},
+		{"from port 53", 53, quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200), quicclass.Invalid, quicclass.SourcePort},
 		{"not quic", 50000, make([]byte, 64), quicclass.Invalid, quicclass.FixedBit},
-		{"small initial", 50000, quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1199), quicclass.Invalid, quicclass.SmallInitial},
-		{"long connection id", 50000, quicclass.LongHeader(quicclass.Version1, 0, 21, 8, 1200), quicclass.Invalid, quicclass.ConnectionIDLength},
-		{"retry", 50000, quicclass.LongHeader(quicclass.Version1, 3, 8, 8, 100), quicclass.Invalid, quicclass.ServerOnly},
-		{"version negotiation", 50000, quicclass.LongHeader(0, 0, 8, 8, 100), quicclass.Invalid, quicclass.ServerOnly},
-		{"short header of 20 bytes", 50000, quicclass.ShortHeader(20), quicclass.Invalid, quicclass.Truncated},
-		{"small unknown version", 50000, quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 400), quicclass.Invalid, quicclass.SmallUnknownVersion},
+		{"small initial", 50000, quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1199), quicclass.Invalid, quicclass.SmallInitial},
+		{"long connection id", 50000, quicclasstest.LongHeader(quicclass.Version1, 0, 21, 8, 1200), quicclass.Invalid, quicclass.ConnectionIDLength},
+		{"retry", 50000, quicclasstest.LongHeader(quicclass.Version1, 3, 8, 8, 100), quicclass.Invalid, quicclass.ServerOnly},
+		{"version negotiation", 50000, quicclasstest.LongHeader(0, 0, 8, 8, 100), quicclass.Invalid, quicclass.ServerOnly},
+		{"short header of 20 bytes", 50000, quicclasstest.ShortHeader(20), quicclass.Invalid, quicclass.Truncated},
+		{"small unknown version", 50000, quicclasstest.LongHeader(0x0a0a0a0a, 0, 8, 8, 400), quicclass.Invalid, quicclass.SmallUnknownVersion},
 	}
 	w := newTwin(t, testutil.QUICLimits(1000, 1000))
 	now := start
@@ -74,7 +75,7 @@ func TestClassifyFrames(t *testing.T) {
 	// Behind more extension headers than the filter walks, the UDP header
 	// is out of reach: invalid, as its own reason.
 	p := udp("2001:db8:1:2::7", 50000)
-	p.Data = quicclass.ShortHeader(100)
+	p.Data = quicclasstest.ShortHeader(100)
 	for range decide.IPv6MaxExt + 1 {
 		p.IPv6Ext = append(p.IPv6Ext, testutil.IPv6Ext{Kind: unix.IPPROTO_DSTOPTS})
 	}
@@ -111,56 +112,56 @@ func TestClassifyFramesVerify(t *testing.T) {
 		// and which prove their addresses with this first datagram, a
 		// long header to it; from a stranger (false) it verifies
 		// nothing.
-		{"v1 handshake to a server id, the proof", true, quicclass.LongPacket(v1, handshake1, sid[:], cid, nil, 90),
+		{"v1 handshake to a server id, the proof", true, quicclasstest.LongPacket(v1, handshake1, sid[:], cid, nil, 90),
 			quicclass.Established, 0, quicclass.OpeningByID},
-		{"short to a server id", true, quicclass.ShortPacket(sid, 1200), quicclass.Established, 0, quicclass.ShortByID},
-		{"short to a server id, from a stranger", false, quicclass.ShortPacket(sid, 1200), quicclass.Unverified, 0, 0},
-		{"short from a peer", true, quicclass.ShortPacket(other, 40), quicclass.Established, 0, quicclass.ShortByPeer},
-		{"short from a stranger", false, quicclass.ShortPacket(other, 40), quicclass.Unverified, 0, 0},
-		{"short of 20 bytes", true, quicclass.ShortPacket(sid, 20), quicclass.Invalid, quicclass.Truncated, 0},
-		{"v1 initial", false, quicclass.LongPacket(v1, initial1, cid, cid, nil, 1200), quicclass.Opening, 0, 0},
-		{"v2 initial from a peer", true, quicclass.LongPacket(v2, initial2, cid, cid, nil, 1250), quicclass.Opening, 0, quicclass.OpeningFromPeer},
-		{"v1 initial to a server id, with a token", true, quicclass.LongPacket(v1, initial1, sid[:], cid, make([]byte, 90), 1200),
+		{"short to a server id", true, quicclasstest.ShortPacket(sid, 1200), quicclass.Established, 0, quicclass.ShortByID},
+		{"short to a server id, from a stranger", false, quicclasstest.ShortPacket(sid, 1200), quicclass.Unverified, 0, 0},
+		{"short from a peer", true, quicclasstest.ShortPacket(other, 40), quicclass.Established, 0, quicclass.ShortByPeer},
+		{"short from a stranger", false, quicclasstest.ShortPacket(other, 40), quicclass.Unverified, 0, 0},
+		{"short of 20 bytes", true, quicclasstest.ShortPacket(sid, 20), quicclass.Invalid, quicclass.Truncated, 0},
+		{"v1 initial", false, quicclasstest.LongPacket(v1, initial1, cid, cid, nil, 1200), quicclass.Opening, 0, 0},
+		{"v2 initial from a peer", true, quicclasstest.LongPacket(v2, initial2, cid, cid, nil, 1250), quicclass.Opening, 0, quicclass.OpeningFromPeer},
+		{"v1 initial to a server id, with a token", true, quicclasstest.LongPacket(v1, initial1, sid[:], cid, make([]byte, 90), 1200),
 			quicclass.Established, 0, quicclass.OpeningByID},
-		{"v1 initial to a server id, from a stranger", false, quicclass.LongPacket(v1, initial1, sid[:], cid, make([]byte, 90), 1200),
+		{"v1 initial to a server id, from a stranger", false, quicclasstest.LongPacket(v1, initial1, sid[:], cid, make([]byte, 90), 1200),
 			quicclass.Opening, 0, 0},
-		{"v2 initial, a token past the probe", true, quicclass.LongPacket(v2, initial2, cid, cid, make([]byte, 700), 1300),
+		{"v2 initial, a token past the probe", true, quicclasstest.LongPacket(v2, initial2, cid, cid, make([]byte, 700), 1300),
 			quicclass.Opening, 0, quicclass.OpeningFromPeer},
 		{"v1 initial, token past the end", false, func() []byte {
-			b := quicclass.LongPacket(v1, initial1, cid, cid, nil, 1200)
-			copy(b[7+16:], quicclass.AppendVarint(nil, 1190))
+			b := quicclasstest.LongPacket(v1, initial1, cid, cid, nil, 1200)
+			copy(b[7+16:], quicclasstest.AppendVarint(nil, 1190))
 			return b
 		}(), quicclass.Invalid, quicclass.Length, 0},
-		{"v2 initial to a server id, length past the end", false, quicclass.LongPacket(v2, initial2, sid[:], cid, nil, 1300)[:1250],
+		{"v2 initial to a server id, length past the end", false, quicclasstest.LongPacket(v2, initial2, sid[:], cid, nil, 1300)[:1250],
 			quicclass.Invalid, quicclass.Length, 0},
 		{"v1 initial of 1250, length 1 past", false, func() []byte {
-			b := quicclass.LongPacket(v1, initial1, cid, cid, nil, 1250)
-			copy(b[7+16+1:], quicclass.AppendVarint(nil, 1250-(7+16+1+2)+1))
+			b := quicclasstest.LongPacket(v1, initial1, cid, cid, nil, 1250)
+			copy(b[7+16+1:], quicclasstest.AppendVarint(nil, 1250-(7+16+1+2)+1))
 			return b
 		}(), quicclass.Invalid, quicclass.Length, 0},
-		{"v1 initial, zero length", true, quicclass.LongHeader(v1, initial1, 8, 8, 1200), quicclass.Invalid, quicclass.Length, 0},
-		{"v1 0-rtt to a server id", true, quicclass.LongPacket(v1, zeroRTT1, sid[:], cid, nil, 300), quicclass.Established, 0, quicclass.OpeningByID},
-		{"v2 0-rtt from a peer", true, quicclass.LongPacket(v2, zeroRTT2, cid, cid, nil, 300), quicclass.Opening, 0, quicclass.OpeningFromPeer},
-		{"v1 handshake to a server id", true, quicclass.LongPacket(v1, handshake1, sid[:], cid, nil, 90), quicclass.Established, 0, quicclass.OpeningByID},
-		{"v2 handshake to a server id", true, quicclass.LongPacket(v2, handshake2, sid[:], nil, nil, 1200), quicclass.Established, 0, quicclass.OpeningByID},
-		{"v1 handshake to a server id, from a stranger", false, quicclass.LongPacket(v1, handshake1, sid[:], cid, nil, 90),
+		{"v1 initial, zero length", true, quicclasstest.LongHeader(v1, initial1, 8, 8, 1200), quicclass.Invalid, quicclass.Length, 0},
+		{"v1 0-rtt to a server id", true, quicclasstest.LongPacket(v1, zeroRTT1, sid[:], cid, nil, 300), quicclass.Established, 0, quicclass.OpeningByID},
+		{"v2 0-rtt from a peer", true, quicclasstest.LongPacket(v2, zeroRTT2, cid, cid, nil, 300), quicclass.Opening, 0, quicclass.OpeningFromPeer},
+		{"v1 handshake to a server id", true, quicclasstest.LongPacket(v1, handshake1, sid[:], cid, nil, 90), quicclass.Established, 0, quicclass.OpeningByID},
+		{"v2 handshake to a server id", true, quicclasstest.LongPacket(v2, handshake2, sid[:], nil, nil, 1200), quicclass.Established, 0, quicclass.OpeningByID},
+		{"v1 handshake to a server id, from a stranger", false, quicclasstest.LongPacket(v1, handshake1, sid[:], cid, nil, 90),
 			quicclass.Invalid, quicclass.UnknownConnectionID, 0},
-		{"v1 handshake to another id, from a peer", true, quicclass.LongPacket(v1, handshake1, other[:], cid, nil, 90),
+		{"v1 handshake to another id, from a peer", true, quicclasstest.LongPacket(v1, handshake1, other[:], cid, nil, 90),
 			quicclass.Established, 0, quicclass.HandshakeFromPeer},
-		{"v2 handshake to an 8-byte id", false, quicclass.LongPacket(v2, handshake2, cid, cid, nil, 90),
+		{"v2 handshake to an 8-byte id", false, quicclasstest.LongPacket(v2, handshake2, cid, cid, nil, 90),
 			quicclass.Invalid, quicclass.UnknownConnectionID, 0},
 		{"7-byte handshake", false, []byte{0xe0, 0, 0, 0, 1, 0, 0}, quicclass.Invalid, quicclass.Length, 0},
 		{"v1 handshake, length 19", false, func() []byte {
-			b := quicclass.LongPacket(v1, handshake1, sid[:], nil, nil, 90)
+			b := quicclasstest.LongPacket(v1, handshake1, sid[:], nil, nil, 90)
 			copy(b[7+4:], []byte{0x40, 19})
 			return b
 		}(), quicclass.Invalid, quicclass.Length, 0},
 		{"v1 handshake, 8-byte length", true, func() []byte {
-			b := quicclass.LongPacket(v1, handshake1, sid[:], nil, nil, 90)
+			b := quicclasstest.LongPacket(v1, handshake1, sid[:], nil, nil, 90)
 			return append(append(b[:7+4], 0xc0, 0, 0, 0, 0, 0, 0, 30), make([]byte, 60)...)
 		}(), quicclass.Established, 0, quicclass.OpeningByID},
-		{"retry", true, quicclass.LongPacket(v1, 3, sid[:], cid, nil, 100), quicclass.Invalid, quicclass.ServerOnly, 0},
-		{"unknown version", true, quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200), quicclass.Negotiation, 0, 0},
+		{"retry", true, quicclasstest.LongPacket(v1, 3, sid[:], cid, nil, 100), quicclass.Invalid, quicclass.ServerOnly, 0},
+		{"unknown version", true, quicclasstest.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200), quicclass.Negotiation, 0, 0},
 	}
 	c := testutil.QUICLimits(1000, 1000)
 	c.VerifyIDs = true
@@ -215,7 +216,7 @@ func TestAllowlistFamilies(t *testing.T) {
 			c.Allow = []netip.Prefix{netip.MustParsePrefix(tt.allow)}
 			w := newTwin(t, c)
 			p := udp(tt.src, 50000)
-			p.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+			p.Data = quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 			if out := w.step(p, p.Datagram(true), start, 0); out.Allowlisted != tt.want {
 				t.Fatalf("allowlisted %v, want %v", out.Allowlisted, tt.want)
 			}
@@ -291,26 +292,26 @@ func TestSocketClasses(t *testing.T) {
 	other := decide.ServerID{0x0a, 0x0b, 0x0c, 0x0d}
 	cid := []byte{1, 2, 3, 4, 5, 6, 7, 8}
 	payloads := map[string][]byte{
-		"initial":         quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200),
-		"handshake":       quicclass.LongHeader(quicclass.Version1, 2, 4, 8, 90),
-		"short header":    quicclass.ShortHeader(100),
-		"unknown version": quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200),
+		"initial":         quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200),
+		"handshake":       quicclasstest.LongHeader(quicclass.Version1, 2, 4, 8, 90),
+		"short header":    quicclasstest.ShortHeader(100),
+		"unknown version": quicclasstest.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200),
 		"empty":           {},
 		"not quic":        make([]byte, 64),
-		"small initial":   quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 900),
-		"retry":           quicclass.LongHeader(quicclass.Version1, 3, 8, 8, 100),
-		"truncated":       quicclass.LongHeader(quicclass.Version1, 2, 8, 8, 12),
+		"small initial":   quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 900),
+		"retry":           quicclasstest.LongHeader(quicclass.Version1, 3, 8, 8, 100),
+		"truncated":       quicclasstest.LongHeader(quicclass.Version1, 2, 8, 8, 12),
 		// What verification tells apart.
-		"consistent initial":           quicclass.LongPacket(quicclass.Version1, 0, cid, cid, nil, 1200),
-		"initial with a long token":    quicclass.LongPacket(quicclass.Version2, 1, cid, cid, make([]byte, 900), 1350),
-		"initial to a server id":       quicclass.LongPacket(quicclass.Version1, 0, sid[:], cid, make([]byte, 60), 1250),
-		"initial, length past the end": quicclass.LongPacket(quicclass.Version1, 0, cid, cid, make([]byte, 600), 1400)[:1300],
-		"0-rtt":                        quicclass.LongPacket(quicclass.Version2, 2, cid, cid, nil, 500),
-		"handshake to a server id":     quicclass.LongPacket(quicclass.Version1, 2, sid[:], cid, nil, 90),
-		"handshake to another id":      quicclass.LongPacket(quicclass.Version2, 3, other[:], cid, nil, 90),
+		"consistent initial":           quicclasstest.LongPacket(quicclass.Version1, 0, cid, cid, nil, 1200),
+		"initial with a long token":    quicclasstest.LongPacket(quicclass.Version2, 1, cid, cid, make([]byte, 900), 1350),
+		"initial to a server id":       quicclasstest.LongPacket(quicclass.Version1, 0, sid[:], cid, make([]byte, 60), 1250),
+		"initial, length past the end": quicclasstest.LongPacket(quicclass.Version1, 0, cid, cid, make([]byte, 600), 1400)[:1300],
+		"0-rtt":                        quicclasstest.LongPacket(quicclass.Version2, 2, cid, cid, nil, 500),
+		"handshake to a server id":     quicclasstest.LongPacket(quicclass.Version1, 2, sid[:], cid, nil, 90),
+		"handshake to another id":      quicclasstest.LongPacket(quicclass.Version2, 3, other[:], cid, nil, 90),
 		"7-byte handshake":             {0xe0, 0, 0, 0, 1, 0, 0},
-		"short to a server id":         quicclass.ShortPacket(sid, 300),
-		"short to another id":          quicclass.ShortPacket(other, 30),
+		"short to a server id":         quicclasstest.ShortPacket(sid, 300),
+		"short to another id":          quicclasstest.ShortPacket(other, 30),
 	}
 	for _, verify := range []bool{false, true} {
 		t.Run(fmt.Sprintf("verify=%v", verify), func(t *testing.T) {
@@ -407,7 +408,7 @@ func TestSocketGSOBatches(t *testing.T) {
 			s := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.9:40000"))
 			buf := make([]byte, 0, segment*perBatch)
 			for range perBatch {
-				buf = append(buf, quicclass.ShortPacket(sid, segment)...)
+				buf = append(buf, quicclasstest.ShortPacket(sid, segment)...)
 			}
 			oob := gsoControl(segment)
 			dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -347,7 +348,7 @@ func TestParse(t *testing.T) {
 	}
 }
 
-// sameDatagram compares what two parsers read of a decide.
+// sameDatagram compares what two parsers read of a datagram.
 func sameDatagram(a, b decide.Datagram) bool {
 	return a.Key == b.Key && a.Length == b.Length && bytes.Equal(a.Probe, b.Probe)
 }
@@ -361,22 +362,22 @@ func quicPayloads(rng *rand.Rand) [][]byte {
 		junk[i] = byte(rng.Uint32()) &^ 0xc0 // fixed bit 0
 	}
 	return [][]byte{
-		quicclass.LongHeader(quicclass.Version1, 0, 8, 8, big()), // Initial
-		quicclass.LongHeader(quicclass.Version2, 1, 8, 8, big()), // v2 Initial
-		quicclass.LongHeader(quicclass.Version1, 1, 8, 0, 60),    // 0-RTT
-		quicclass.LongHeader(quicclass.Version1, 2, 4, 8, 90),    // Handshake
-		quicclass.ShortHeader(21 + rng.IntN(1330)),               // 1-RTT
-		quicclass.ShortHeader(30),                                // 1-RTT, an ACK
-		junk,                                                     // not QUIC
-		quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 800),   // small Initial
-		quicclass.LongHeader(0x1a2a3a4a, 0, 8, 8, big()),         // unknown version
-		quicclass.LongHeader(0x1a2a3a4a, 0, 8, 8, 300),           // small unknown version
-		quicclass.LongHeader(quicclass.Version1, 3, 8, 8, 100),   // Retry
-		quicclass.LongHeader(0, 0, 8, 8, 100),                    // Version Negotiation
-		quicclass.LongHeader(quicclass.Version1, 2, 21, 8, 100),  // connection ID too long
-		quicclass.LongHeader(quicclass.Version1, 2, 8, 8, 12),    // truncated
-		quicclass.ShortHeader(15),                                // short header too short
-		{},                                                       // empty
+		quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, big()), // Initial
+		quicclasstest.LongHeader(quicclass.Version2, 1, 8, 8, big()), // v2 Initial
+		quicclasstest.LongHeader(quicclass.Version1, 1, 8, 0, 60),    // 0-RTT
+		quicclasstest.LongHeader(quicclass.Version1, 2, 4, 8, 90),    // Handshake
+		quicclasstest.ShortHeader(21 + rng.IntN(1330)),               // 1-RTT
+		quicclasstest.ShortHeader(30),                                // 1-RTT, an ACK
+		junk,                                                         // not QUIC
+		quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 800),   // small Initial
+		quicclasstest.LongHeader(0x1a2a3a4a, 0, 8, 8, big()),         // unknown version
+		quicclasstest.LongHeader(0x1a2a3a4a, 0, 8, 8, 300),           // small unknown version
+		quicclasstest.LongHeader(quicclass.Version1, 3, 8, 8, 100),   // Retry
+		quicclasstest.LongHeader(0, 0, 8, 8, 100),                    // Version Negotiation
+		quicclasstest.LongHeader(quicclass.Version1, 2, 21, 8, 100),  // connection ID too long
+		quicclasstest.LongHeader(quicclass.Version1, 2, 8, 8, 12),    // truncated
+		quicclasstest.ShortHeader(15),                                // short header too short
+		{},                                                           // empty
 	}
 }
 
@@ -426,7 +427,7 @@ func TestDifferential(t *testing.T) {
 				pool = append(pool, p)
 			}
 			heavy := pool[2]
-			heavy.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+			heavy.Data = quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 			unparsed := udp("192.0.2.1", 1)
 			unparsed.EtherType = 0x88b5
 			now := start
@@ -787,9 +788,9 @@ func TestDimensions(t *testing.T) {
 	}
 	sid := decide.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
 	payloads := [sketch.NumClasses][]byte{
-		quicclass.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
-		quicclass.ShortPacket(sid, 100),
-		quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100),
+		quicclasstest.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
+		quicclasstest.ShortPacket(sid, 100),
+		quicclasstest.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100),
 	}
 	for i := range 2000 {
 		p := udp(fmt.Sprintf("2001:db8:%x::%x", i, i), uint16(2000+i))
@@ -929,29 +930,29 @@ func TestDifferentialVerify(t *testing.T) {
 		big := 1200 + rng.IntN(152)
 		switch r := rng.IntN(16); r {
 		case 0, 1, 2:
-			return quicclass.ShortPacket(id, 21+rng.IntN(1330))
+			return quicclasstest.ShortPacket(id, 21+rng.IntN(1330))
 		case 3:
-			return quicclass.LongPacket(ver, initial, clientID(), clientID(), nil, big)
+			return quicclasstest.LongPacket(ver, initial, clientID(), clientID(), nil, big)
 		case 4:
-			return quicclass.LongPacket(ver, initial, id[:], clientID(), make([]byte, rng.IntN(200)), big)
+			return quicclasstest.LongPacket(ver, initial, id[:], clientID(), make([]byte, rng.IntN(200)), big)
 		case 5:
-			return quicclass.LongPacket(ver, typ(1), id[:], clientID(), nil, 40+rng.IntN(1200))
+			return quicclasstest.LongPacket(ver, typ(1), id[:], clientID(), nil, 40+rng.IntN(1200))
 		case 6:
-			return quicclass.LongPacket(ver, typ(1), clientID(), clientID(), nil, 40+rng.IntN(1200))
+			return quicclasstest.LongPacket(ver, typ(1), clientID(), clientID(), nil, 40+rng.IntN(1200))
 		case 7:
-			return quicclass.LongPacket(ver, typ(2), id[:], nil, nil, 40+rng.IntN(1200))
+			return quicclasstest.LongPacket(ver, typ(2), id[:], nil, nil, 40+rng.IntN(1200))
 		case 8:
-			return quicclass.LongPacket(ver, typ(2), clientID(), clientID(), nil, 60+rng.IntN(200))
+			return quicclasstest.LongPacket(ver, typ(2), clientID(), clientID(), nil, 60+rng.IntN(200))
 		case 9: // a Length one past the end, or too small, or a token past the end
-			b := quicclass.LongPacket(ver, initial, id[:], clientID(), make([]byte, rng.IntN(50)), big)
+			b := quicclasstest.LongPacket(ver, initial, id[:], clientID(), make([]byte, rng.IntN(50)), big)
 			b = b[:len(b)-1-rng.IntN(2)]
 			return append(b, make([]byte, rng.IntN(2))...)
 		case 10:
-			b := quicclass.LongPacket(ver, typ(2), id[:], nil, nil, 200)
+			b := quicclasstest.LongPacket(ver, typ(2), id[:], nil, nil, 200)
 			copy(b[7+4:], []byte{0x40, byte(rng.IntN(20))})
 			return b
 		case 11:
-			b := quicclass.LongPacket(ver, initial, clientID(), nil, nil, big)
+			b := quicclasstest.LongPacket(ver, initial, clientID(), nil, nil, big)
 			b[6+b[5]+1] = 0x80 | byte(rng.IntN(64)) // a 4-byte token length, mostly past the end
 			return b
 		case 12:
@@ -1028,10 +1029,10 @@ func TestDifferentialVerify(t *testing.T) {
 			if ver == quicclass.Version2 {
 				hs = 3
 			}
-			p.Data = quicclass.LongPacket(ver, hs, id[:], clientID(), nil, 60+rng.IntN(200))
+			p.Data = quicclasstest.LongPacket(ver, hs, id[:], clientID(), nil, 60+rng.IntN(200))
 		case r < 25: // spoofed unverified short headers
 			p = udp(spoofed(), uint16(1024+rng.IntN(60000)))
-			p.Data = quicclass.ShortPacket(randID(), 30+rng.IntN(1000))
+			p.Data = quicclasstest.ShortPacket(randID(), 30+rng.IntN(1000))
 		case r < 32 && len(issued) > 0: // an ID the server sent to a peer, sprayed from anywhere else
 			p = udp(spoofed(), uint16(1024+rng.IntN(60000)))
 			p.Data = payload(issued[rng.IntN(len(issued))].id)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -42,9 +43,9 @@ func fuzzSeeds() []testutil.Frame {
 	var seeds []testutil.Frame
 	sid := []byte{0xa1, 0xb2, 0xc3, 0xd4}
 	extra := [][]byte{
-		quicclass.LongPacket(quicclass.Version1, 0, sid, []byte{1, 2, 3, 4, 5, 6, 7, 8}, make([]byte, 30), 1200),
-		quicclass.LongPacket(quicclass.Version1, 2, sid, nil, nil, 90),
-		quicclass.ShortPacket([4]byte(sid), 40),
+		quicclasstest.LongPacket(quicclass.Version1, 0, sid, []byte{1, 2, 3, 4, 5, 6, 7, 8}, make([]byte, 30), 1200),
+		quicclasstest.LongPacket(quicclass.Version1, 2, sid, nil, nil, 90),
+		quicclasstest.ShortPacket([4]byte(sid), 40),
 	}
 	for i, data := range append(quicPayloads(rng), extra...) {
 		for _, src := range []string{"203.0.113.7", "2001:db8:77::7"} {
@@ -59,14 +60,14 @@ func fuzzSeeds() []testutil.Frame {
 		}
 	}
 	v6, v4 := udp("2001:db8::9", 50000), udp("198.51.100.9", 50000)
-	v6.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	v6.Data = quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	v6.IPv6Ext = []testutil.IPv6Ext{{Kind: unix.IPPROTO_HOPOPTS}, {Kind: unix.IPPROTO_ROUTING, Units: 1},
 		{Kind: unix.IPPROTO_FRAGMENT}, {Kind: unix.IPPROTO_AH, Units: 2}, {Kind: unix.IPPROTO_DSTOPTS}}
 	seeds = append(seeds, v6)
-	v4.Data, v4.IPv4Options = quicclass.ShortHeader(50), 3
+	v4.Data, v4.IPv4Options = quicclasstest.ShortHeader(50), 3
 	seeds = append(seeds, v4)
 	trick := udp("198.51.100.10", 50000)
-	trick.Data, trick.UDPLen = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200), udpClaim
+	trick.Data, trick.UDPLen = quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200), udpClaim
 	seeds = append(seeds, trick)
 	tcp := udp("198.51.100.11", 50000)
 	tcp.Proto = unix.IPPROTO_TCP

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -86,7 +87,7 @@ func TestLearnedFull(t *testing.T) {
 	every := int64(decide.ProofPacing().Interval)
 	for i, cl := range clients {
 		p := udp(cl.addr.String(), 50000)
-		p.Data = quicclass.LongPacket(quicclass.Version1, 2, cl.id[:], []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 90)
+		p.Data = quicclasstest.LongPacket(quicclass.Version1, 2, cl.id[:], []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 90)
 		w.step(p, p.Datagram(true), 20*unit+int64(i)*every, rng.Uint32())
 	}
 	w.compareLearned()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -230,7 +231,7 @@ func TestStreamEventsUnverified(t *testing.T) {
 	}
 	defer events.Close()
 	p := udp("198.51.100.7", 5000)
-	p.Data = quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100)
+	p.Data = quicclasstest.ShortPacket(decide.ServerID{1, 2, 3, 4}, 100)
 	if _, _, err := f.objs.Rakelimit.Benchmark(p.Bytes(), 100_000, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -37,7 +38,7 @@ func lengthCases() []struct {
 	reason quicclass.Reason
 } {
 	head := func(v uint32) []byte {
-		b := quicclass.LongHeader(v, 0, 8, 8, ipv4Total-testutil.IPv4HdrLen-testutil.UDPHdrLen)
+		b := quicclasstest.LongHeader(v, 0, 8, 8, ipv4Total-testutil.IPv4HdrLen-testutil.UDPHdrLen)
 		return b
 	}
 	return []struct {
@@ -53,7 +54,7 @@ func lengthCases() []struct {
 		{"consistent initial", head(quicclass.Version1), 0, quicclass.Opening, 0},
 		{"udp length of the header alone", head(quicclass.Version1), testutil.UDPHdrLen, quicclass.Invalid, quicclass.Empty},
 		{"udp length under the header", head(quicclass.Version1), 3, quicclass.Invalid, quicclass.Empty},
-		{"udp length past the ip datagram", quicclass.ShortHeader(100), 1000, quicclass.Established, 0},
+		{"udp length past the ip datagram", quicclasstest.ShortHeader(100), 1000, quicclass.Established, 0},
 	}
 }
 
@@ -170,10 +171,10 @@ func TestSocketAllowlistValidity(t *testing.T) {
 		sport uint16
 		data  []byte
 	}{
-		{50022, quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)},
+		{50022, quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)},
 		{50022, make([]byte, 64)},
-		{50022, quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 300)},
-		{3702, quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)}, // WS-Discovery, a reflection port
+		{50022, quicclasstest.LongHeader(0x0a0a0a0a, 0, 8, 8, 300)},
+		{3702, quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)}, // WS-Discovery, a reflection port
 	}
 	senders := map[uint16]*net.UDPConn{}
 	for _, s := range sends {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -64,7 +65,7 @@ func TestXDPListeners(t *testing.T) {
 		sport++
 		p := udp(src, sport)
 		p.Dst, p.DstPort = netip.MustParseAddr(dst), port
-		p.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+		p.Data = quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 		return p
 	}
 	tcp := to("198.51.100.7", "192.0.2.254", 443)
@@ -85,7 +86,7 @@ func TestXDPListeners(t *testing.T) {
 		{"ipv4 wildcard's port, not a host address", to("198.51.100.7", "10.88.0.5", 443).Bytes(), false},
 		{"forwarded Handshake", func() []byte {
 			p := to("198.51.100.7", "10.88.0.5", 443)
-			p.Data = quicclass.LongPacket(quicclass.Version1, 2, []byte{1, 2, 3, 4}, nil, nil, 100)
+			p.Data = quicclasstest.LongPacket(quicclass.Version1, 2, []byte{1, 2, 3, 4}, nil, nil, 100)
 			return p.Bytes()
 		}(), false},
 		{"ipv4 listener address", to("198.51.100.7", "192.0.2.254", 9443).Bytes(), true},
@@ -224,7 +225,7 @@ func TestDecidedOnce(t *testing.T) {
 	frame := func(port uint16, b byte) testutil.Frame {
 		p := udp("198.51.100.7", 50000)
 		p.DstPort = port
-		p.Data = quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+		p.Data = quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 		p.Data[10] = b // in the destination ID: the probe, the mark
 		return p
 	}
@@ -383,7 +384,7 @@ func TestXDPVeth(t *testing.T) {
 		t.Fatal("ip link shows no XDP program on the veth")
 	}
 	port := testutil.PortOf(conn)
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
 	junk := []byte{0, 1, 2, 3, 4, 5, 6, 7}
 	const each = 50
 	r := testutil.Receive(conn)

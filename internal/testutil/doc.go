@@ -19,9 +19,9 @@
 //     at its limit (each second against what was sent in it);
 //   - quic.go: Initials, the QUIC Initial datagrams floods send, and
 //     FloodInitials, the flood of them the integration tests aim at Caddy
-//     (their header is quicclass.LongPacket's; the fixed datagrams of each
-//     class are quicclass's builders: LongHeader, ShortHeader, Initial and
-//     the like);
+//     (their header is quicclasstest.LongPacket's; the fixed datagrams of each
+//     class are package quicclasstest's builders: LongHeader, ShortHeader,
+//     Initial and the like);
 //   - frames.go: Frame, the Ethernet frame of a UDP datagram over IPv4 or
 //     IPv6 (options, extension headers, fragments, lengths that disagree,
 //     cuts) that the kernel tests and the lab's filter benchmark feed to

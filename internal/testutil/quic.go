@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 )
 
 // InitialSize is the size of the datagrams Initials makes: the smallest a
 // client's Initial may be.
 const InitialSize = 1200
 
-// The long header Initials writes (quicclass.LongPacket's): first byte,
+// The long header Initials writes (quicclasstest.LongPacket's): first byte,
 // version, the destination connection ID's length and the ID (where Next
 // writes a new one), the source connection ID's length and the ID, the
 // token length (0), and the Length field, a 2-byte varint that covers the
@@ -53,7 +54,7 @@ func NewInitials(seed uint64) *Initials {
 		// The header, with the random connection IDs and the random low
 		// bits of the first byte (the packet number length and reserved
 		// bits, which header protection hides).
-		h := quicclass.LongPacket(quicclass.Version1, 0, b[initialDCIDAt:initialDCIDAt+initialCIDLen],
+		h := quicclasstest.LongPacket(quicclass.Version1, 0, b[initialDCIDAt:initialDCIDAt+initialCIDLen],
 			b[initialDCIDAt+initialCIDLen+1:initialDCIDAt+2*initialCIDLen+1], nil, InitialSize)
 		h[0] |= b[0] & 0x0f
 		copy(b, h[:initialHeaderLen])

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -22,7 +23,7 @@ func benchConfig() decide.Config { return testutil.QUICLimits(1000, 100_000) }
 var fixedSource = netip.MustParseAddrPort("192.0.2.1:40000")
 
 // sourceAt is the i-th source of a flood: one address, or a new address
-// (spread over the whole IPv4 space) for each decide.
+// (spread over the whole IPv4 space) for each datagram.
 func sourceAt(i int, fixed bool) netip.AddrPort {
 	if fixed {
 		return fixedSource
@@ -38,7 +39,7 @@ func sourceAt(i int, fixed bool) netip.AddrPort {
 // floor: what a pass-through wrapper reads of a datagram (its key and
 // probe) without deciding.
 func BenchmarkDecide(b *testing.B) {
-	payload := quicclass.Initial()
+	payload := quicclasstest.Initial()
 	for _, bc := range []struct {
 		name  string
 		fixed bool
@@ -150,7 +151,7 @@ func benchReadBatch(b *testing.B, withLimiter, fixed bool, limit uint32) {
 	pc := ipv4.NewPacketConn(flood)
 	sentinel := sender(b, "127.0.0.1:0")
 	sentinelDst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testutil.PortOf(conn))
-	payload := quicclass.Initial()
+	payload := quicclasstest.Initial()
 	ms, _ := quicGoBatch()
 	sent := 0
 	send := func(n int) {

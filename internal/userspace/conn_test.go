@@ -18,7 +18,9 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -26,35 +28,35 @@ import (
 // returning the payload's length and the source.
 var readMethods = []struct {
 	name string
-	read func(c *Conn, b []byte) (int, netip.AddrPort, error)
+	read func(c *packetconn.Conn, b []byte) (int, netip.AddrPort, error)
 }{
-	{"Read", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+	{"Read", func(c *packetconn.Conn, b []byte) (int, netip.AddrPort, error) {
 		n, err := c.Read(b)
 		return n, netip.AddrPort{}, err
 	}},
-	{"ReadFrom", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+	{"ReadFrom", func(c *packetconn.Conn, b []byte) (int, netip.AddrPort, error) {
 		n, a, err := c.ReadFrom(b)
 		if a == nil {
 			return n, netip.AddrPort{}, err
 		}
 		return n, a.(*net.UDPAddr).AddrPort(), err
 	}},
-	{"ReadFromUDP", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+	{"ReadFromUDP", func(c *packetconn.Conn, b []byte) (int, netip.AddrPort, error) {
 		n, a, err := c.ReadFromUDP(b)
 		return n, a.AddrPort(), err
 	}},
-	{"ReadFromUDPAddrPort", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+	{"ReadFromUDPAddrPort", func(c *packetconn.Conn, b []byte) (int, netip.AddrPort, error) {
 		return c.ReadFromUDPAddrPort(b)
 	}},
-	{"ReadMsgUDP", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+	{"ReadMsgUDP", func(c *packetconn.Conn, b []byte) (int, netip.AddrPort, error) {
 		n, _, _, a, err := c.ReadMsgUDP(b, make([]byte, 128))
 		return n, a.AddrPort(), err
 	}},
-	{"ReadMsgUDPAddrPort", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+	{"ReadMsgUDPAddrPort", func(c *packetconn.Conn, b []byte) (int, netip.AddrPort, error) {
 		n, _, _, a, err := c.ReadMsgUDPAddrPort(b, make([]byte, 128))
 		return n, a, err
 	}},
-	{"ReadBatch", func(c *Conn, b []byte) (int, netip.AddrPort, error) {
+	{"ReadBatch", func(c *packetconn.Conn, b []byte) (int, netip.AddrPort, error) {
 		ms := []ipv4.Message{{Buffers: [][]byte{b}, OOB: make([]byte, 128)}}
 		n, err := c.ReadBatch(ms, 0)
 		if n == 0 {
@@ -84,9 +86,9 @@ func TestEveryReadFilters(t *testing.T) {
 			c := wrap(t, testutil.Listen(t, "udp4", "127.0.0.1:0"), l)
 			s := sender(t, "127.0.0.1:0")
 			dst := loopbackTo("127.0.0.1:0", testutil.PortOf(c.UDPConn))
-			want := quicclass.Initial()
+			want := quicclasstest.Initial()
 			copy(want[100:], "the datagram that passes")
-			for _, b := range [][]byte{junk(), quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 300), want} {
+			for _, b := range [][]byte{junk(), quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 300), want} {
 				if _, err := s.WriteToUDPAddrPort(b, dst); err != nil {
 					t.Fatal(err)
 				}
@@ -111,33 +113,6 @@ func TestEveryReadFilters(t *testing.T) {
 	}
 }
 
-// TestRawConnRefusesRead: the raw connection controls the socket (quic-go
-// sets its options through it) but cannot read around the limiter.
-func TestRawConnRefusesRead(t *testing.T) {
-	c := wrap(t, testutil.Listen(t, "udp4", "127.0.0.1:0"), newTestLimiter(t, testutil.Limits(100), nil, -1))
-	rc, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rc.Read(func(uintptr) bool { return true }); !errors.Is(err, errRawRead) {
-		t.Fatalf("raw Read: %v, want it refused", err)
-	}
-	called := false
-	if err := rc.Control(func(uintptr) { called = true }); err != nil || !called {
-		t.Fatalf("raw Control: %v, called %v", err, called)
-	}
-	if c.Unwrap() != net.PacketConn(c.UDPConn) {
-		t.Fatal("Unwrap does not return the socket")
-	}
-}
-
-// TestNewConnRefuses: no socket, no wrapper.
-func TestNewConnRefuses(t *testing.T) {
-	if _, err := NewConn(nil, nil); err == nil || !strings.Contains(err.Error(), "no UDP socket") {
-		t.Fatalf("NewConn(nil): %v", err)
-	}
-}
-
 // TestSetLimiter: without a limiter every datagram passes; with one again,
 // the drops resume.
 func TestSetLimiter(t *testing.T) {
@@ -146,19 +121,19 @@ func TestSetLimiter(t *testing.T) {
 	s := sender(t, "127.0.0.1:0")
 	dst := loopbackTo("127.0.0.1:0", testutil.PortOf(c.UDPConn))
 	buf := make([]byte, 1500)
-	c.SetLimiter(nil)
+	c.SetDecider(nil)
 	s.WriteToUDPAddrPort(junk(), dst)
 	c.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if n, _, err := c.ReadFromUDPAddrPort(buf); err != nil || n != len(junk()) {
 		t.Fatalf("without a limiter: %d bytes, %v", n, err)
 	}
-	c.SetLimiter(l)
-	if c.Limiter() != l {
-		t.Fatal("Limiter() is not the one set")
+	c.SetDecider(l)
+	if c.Decider() != l {
+		t.Fatal("Decider() is not the limiter set")
 	}
 	s.WriteToUDPAddrPort(junk(), dst)
-	s.WriteToUDPAddrPort(quicclass.ShortHeader(100), dst)
-	if n, _, err := c.ReadFromUDPAddrPort(buf); err != nil || n != len(quicclass.ShortHeader(100)) {
+	s.WriteToUDPAddrPort(quicclasstest.ShortHeader(100), dst)
+	if n, _, err := c.ReadFromUDPAddrPort(buf); err != nil || n != len(quicclasstest.ShortHeader(100)) {
 		t.Fatalf("with the limiter again: %d bytes, %v; want the junk dropped", n, err)
 	}
 }
@@ -212,96 +187,6 @@ func TestDroppingReadsBlock(t *testing.T) {
 	}
 }
 
-// TestFilterBatchCompaction decides batches with drops in every pattern:
-// the kept datagrams come first, in order, each with its own bytes, length,
-// control messages, address and flags, in the buffers of the slot it lands
-// in; no slot's buffers change.
-func TestFilterBatchCompaction(t *testing.T) {
-	tests := []struct {
-		name    string
-		pattern string // per slot: k kept, d dropped
-		split   bool   // each slot's buffer in two pieces
-	}{
-		{"all kept", "kkkkkkkk", false},
-		{"all dropped", "dddddddd", false},
-		{"first dropped", "dkkkkkkk", false},
-		{"alternate", "dkdkdkdk", false},
-		{"last kept only", "dddddddk", false},
-		{"runs", "kkddkkdd", false},
-		{"scattered buffers", "dkkdkddk", true},
-		{"longer than a chunk", strings.Repeat("dkkdk", 30), false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			l := newTestLimiter(t, testutil.QUICLimits(100_000, 100_000), nil, -1)
-			c := &Conn{port: 443}
-			n := len(tt.pattern)
-			ms := make([]ipv4.Message, n)
-			own := make([][][]byte, n)
-			var want []ipv4.Message
-			var wantBytes [][]byte
-			for i := range ms {
-				b := quicclass.ShortHeader(100)
-				if tt.pattern[i] == 'd' {
-					b = junk()
-				}
-				b = append(b, fmt.Sprintf("slot %d", i)...)
-				buf := make([]byte, 1452)
-				copy(buf, b)
-				ms[i].Buffers = [][]byte{buf}
-				if tt.split {
-					ms[i].Buffers = [][]byte{buf[:30], buf[30:]}
-				}
-				own[i] = ms[i].Buffers
-				ms[i].N = len(b)
-				ms[i].OOB = make([]byte, 128)
-				ms[i].NN = copy(ms[i].OOB, fmt.Sprintf("oob of %d", i))
-				ms[i].Addr = &net.UDPAddr{IP: net.IPv4(192, 0, 2, byte(i)), Port: 40000 + i}
-				ms[i].Flags = i
-				if tt.pattern[i] == 'k' {
-					w := ms[i]
-					w.OOB = bytes.Clone(ms[i].OOB) // ms[i].OOB may be written over
-					want = append(want, w)
-					wantBytes = append(wantBytes, b)
-				}
-			}
-			kept := c.filterBatch(l, ms)
-			if kept != len(want) {
-				t.Fatalf("kept %d, want %d", kept, len(want))
-			}
-			for i := range ms {
-				if !reflect.DeepEqual(ms[i].Buffers, own[i]) || &ms[i].Buffers[0][0] != &own[i][0][0] {
-					t.Fatalf("slot %d has other buffers", i)
-				}
-			}
-			for i, w := range want {
-				m := ms[i]
-				var got []byte
-				for _, b := range m.Buffers {
-					got = append(got, b...)
-				}
-				got = got[:m.N]
-				if !bytes.Equal(got, wantBytes[i]) || m.NN != w.NN || !bytes.Equal(m.OOB[:m.NN], w.OOB[:w.NN]) ||
-					m.Addr != w.Addr || m.Flags != w.Flags {
-					t.Fatalf("slot %d holds %q from %v (oob %q, flags %d), want %q from %v (oob %q, flags %d)",
-						i, got, m.Addr, m.OOB[:m.NN], m.Flags, wantBytes[i], w.Addr, w.OOB[:w.NN], w.Flags)
-				}
-			}
-		})
-	}
-}
-
-// TestMoveMessageCuts: a slot smaller than the datagram gets it cut and
-// flagged, never overrun.
-func TestMoveMessageCuts(t *testing.T) {
-	src := ipv4.Message{Buffers: [][]byte{bytes.Repeat([]byte{1}, 100)}, N: 100, OOB: bytes.Repeat([]byte{2}, 64), NN: 64}
-	dst := ipv4.Message{Buffers: [][]byte{make([]byte, 40)}, OOB: make([]byte, 16)}
-	moveMessage(&dst, &src)
-	if dst.N != 40 || dst.NN != 16 || dst.Flags&msgTrunc != msgTrunc || dst.Flags&msgCtrunc != msgCtrunc {
-		t.Fatalf("moved into a short slot: N %d NN %d flags %#x", dst.N, dst.NN, dst.Flags)
-	}
-}
-
 // TestReadBatchPairs sends, round after round, one datagram from each of 16
 // sources on a dual-stack socket (8 ports on 127.0.0.1, 8 on ::1), every
 // other source sending junk, and reads them with ReadBatch in batches of 8,
@@ -331,7 +216,7 @@ func TestReadBatchPairs(t *testing.T) {
 	batches, mixed := 0, 0
 	for round := range rounds {
 		for i, s := range srcs {
-			b := quicclass.ShortHeader(100)
+			b := quicclasstest.ShortHeader(100)
 			if i%2 == 1 {
 				b = junk()
 			}
@@ -357,7 +242,7 @@ func TestReadBatchPairs(t *testing.T) {
 				}
 				from := m.Addr.(*net.UDPAddr).AddrPort()
 				want := fmt.Sprintf("port %d round %d", from.Port(), round)
-				if payload := string(m.Buffers[0][30:m.N]); payload != want || m.Buffers[0][0] != quicclass.ShortHeader(100)[0] {
+				if payload := string(m.Buffers[0][30:m.N]); payload != want || m.Buffers[0][0] != quicclasstest.ShortHeader(100)[0] {
 					t.Fatalf("round %d: datagram %q (first byte %#x) from %v, want %q", round, payload, m.Buffers[0][0], from, want)
 				}
 				if linux {
@@ -427,7 +312,7 @@ func TestConnFlood(t *testing.T) {
 	legitSent := 0
 	go func() {
 		for end := time.Now().Add(seconds * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			if _, err := legitS.WriteToUDPAddrPort(quicclass.ShortHeader(100), loopbackTo("[::1]:0", port)); err != nil {
+			if _, err := legitS.WriteToUDPAddrPort(quicclasstest.ShortHeader(100), loopbackTo("[::1]:0", port)); err != nil {
 				errs <- err
 				return
 			}
@@ -436,8 +321,10 @@ func TestConnFlood(t *testing.T) {
 		errs <- nil
 	}()
 	go func() { errs <- pace(junkS, loopbackTo("127.0.0.1:0", port), junk(), 100, 100*seconds) }()
-	go func() { errs <- pace(blockedS, loopbackTo("127.0.0.1:0", port), quicclass.Initial(), 100, 100*seconds) }()
-	if err := pace(floodS, loopbackTo("127.0.0.1:0", port), quicclass.Initial(), rate, rate*seconds); err != nil {
+	go func() {
+		errs <- pace(blockedS, loopbackTo("127.0.0.1:0", port), quicclasstest.Initial(), 100, 100*seconds)
+	}()
+	if err := pace(floodS, loopbackTo("127.0.0.1:0", port), quicclasstest.Initial(), rate, rate*seconds); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {
@@ -476,36 +363,39 @@ func TestConnFlood(t *testing.T) {
 	t.Logf("flood per second %v; legit %d of %d; dropped %d", flood, tl.Received(at(legitS)), legitSent, dropped)
 }
 
-// TestFilterBatchAllocatesNothing: deciding and compacting a batch, with
-// drops tracked, allocates nothing.
-func TestFilterBatchAllocatesNothing(t *testing.T) {
+// TestDecideBatchAllocatesNothing: deciding a batch, with drops tracked,
+// allocates nothing (and packetconn.TestFilterBatchAllocatesNothing:
+// compacting it around the drops neither).
+func TestDecideBatchAllocatesNothing(t *testing.T) {
 	l := newTestLimiter(t, testutil.QUICLimits(100, 100_000), nil, 0)
-	c := &Conn{port: 443}
-	ms, _ := quicGoBatch()
-	for i := range ms {
-		ms[i].Addr = &net.UDPAddr{IP: net.IPv4(192, 0, 2, byte(i%2)), Port: 40000}
-	}
 	// A flood of Initials from 192.0.2.1, dropped, between short-header
 	// packets from 192.0.2.0.
-	payloads := [][]byte{quicclass.ShortHeader(100), quicclass.Initial()}
-	fill := func() {
-		for i := range ms {
-			payload := payloads[i%2]
-			ms[i].N = copy(ms[i].Buffers[0], payload)
-			ms[i].NN = 16
-		}
+	payloads := [][]byte{quicclasstest.ShortHeader(100), quicclasstest.Initial()}
+	batch := make([]decide.Datagram, 8)
+	for i := range batch {
+		batch[i] = dgram(fmt.Sprintf("192.0.2.%d:40000", i%2), payloads[i%2])
 	}
+	ds := make([]decide.Datagram, len(batch))
+	drop := make([]bool, len(ds))
+	fill := func() { copy(ds, batch) }
 	for range 100 { // past the burst: the flood is dropped and tracked
 		fill()
-		c.filterBatch(l, ms)
+		l.DecideBatch(ds, drop)
 	}
 	allocs := testing.AllocsPerRun(100, func() {
 		fill()
-		if kept := c.filterBatch(l, ms); kept != 4 {
+		l.DecideBatch(ds, drop)
+		kept := 0
+		for _, d := range drop {
+			if !d {
+				kept++
+			}
+		}
+		if kept != 4 {
 			t.Fatalf("kept %d of 8, want the 4 short-header datagrams", kept)
 		}
 	})
 	if allocs != 0 {
-		t.Fatalf("filterBatch allocated %v times per batch", allocs)
+		t.Fatalf("DecideBatch allocated %v times per batch", allocs)
 	}
 }

@@ -18,36 +18,23 @@
 // reaches quic-go: it builds no connection for a flood of Initials, sends no
 // Version Negotiation reply past the cap, and parses no junk.
 //
-// Conn wraps the listener's *net.UDPConn, and quic-go keeps its whole fast
-// path through it (TestQUICGoKeepsFastPath runs quic-go with its debug log
-// on and checks; TestSocketOptionsThroughConn makes quic-go's socket option
-// calls through it):
-//
-//   - Conn is a quic.OOBCapablePacketConn (SyscallConn, SetReadBuffer,
-//     ReadMsgUDP, WriteMsgUDP, net.PacketConn) and has ReadBatch, so quic-go
-//     builds its batched reader on it and never logs "Disabling
-//     optimizations". It reads 8 datagrams per call, which Conn reads with
-//     one recvmmsg on Linux, as quic-go itself would.
-//   - ECN and packet info: quic-go's IP_RECVTOS, IPV6_RECVTCLASS and
-//     IP(V6)_PKTINFO reach the socket through SyscallConn().Control, and
-//     Conn hands each datagram's control messages over with it, so quic-go
-//     reads ECN marks and answers from the address each datagram was sent to.
-//   - Writes are the socket's own (WriteMsgUDP): GSO (UDP_SEGMENT, probed
-//     through Control), ECN marks on sent packets, and the don't-fragment
-//     bit (IP_MTU_DISCOVER), so path MTU discovery. Buffer sizing too.
-//
-// What it gives up is reading the raw socket: the raw connection's Read
-// returns an error (quic-go never calls it), since it would bypass the
-// limiter. Every read method of Conn filters.
+// The Limiter decides what quic-go reads through the conn of every mode
+// (package packetconn), as its Decider: quic-go keeps its whole fast path
+// through that conn (batched reads, ECN, GSO, path MTU discovery; see
+// package packetconn). TestQUICGoKeepsFastPath runs quic-go with its debug
+// log on through the conn with a Limiter and checks;
+// TestSocketOptionsThroughConn makes quic-go's socket option calls through
+// it; TestWithoutPrivileges runs the socket and quic-go tests again
+// without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN.
 //
 // # What it costs
 //
 // The kernel filter drops a flood before it is queued; here every datagram
 // is received first, and decided on the goroutine that reads the socket
-// (bench_test.go measures reading through Conn.ReadBatch against a wrapper
-// that only passes datagrams through; the figures are in the lab's
-// notebook, "The userspace conn's cost per datagram"). So, against the
-// kernel mode:
+// (bench_test.go measures reading through the conn's ReadBatch with a
+// Limiter against a wrapper that only passes datagrams through; the
+// figures are in the lab's notebook, "The userspace conn's cost per
+// datagram"). So, against the kernel mode:
 //
 //   - Each flood datagram still costs its share of a recvmmsg call, a copy
 //     into quic-go's buffer and the decision, on the goroutine that reads
@@ -62,9 +49,6 @@
 //     quic-go pairs each message slot with a buffer of its own.
 //   - Datagrams are timed when they are read, not when they arrive: after a
 //     stall of the reader, a backlog counts as a burst.
-//
-// On Windows quic-go reads one datagram per ReadFrom whatever the conn (it
-// has no batched reads or ECN there), so Conn adds only the decision.
 //
 // # Concurrency
 //

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -26,13 +26,13 @@ func TestFairStreams(t *testing.T) {
 	if p.FairNode < 0 || p.FairSource < 0 {
 		t.Fatalf("no fair total in %+v", p.Nodes)
 	}
-	quiet := dgram("127.91.0.1:4000", quicclass.Initial())
+	quiet := dgram("127.91.0.1:4000", quicclasstest.Initial())
 	// 16 networks of 4 sources at 1,000 datagrams a second each, 32
 	// times the total, for 3 seconds; the quiet network 10 a second.
 	for ms := range 3000 {
 		for n := range 16 {
 			for h := range 4 {
-				d := dgram(fmt.Sprintf("127.90.%d.%d:5000", n, h+1), quicclass.Initial())
+				d := dgram(fmt.Sprintf("127.90.%d.%d:5000", n, h+1), quicclasstest.Initial())
 				l.Decide(&d)
 			}
 		}
@@ -66,7 +66,7 @@ func TestFairStreams(t *testing.T) {
 		t.Error("no signal on Tracked after streams and networks started being tracked")
 	}
 	for ms := range 10 { // the same networks: no new signal
-		d := dgram(fmt.Sprintf("127.90.%d.1:5000", ms), quicclass.Initial())
+		d := dgram(fmt.Sprintf("127.90.%d.1:5000", ms), quicclasstest.Initial())
 		l.Decide(&d)
 	}
 	select {

@@ -13,6 +13,7 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -48,15 +49,19 @@ func dgram(src string, b []byte) decide.Datagram {
 }
 
 // junk is a datagram with the fixed bit clear (the other kinds of datagram
-// are quicclass.Initial, quicclass.ShortHeader and quicclass.UnknownVersion).
+// are quicclasstest.Initial, quicclasstest.ShortHeader and quicclasstest.UnknownVersion).
 func junk() []byte { return make([]byte, 50) }
 
-// wrap wraps conn with l for a test.
-func wrap(t testing.TB, conn *net.UDPConn, l *Limiter) *Conn {
+// wrap wraps conn in the conn quic-go reads through, its reads decided by
+// l (nil: every datagram passes), for a test.
+func wrap(t testing.TB, conn *net.UDPConn, l *Limiter) *packetconn.Conn {
 	t.Helper()
-	c, err := NewConn(conn, l)
+	c, err := packetconn.New(conn)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if l != nil {
+		c.SetDecider(l)
 	}
 	return c
 }
@@ -95,7 +100,7 @@ func quicGoBatch() (ms []ipv4.Message, bufs [][]byte) {
 // does, each slot with its own buffer, until the socket is closed; it checks
 // that ReadBatch never returns 0 without an error and never swaps buffers.
 // after, when not nil, runs after each batch is counted.
-func readBatches(c *Conn, tl *testutil.Tally, after func()) <-chan error {
+func readBatches(c *packetconn.Conn, tl *testutil.Tally, after func()) <-chan error {
 	done := make(chan error, 1)
 	ms, bufs := quicGoBatch()
 	go func() {

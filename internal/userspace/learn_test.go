@@ -9,36 +9,38 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress/egresstest"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn/learntest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
 // TestWritesTeach: each way to write through a Conn teaches its learner,
-// once one is set, and sends the decide.
+// once one is set, and sends the datagram.
 func TestWritesTeach(t *testing.T) {
 	writes := []struct {
 		name  string
-		write func(c *Conn, b []byte, to netip.AddrPort) error
+		write func(c *packetconn.Conn, b []byte, to netip.AddrPort) error
 	}{
-		{"WriteMsgUDP", func(c *Conn, b []byte, to netip.AddrPort) error {
+		{"WriteMsgUDP", func(c *packetconn.Conn, b []byte, to netip.AddrPort) error {
 			_, _, err := c.WriteMsgUDP(b, nil, net.UDPAddrFromAddrPort(to))
 			return err
 		}},
-		{"WriteMsgUDPAddrPort", func(c *Conn, b []byte, to netip.AddrPort) error {
+		{"WriteMsgUDPAddrPort", func(c *packetconn.Conn, b []byte, to netip.AddrPort) error {
 			_, _, err := c.WriteMsgUDPAddrPort(b, nil, to)
 			return err
 		}},
-		{"WriteTo", func(c *Conn, b []byte, to netip.AddrPort) error {
+		{"WriteTo", func(c *packetconn.Conn, b []byte, to netip.AddrPort) error {
 			_, err := c.WriteTo(b, net.UDPAddrFromAddrPort(to))
 			return err
 		}},
-		{"WriteToUDP", func(c *Conn, b []byte, to netip.AddrPort) error {
+		{"WriteToUDP", func(c *packetconn.Conn, b []byte, to netip.AddrPort) error {
 			_, err := c.WriteToUDP(b, net.UDPAddrFromAddrPort(to))
 			return err
 		}},
-		{"WriteToUDPAddrPort", func(c *Conn, b []byte, to netip.AddrPort) error {
+		{"WriteToUDPAddrPort", func(c *packetconn.Conn, b []byte, to netip.AddrPort) error {
 			_, err := c.WriteToUDPAddrPort(b, to)
 			return err
 		}},
@@ -48,15 +50,15 @@ func TestWritesTeach(t *testing.T) {
 			c := wrap(t, testutil.Listen(t, "udp", "[::]:0"), nil)
 			rx := sender(t, "127.0.0.1:0")
 			to := netip.AddrPortFrom(netip.MustParseAddr("::ffff:127.0.0.1"), testutil.PortOf(rx))
-			sink, l := egresstest.NewLearner(t)
-			if err := w.write(c, quicclass.ShortHeader(100), to); err != nil {
+			sink, l := learntest.NewLearner(t)
+			if err := w.write(c, quicclasstest.ShortHeader(100), to); err != nil {
 				t.Fatal(err)
 			}
 			if _, peers := sink.Counts(); peers != 0 || c.Learner() != nil {
 				t.Fatal("a Conn without a learner taught")
 			}
 			c.SetLearner(l)
-			if err := w.write(c, quicclass.ShortHeader(100), to); err != nil {
+			if err := w.write(c, quicclasstest.ShortHeader(100), to); err != nil {
 				t.Fatal(err)
 			}
 			if !sink.KnowsPeer(netip.MustParseAddr("127.0.0.1")) {
@@ -72,21 +74,21 @@ func TestWritesTeach(t *testing.T) {
 func TestQUICGoTeachesThroughLimiter(t *testing.T) {
 	tests := []struct {
 		name string
-		s    egresstest.Setup
+		s    learntest.Setup
 	}{
-		{"v1", egresstest.Setup{Version: quic.Version1}},
-		{"v2 retry", egresstest.Setup{Version: quic.Version2, Retry: true}},
+		{"v1", learntest.Setup{Version: quic.Version1}},
+		{"v2 retry", learntest.Setup{Version: quic.Version2, Retry: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var lim *Limiter
-			wrapLearning := func(t testing.TB, conn *net.UDPConn, l *egress.Learner) net.PacketConn {
+			wrapLearning := func(t testing.TB, conn *net.UDPConn, l *learn.Learner) net.PacketConn {
 				lim = newTestLimiter(t, testutil.QUICLimits(1000, 100_000), nil, -1)
 				c := wrap(t, conn, lim)
 				c.SetLearner(l)
 				return c
 			}
-			r := egresstest.Check(t, wrapLearning, tt.s)
+			r := learntest.Check(t, wrapLearning, tt.s)
 			st, _ := lim.Stats()
 			var dropped uint64
 			for c := range sketch.NumClasses {

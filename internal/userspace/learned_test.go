@@ -9,6 +9,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -58,16 +59,16 @@ func TestLearnVerifies(t *testing.T) {
 		class    quicclass.Class
 		verified quicclass.Verification
 	}{
-		{"198.51.100.1:40000", quicclass.LongPacket(quicclass.Version1, 2, sid[:], nil, nil, 100), quicclass.Established,
+		{"198.51.100.1:40000", quicclasstest.LongPacket(quicclass.Version1, 2, sid[:], nil, nil, 100), quicclass.Established,
 			quicclass.OpeningByID}, // the proof
-		{"198.51.100.1:40000", quicclass.ShortPacket(sid, 100), quicclass.Established, quicclass.ShortByID},
-		{"198.51.100.1:40001", quicclass.ShortPacket(other, 100), quicclass.Established, quicclass.ShortByPeer},
-		{"192.0.2.50:40000", quicclass.ShortPacket(other, 100), quicclass.Established, quicclass.FromAnswered},
-		{"192.0.2.50:40000", quicclass.ShortPacket(sid, 100), quicclass.Established, quicclass.FromAnswered},
-		{"203.0.113.1:40000", quicclass.ShortPacket(other, 100), quicclass.Unverified, 0},
-		{"198.51.100.1:40000", quicclass.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
+		{"198.51.100.1:40000", quicclasstest.ShortPacket(sid, 100), quicclass.Established, quicclass.ShortByID},
+		{"198.51.100.1:40001", quicclasstest.ShortPacket(other, 100), quicclass.Established, quicclass.ShortByPeer},
+		{"192.0.2.50:40000", quicclasstest.ShortPacket(other, 100), quicclass.Established, quicclass.FromAnswered},
+		{"192.0.2.50:40000", quicclasstest.ShortPacket(sid, 100), quicclass.Established, quicclass.FromAnswered},
+		{"203.0.113.1:40000", quicclasstest.ShortPacket(other, 100), quicclass.Unverified, 0},
+		{"198.51.100.1:40000", quicclasstest.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200),
 			quicclass.Opening, quicclass.OpeningFromPeer},
-		{"203.0.113.1:40000", quicclass.LongPacket(quicclass.Version2, 3, other[:], nil, nil, 100), quicclass.Invalid, 0},
+		{"203.0.113.1:40000", quicclasstest.LongPacket(quicclass.Version2, 3, other[:], nil, nil, 100), quicclass.Invalid, 0},
 	}
 	for i, tt := range tests {
 		clk.Advance(time.Millisecond)
@@ -91,7 +92,7 @@ func TestLearnVerifies(t *testing.T) {
 		t.Fatalf("ExpireLearned(1s) = %v, %v", n, err)
 	}
 	d := decide.Datagram{Key: sketch.KeyFrom(netip.MustParseAddrPort("198.51.100.1:40000"), 443), Length: 100,
-		Probe: quicclass.ShortPacket(sid, 100)}
+		Probe: quicclasstest.ShortPacket(sid, 100)}
 	if out := l.Decide(&d); out.Class != quicclass.Unverified {
 		t.Fatalf("after expiry: %+v", out)
 	}
@@ -137,7 +138,7 @@ func TestLearnConcurrent(t *testing.T) {
 			drop := make([]bool, 8)
 			for i := 0; i < perWorker; i += len(ds) {
 				for j := range ds {
-					ds[j] = dgram(src(w, j), quicclass.ShortPacket(ids[(i+j)%own], 100))
+					ds[j] = dgram(src(w, j), quicclasstest.ShortPacket(ids[(i+j)%own], 100))
 				}
 				if w == 0 {
 					l.DecideBatch(ds, drop)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -49,14 +50,14 @@ func TestLimiterIsTheFilter(t *testing.T) {
 		payload []byte
 		every   int // one datagram every so many steps
 	}{
-		{"192.0.2.1:40000", quicclass.Initial(), 1},
-		{"192.0.2.9:40001", quicclass.ShortHeader(100), 3},
-		{"198.51.100.7:50000", quicclass.ShortHeader(100), 7},
+		{"192.0.2.1:40000", quicclasstest.Initial(), 1},
+		{"192.0.2.9:40001", quicclasstest.ShortHeader(100), 3},
+		{"198.51.100.7:50000", quicclasstest.ShortHeader(100), 7},
 		{"198.51.100.8:50000", junk(), 5},
-		{"198.51.100.9:53", quicclass.Initial(), 11},
-		{"198.51.100.10:50000", quicclass.UnknownVersion(), 2},
-		{"203.0.113.5:50000", quicclass.Initial(), 4},
-		{"[2001:db8::1]:40000", quicclass.Initial(), 2},
+		{"198.51.100.9:53", quicclasstest.Initial(), 11},
+		{"198.51.100.10:50000", quicclasstest.UnknownVersion(), 2},
+		{"203.0.113.5:50000", quicclasstest.Initial(), 4},
+		{"[2001:db8::1]:40000", quicclasstest.Initial(), 2},
 	}
 	const steps = 30_000 // 3 s at 10 µs a step
 	for step := range steps {
@@ -159,9 +160,9 @@ func TestStreamTracking(t *testing.T) {
 			[]string{"192.0.2.0/24 sport=40000 -> :443"}, 1, quicclass.Opening},
 		{"one /24, many addresses and ports", testutil.Limits(100), many("192.0.2.%[1]d:400%02[1]d", 20, nil), 1,
 			[]string{"192.0.2.0/24 sport=* -> :443"}, 2, quicclass.Opening},
-		{"established flood", testutil.QUICLimits(100, 100), many("[2001:db8::1]:4000%d", 1, quicclass.ShortHeader(100)), 5,
+		{"established flood", testutil.QUICLimits(100, 100), many("[2001:db8::1]:4000%d", 1, quicclasstest.ShortHeader(100)), 5,
 			[]string{"2001:db8::/64 sport=40000 -> :443"}, 0, quicclass.Established},
-		{"unverified flood", unverifiedLimits(100), many("[2001:db8::1]:4000%d", 1, quicclass.ShortHeader(100)), 5,
+		{"unverified flood", unverifiedLimits(100), many("[2001:db8::1]:4000%d", 1, quicclasstest.ShortHeader(100)), 5,
 			[]string{"2001:db8::/64 sport=40000 -> :443"}, 0, quicclass.Unverified},
 		{"junk from two sources", testutil.QUICLimits(100, 100), []flow{{"192.0.2.1:40000", junk()}, {"192.0.2.2:40001", junk()}, {"192.0.2.2:40002", junk()}}, 5,
 			[]string{"invalid 192.0.2.1 fixed_bit", "invalid 192.0.2.2 fixed_bit"}, -1, quicclass.Invalid},
@@ -449,7 +450,7 @@ func TestConfigure(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := newTestLimiter(t, base, nil, -1)
-			d := dgram("192.0.2.1:40000", quicclass.Initial())
+			d := dgram("192.0.2.1:40000", quicclasstest.Initial())
 			l.Decide(&d)
 			before, params := l.Config(), l.Params()
 			bad := cloneConfig(base)
@@ -469,7 +470,7 @@ func TestConfigure(t *testing.T) {
 	t.Run("valid", func(t *testing.T) {
 		l := newTestLimiter(t, base, nil, -1)
 		for range 50 {
-			d := dgram("192.0.2.1:40000", quicclass.Initial())
+			d := dgram("192.0.2.1:40000", quicclasstest.Initial())
 			l.Decide(&d)
 		}
 		next := cloneConfig(base)
@@ -483,7 +484,7 @@ func TestConfigure(t *testing.T) {
 		}
 		drops := 0
 		for range 50 {
-			d := dgram("192.0.2.1:40000", quicclass.Initial())
+			d := dgram("192.0.2.1:40000", quicclasstest.Initial())
 			if l.Decide(&d).Drop {
 				drops++
 			}
@@ -500,13 +501,13 @@ func TestConfigIsCopied(t *testing.T) {
 	l := newTestLimiter(t, c, nil, -1)
 	c.BlockedPorts.Add(40000, 40000)
 	c.Limiter.Limit = 1
-	d := dgram("192.0.2.1:40000", quicclass.Initial())
+	d := dgram("192.0.2.1:40000", quicclasstest.Initial())
 	if out := l.Decide(&d); out.Drop || out.Class != quicclass.Opening {
 		t.Fatalf("changing the caller's configuration changed the limiter: %+v", out)
 	}
 	got := l.Config()
 	got.BlockedPorts.Add(50000, 50000)
-	d = dgram("192.0.2.1:50000", quicclass.Initial())
+	d = dgram("192.0.2.1:50000", quicclasstest.Initial())
 	if out := l.Decide(&d); out.Drop {
 		t.Fatal("changing the returned configuration changed the limiter")
 	}
@@ -619,7 +620,7 @@ func TestLimiterConcurrent(t *testing.T) {
 			drop := make([]bool, 8)
 			for i := 0; i < perWorker; i += len(ds) {
 				for j := range ds {
-					payload := quicclass.Initial()
+					payload := quicclasstest.Initial()
 					if j%4 == 3 {
 						payload = junk()
 					}

@@ -21,7 +21,8 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress/egresstest"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn/learntest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -31,7 +32,7 @@ var quicBatches = runtime.GOOS == "linux" || runtime.GOOS == "darwin" || runtime
 
 // countingConn is a Conn that counts quic-go's calls of ReadBatch.
 type countingConn struct {
-	*Conn
+	*packetconn.Conn
 	batches atomic.Int64
 }
 
@@ -47,7 +48,7 @@ func exchange(ctx context.Context, addr string, tlsConf *tls.Config, payloads []
 		return fmt.Errorf("dialing %s: %w", addr, err)
 	}
 	defer conn.CloseWithError(0, "")
-	return egresstest.Echo(ctx, conn, payloads)
+	return learntest.Echo(ctx, conn, payloads)
 }
 
 // TestQUICGoKeepsFastPath runs a quic-go server in a child process with
@@ -109,7 +110,7 @@ func TestQUICGoKeepsFastPath(t *testing.T) {
 // quicChild serves one echo exchange over the conn mode names, on a
 // dual-stack wildcard socket like Caddy's, and prints the result.
 func quicChild(t *testing.T, mode string) {
-	serverTLS, clientTLS := egresstest.TLSConfigs(t)
+	serverTLS, clientTLS := learntest.TLSConfigs(t)
 	conn := testutil.Listen(t, "udp", "[::]:0")
 	var pc net.PacketConn
 	var cc *countingConn
@@ -122,7 +123,7 @@ func quicChild(t *testing.T, mode string) {
 	default:
 		t.Fatalf("unknown child mode %q", mode)
 	}
-	egresstest.Serve(t, &quic.Transport{Conn: pc}, serverTLS, &quic.Config{})
+	learntest.Serve(t, &quic.Transport{Conn: pc}, serverTLS, &quic.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := exchange(ctx, fmt.Sprintf("127.0.0.1:%d", testutil.PortOf(conn)), clientTLS, [][]byte{[]byte("ping")}); err != nil {
@@ -140,12 +141,12 @@ func quicChild(t *testing.T, mode string) {
 // dropped, and quic-go reads through ReadBatch throughout.
 func TestQUICGoUnderFlood(t *testing.T) {
 	const limit, rate = 200, 5000
-	serverTLS, clientTLS := egresstest.TLSConfigs(t)
+	serverTLS, clientTLS := learntest.TLSConfigs(t)
 	conn := testutil.Listen(t, "udp", "[::]:0")
 	port := testutil.PortOf(conn)
 	l := newTestLimiter(t, testutil.QUICLimits(limit, 100_000), nil, -1)
 	cc := &countingConn{Conn: wrap(t, conn, l)}
-	egresstest.Serve(t, &quic.Transport{Conn: cc}, serverTLS, &quic.Config{})
+	learntest.Serve(t, &quic.Transport{Conn: cc}, serverTLS, &quic.Config{})
 
 	floodS := sender(t, "127.0.0.1:0")
 	// The flood lasts until the exchange ends, however long a loaded

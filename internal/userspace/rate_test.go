@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -17,7 +18,7 @@ func TestRate(t *testing.T) {
 	// 1,000 Initials a second for 3 s, and junk, from two sources.
 	for range 3000 {
 		clk.Advance(time.Millisecond)
-		d := dgram("127.0.0.2:40000", quicclass.Initial())
+		d := dgram("127.0.0.2:40000", quicclasstest.Initial())
 		l.Decide(&d)
 		j := dgram("127.0.0.3:40000", junk())
 		l.Decide(&j)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -43,7 +44,7 @@ func TestReturningSources(t *testing.T) {
 		}
 		return out
 	}
-	initial := quicclass.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200)
+	initial := quicclasstest.LongPacket(quicclass.Version1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, nil, 1200)
 	// An answered peer's opening on credit: listed at once.
 	if out := send(answered, initial, 1); !out.Verified.Returning() {
 		t.Fatalf("an answered peer's Initial on credit: %v, want a returning user's", out.Verified)
@@ -52,11 +53,11 @@ func TestReturningSources(t *testing.T) {
 		t.Fatalf("after a returning opening: %v, want [%v]", got, answered)
 	}
 	// A kept connection's short headers by ID: noted within a sample.
-	if out := send(kept, quicclass.ShortPacket(sid, 100), 1<<(returningSample+3)); out.Verified != quicclass.ShortByID {
+	if out := send(kept, quicclasstest.ShortPacket(sid, 100), 1<<(returningSample+3)); out.Verified != quicclass.ShortByID {
 		t.Fatalf("the kept connection's datagram: %v", out.Verified)
 	}
 	// A stranger's datagrams.
-	send(stranger, quicclass.ShortPacket(decide.ServerID{9, 9, 9, 9}, 100), 1<<(returningSample+3))
+	send(stranger, quicclasstest.ShortPacket(decide.ServerID{9, 9, 9, 9}, 100), 1<<(returningSample+3))
 	clk.Advance(time.Second)
 	if got := l.Returning(); !slices.Equal(got, []netip.Addr{kept, answered}) {
 		t.Fatalf("listed %v, want [%v %v] (the most recent first)", got, kept, answered)
@@ -66,7 +67,7 @@ func TestReturningSources(t *testing.T) {
 	if err := l.LearnPeer(spent); err != nil {
 		t.Fatal(err)
 	}
-	other := quicclass.ShortPacket(decide.ServerID{9, 9, 9, 9}, 100)
+	other := quicclasstest.ShortPacket(decide.ServerID{9, 9, 9, 9}, 100)
 	if out := send(spent, other, decide.CreditFirst); out.Verified != quicclass.FromAnswered {
 		t.Fatalf("on its first credit: %v, want from_answered", out.Verified)
 	}

@@ -43,7 +43,7 @@ type streamTable struct {
 	index map[streamKey]int32
 	slots []streamSlot
 	free  []int32
-	hand  decide.ClockHand
+	hand  ClockHand
 }
 
 type streamSlot struct {

@@ -19,13 +19,14 @@ import (
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 )
 
 func TestServerIDOf(t *testing.T) {
 	id := []byte{0xa1, 0xb2, 0xc3, 0xd4}
 	client := []byte{1, 2, 3, 4, 5, 6, 7, 8}
 	long := func(v uint32, typ uint8, dcid, scid []byte) []byte {
-		return quicclass.AppendLongPacket(nil, v, typ, dcid, scid, nil, 100)
+		return quicclasstest.AppendLongPacket(nil, v, typ, dcid, scid, nil, 100)
 	}
 	for _, tt := range []struct {
 		name string
@@ -42,7 +43,7 @@ func TestServerIDOf(t *testing.T) {
 		{"8-byte source ID", long(quicclass.Version1, longTypeInitial, id, client), nil},
 		{"version negotiation", append([]byte{0x80, 0, 0, 0, 0, 8}, append(append(client, 4), id...)...), nil},
 		{"unknown version", long(0x5a6a7a8a, longTypeInitial, client, id), nil},
-		{"short header", quicclass.ShortHeader(100), nil},
+		{"short header", quicclasstest.ShortHeader(100), nil},
 		{"cut in the source ID", long(quicclass.Version1, longTypeInitial, client, id)[:16], nil},
 		{"cut in the destination ID", long(quicclass.Version1, longTypeInitial, client, id)[:9], nil},
 		{"empty", nil, nil},

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 )
 
 // PacketKind is what a flood sends.
@@ -267,7 +268,7 @@ func (g *packetGen) short(buf []byte, r uint64, id []byte) []byte {
 func (g *packetGen) long(buf []byte, typ uint8, dcid []byte, n int) []byte {
 	var scid [attackSCIDLen]byte
 	binary.LittleEndian.PutUint64(scid[:], g.rng.Uint64())
-	h := quicclass.AppendLongPacket(buf[:0], quicclass.Version1, typ, dcid, scid[:], nil, 0)
+	h := quicclasstest.AppendLongPacket(buf[:0], quicclass.Version1, typ, dcid, scid[:], nil, 0)
 	binary.BigEndian.PutUint16(h[len(h)-2:], 0x4000|uint16(n-len(h)))
 	return buf[:n]
 }

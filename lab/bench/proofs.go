@@ -24,6 +24,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 )
 
 // The attacks on proofs. The filter makes an address a proven peer when it
@@ -122,7 +123,7 @@ type BotsResult struct {
 func proofDatagram(id [quicclass.ServerIDLen]byte, rng *rand.Rand) []byte {
 	var scid [attackSCIDLen]byte
 	binary.LittleEndian.PutUint64(scid[:], rng.Uint64())
-	return quicclass.LongPacket(quicclass.Version1, longTypeHandshake, id[:], scid[:], nil, proofSize)
+	return quicclasstest.LongPacket(quicclass.Version1, longTypeHandshake, id[:], scid[:], nil, proofSize)
 }
 
 // proveBots opens a real HTTP/3 connection to dst from each of hosts (a

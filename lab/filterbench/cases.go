@@ -7,6 +7,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -122,10 +123,10 @@ func plain(limit uint32) decide.Config {
 
 // cases returns every case, in the table's order.
 func cases() []caseSpec {
-	initial := quicclass.LongPacket(quicclass.Version1, 0, make([]byte, 8), make([]byte, 8), nil, initialSize)
-	short := quicclass.ShortPacket(serverID, initialSize)
-	stranger := quicclass.ShortPacket(decide.ServerID{1, 2, 3, 4}, junkSize)
-	negotiation := quicclass.LongHeader(unknownVersion, 0, 8, 8, initialSize)
+	initial := quicclasstest.LongPacket(quicclass.Version1, 0, make([]byte, 8), make([]byte, 8), nil, initialSize)
+	short := quicclasstest.ShortPacket(serverID, initialSize)
+	stranger := quicclasstest.ShortPacket(decide.ServerID{1, 2, 3, 4}, junkSize)
+	negotiation := quicclasstest.LongHeader(unknownVersion, 0, 8, 8, initialSize)
 	under, over, random := production(underLimit, underLimit), production(overLimit, overLimit), production(randomLimit, randomLimit)
 	return []caseSpec{
 		{key: "ipv4-under", name: "one source, under the limit",

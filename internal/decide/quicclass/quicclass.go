@@ -34,7 +34,7 @@
 // short-header packets, and its Initials after the server's first Initial,
 // carry such an ID as their destination connection ID. The filter learns
 // each ID with the address it was sent to (package decide, from package
-// egress), and an ID verifies only a datagram from that address: an ID is
+// learn), and an ID verifies only a datagram from that address: an ID is
 // not a bearer token, and a real connection's ID sprayed from anywhere else
 // verifies nothing. A long header from the address that carries it proves
 // that the address receives what the server sends there (the return
@@ -48,7 +48,7 @@
 // datagrams are verified whatever their ID. An address the server sends a
 // connection's datagrams to is an answered peer (a spoofed Initial's source
 // gets a whole first flight), with a credit the server's datagrams there
-// grant (package egress): its datagrams that nothing else verifies spend
+// grant (package learn): its datagrams that nothing else verifies spend
 // it, and are verified while it lasts. Inspect, asked to verify, returns
 // with the class what the caller must look up (Header.Check, Header.ID);
 // Resolve finishes the classification from the answers:

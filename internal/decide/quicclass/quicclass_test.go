@@ -1,6 +1,14 @@
-package quicclass
+package quicclass_test
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
+)
+
+// fixedBit is the fixed bit of a QUIC packet's first byte.
+const fixedBit = 0x40
 
 func with(b []byte, fn func([]byte)) []byte { fn(b); return b }
 
@@ -17,49 +25,49 @@ func TestClassify(t *testing.T) {
 		name   string
 		sport  uint16
 		data   []byte
-		class  Class
-		reason Reason
+		class  quicclass.Class
+		reason quicclass.Reason
 	}{
-		{"empty", 50000, nil, Invalid, Empty},
-		{"blocked port 53", 53, LongHeader(Version1, initial1, 8, 8, 1200), Invalid, SourcePort},
-		{"blocked port 0", 0, ShortHeader(100), Invalid, SourcePort},
-		{"blocked port 11211", 11211, ShortHeader(100), Invalid, SourcePort},
-		{"port 1024", 1024, ShortHeader(100), Established, NotInvalid},
-		{"short header", 50000, ShortHeader(1200), Established, NotInvalid},
-		{"short header at 21 bytes", 50000, ShortHeader(21), Established, NotInvalid},
-		{"short header at 20 bytes", 50000, ShortHeader(20), Invalid, Truncated},
-		{"one byte", 50000, ShortHeader(1), Invalid, Truncated},
-		{"short header fixed bit 0", 50000, with(ShortHeader(100), func(b []byte) { b[0] &^= fixedBit }), Invalid, FixedBit},
-		{"dns-like zero byte", 50000, make([]byte, 40), Invalid, FixedBit},
-		{"v1 initial", 50000, LongHeader(Version1, initial1, 8, 8, 1200), Opening, NotInvalid},
-		{"v1 initial 1199", 50000, LongHeader(Version1, initial1, 8, 8, 1199), Invalid, SmallInitial},
-		{"v1 0-rtt small", 50000, LongHeader(Version1, zeroRTT1, 8, 8, 100), Opening, NotInvalid},
-		{"v1 handshake small", 50000, LongHeader(Version1, handshake1, 4, 0, 60), Opening, NotInvalid},
-		{"v1 retry", 50000, LongHeader(Version1, retry1, 8, 8, 1200), Invalid, ServerOnly},
-		{"v2 initial", 50000, LongHeader(Version2, initial2, 8, 8, 1250), Opening, NotInvalid},
-		{"v2 initial small", 50000, LongHeader(Version2, initial2, 8, 8, 500), Invalid, SmallInitial},
-		{"v2 type 0 is retry", 50000, LongHeader(Version2, retry2, 8, 8, 1200), Invalid, ServerOnly},
-		{"v2 handshake small", 50000, LongHeader(Version2, 3, 8, 8, 100), Opening, NotInvalid},
-		{"v1 fixed bit 0", 50000, with(LongHeader(Version1, initial1, 8, 8, 1200), func(b []byte) { b[0] &^= fixedBit }), Invalid, FixedBit},
-		{"v1 dcid 20", 50000, LongHeader(Version1, initial1, 20, 20, 1200), Opening, NotInvalid},
-		{"v1 dcid 21", 50000, LongHeader(Version1, initial1, 21, 0, 1200), Invalid, ConnectionIDLength},
-		{"v1 scid 21", 50000, LongHeader(Version1, initial1, 0, 21, 1200), Invalid, ConnectionIDLength},
-		{"v1 long header, 6 bytes", 50000, LongHeader(Version1, handshake1, 0, 0, 6), Invalid, Truncated},
-		{"v1 long header, 7 bytes", 50000, LongHeader(Version1, handshake1, 0, 0, 7), Opening, NotInvalid},
-		{"v1 dcid cut", 50000, LongHeader(Version1, handshake1, 8, 0, 14), Invalid, Truncated},
-		{"v1 scid cut", 50000, LongHeader(Version1, handshake1, 8, 8, 22), Invalid, Truncated},
-		{"v1 header exact", 50000, LongHeader(Version1, handshake1, 8, 8, 23), Opening, NotInvalid},
-		{"version negotiation", 50000, LongHeader(0, 0, 8, 8, 1200), Invalid, ServerOnly},
-		{"unknown version 1200", 50000, LongHeader(0x1a2a3a4a, 0, 8, 8, 1200), Negotiation, NotInvalid},
-		{"unknown version fixed bit 0", 50000, with(LongHeader(0xff00001d, 0, 8, 8, 1300), func(b []byte) { b[0] &^= fixedBit }), Negotiation, NotInvalid},
-		{"unknown version long cid", 50000, LongHeader(0x1a2a3a4a, 0, 200, 8, 1300), Negotiation, NotInvalid},
-		{"unknown version 1199", 50000, LongHeader(0x1a2a3a4a, 0, 8, 8, 1199), Invalid, SmallUnknownVersion},
-		{"long header, 4 bytes", 50000, LongHeader(Version1, initial1, 0, 0, 4), Invalid, Truncated},
+		{"empty", 50000, nil, quicclass.Invalid, quicclass.Empty},
+		{"blocked port 53", 53, quicclasstest.LongHeader(quicclass.Version1, initial1, 8, 8, 1200), quicclass.Invalid, quicclass.SourcePort},
+		{"blocked port 0", 0, quicclasstest.ShortHeader(100), quicclass.Invalid, quicclass.SourcePort},
+		{"blocked port 11211", 11211, quicclasstest.ShortHeader(100), quicclass.Invalid, quicclass.SourcePort},
+		{"port 1024", 1024, quicclasstest.ShortHeader(100), quicclass.Established, quicclass.NotInvalid},
+		{"short header", 50000, quicclasstest.ShortHeader(1200), quicclass.Established, quicclass.NotInvalid},
+		{"short header at 21 bytes", 50000, quicclasstest.ShortHeader(21), quicclass.Established, quicclass.NotInvalid},
+		{"short header at 20 bytes", 50000, quicclasstest.ShortHeader(20), quicclass.Invalid, quicclass.Truncated},
+		{"one byte", 50000, quicclasstest.ShortHeader(1), quicclass.Invalid, quicclass.Truncated},
+		{"short header fixed bit 0", 50000, with(quicclasstest.ShortHeader(100), func(b []byte) { b[0] &^= fixedBit }), quicclass.Invalid, quicclass.FixedBit},
+		{"dns-like zero byte", 50000, make([]byte, 40), quicclass.Invalid, quicclass.FixedBit},
+		{"v1 initial", 50000, quicclasstest.LongHeader(quicclass.Version1, initial1, 8, 8, 1200), quicclass.Opening, quicclass.NotInvalid},
+		{"v1 initial 1199", 50000, quicclasstest.LongHeader(quicclass.Version1, initial1, 8, 8, 1199), quicclass.Invalid, quicclass.SmallInitial},
+		{"v1 0-rtt small", 50000, quicclasstest.LongHeader(quicclass.Version1, zeroRTT1, 8, 8, 100), quicclass.Opening, quicclass.NotInvalid},
+		{"v1 handshake small", 50000, quicclasstest.LongHeader(quicclass.Version1, handshake1, 4, 0, 60), quicclass.Opening, quicclass.NotInvalid},
+		{"v1 retry", 50000, quicclasstest.LongHeader(quicclass.Version1, retry1, 8, 8, 1200), quicclass.Invalid, quicclass.ServerOnly},
+		{"v2 initial", 50000, quicclasstest.LongHeader(quicclass.Version2, initial2, 8, 8, 1250), quicclass.Opening, quicclass.NotInvalid},
+		{"v2 initial small", 50000, quicclasstest.LongHeader(quicclass.Version2, initial2, 8, 8, 500), quicclass.Invalid, quicclass.SmallInitial},
+		{"v2 type 0 is retry", 50000, quicclasstest.LongHeader(quicclass.Version2, retry2, 8, 8, 1200), quicclass.Invalid, quicclass.ServerOnly},
+		{"v2 handshake small", 50000, quicclasstest.LongHeader(quicclass.Version2, 3, 8, 8, 100), quicclass.Opening, quicclass.NotInvalid},
+		{"v1 fixed bit 0", 50000, with(quicclasstest.LongHeader(quicclass.Version1, initial1, 8, 8, 1200), func(b []byte) { b[0] &^= fixedBit }), quicclass.Invalid, quicclass.FixedBit},
+		{"v1 dcid 20", 50000, quicclasstest.LongHeader(quicclass.Version1, initial1, 20, 20, 1200), quicclass.Opening, quicclass.NotInvalid},
+		{"v1 dcid 21", 50000, quicclasstest.LongHeader(quicclass.Version1, initial1, 21, 0, 1200), quicclass.Invalid, quicclass.ConnectionIDLength},
+		{"v1 scid 21", 50000, quicclasstest.LongHeader(quicclass.Version1, initial1, 0, 21, 1200), quicclass.Invalid, quicclass.ConnectionIDLength},
+		{"v1 long header, 6 bytes", 50000, quicclasstest.LongHeader(quicclass.Version1, handshake1, 0, 0, 6), quicclass.Invalid, quicclass.Truncated},
+		{"v1 long header, 7 bytes", 50000, quicclasstest.LongHeader(quicclass.Version1, handshake1, 0, 0, 7), quicclass.Opening, quicclass.NotInvalid},
+		{"v1 dcid cut", 50000, quicclasstest.LongHeader(quicclass.Version1, handshake1, 8, 0, 14), quicclass.Invalid, quicclass.Truncated},
+		{"v1 scid cut", 50000, quicclasstest.LongHeader(quicclass.Version1, handshake1, 8, 8, 22), quicclass.Invalid, quicclass.Truncated},
+		{"v1 header exact", 50000, quicclasstest.LongHeader(quicclass.Version1, handshake1, 8, 8, 23), quicclass.Opening, quicclass.NotInvalid},
+		{"version negotiation", 50000, quicclasstest.LongHeader(0, 0, 8, 8, 1200), quicclass.Invalid, quicclass.ServerOnly},
+		{"unknown version 1200", 50000, quicclasstest.LongHeader(0x1a2a3a4a, 0, 8, 8, 1200), quicclass.Negotiation, quicclass.NotInvalid},
+		{"unknown version fixed bit 0", 50000, with(quicclasstest.LongHeader(0xff00001d, 0, 8, 8, 1300), func(b []byte) { b[0] &^= fixedBit }), quicclass.Negotiation, quicclass.NotInvalid},
+		{"unknown version long cid", 50000, quicclasstest.LongHeader(0x1a2a3a4a, 0, 200, 8, 1300), quicclass.Negotiation, quicclass.NotInvalid},
+		{"unknown version 1199", 50000, quicclasstest.LongHeader(0x1a2a3a4a, 0, 8, 8, 1199), quicclass.Invalid, quicclass.SmallUnknownVersion},
+		{"long header, 4 bytes", 50000, quicclasstest.LongHeader(quicclass.Version1, initial1, 0, 0, 4), quicclass.Invalid, quicclass.Truncated},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			probe := tt.data[:min(len(tt.data), ProbeBytes)]
-			c, r := Classify(DefaultBlockedPorts(), tt.sport, probe, len(tt.data))
+			probe := tt.data[:min(len(tt.data), quicclass.ProbeBytes)]
+			c, r := quicclass.Classify(quicclass.DefaultBlockedPorts(), tt.sport, probe, len(tt.data))
 			if c != tt.class || r != tt.reason {
 				t.Fatalf("Classify = %v/%v, want %v/%v", c, r, tt.class, tt.reason)
 			}
@@ -68,19 +76,19 @@ func TestClassify(t *testing.T) {
 }
 
 func TestBlockedPorts(t *testing.T) {
-	s := DefaultBlockedPorts()
+	s := quicclass.DefaultBlockedPorts()
 	for p, want := range map[uint16]bool{0: true, 53: true, 443: true, 1023: true, 1024: false, 1900: true,
 		3702: true, 5353: true, 5683: true, 11211: true, 11212: false, 49152: false, 65535: false} {
 		if s.Has(p) != want {
 			t.Errorf("port %d blocked = %v, want %v", p, !want, want)
 		}
 	}
-	var none Ports
+	var none quicclass.Ports
 	none.Add(65535, 65535)
 	if !none.Has(65535) || none.Has(65534) {
 		t.Error("Add(65535, 65535)")
 	}
-	if c, _ := Classify(nil, 53, ShortHeader(100), 100); c != Established {
+	if c, _ := quicclass.Classify(nil, 53, quicclasstest.ShortHeader(100), 100); c != quicclass.Established {
 		t.Errorf("no blocked ports: port 53 is %v", c)
 	}
 }
@@ -88,13 +96,13 @@ func TestBlockedPorts(t *testing.T) {
 // FuzzClassify: any input classifies without panicking, and a valid class
 // has no reason.
 func FuzzClassify(f *testing.F) {
-	f.Add(uint16(443), LongHeader(Version1, 0, 8, 8, 1200))
-	f.Add(uint16(50000), ShortHeader(30))
+	f.Add(uint16(443), quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200))
+	f.Add(uint16(50000), quicclasstest.ShortHeader(30))
 	f.Add(uint16(50000), []byte{0xc0, 0, 0, 0, 1, 25})
 	f.Fuzz(func(t *testing.T, sport uint16, data []byte) {
-		probe := data[:min(len(data), ProbeBytes)]
-		c, r := Classify(DefaultBlockedPorts(), sport, probe, len(data))
-		if (c == Invalid) != (r != NotInvalid) || c >= NumClasses || r >= NumReasons {
+		probe := data[:min(len(data), quicclass.ProbeBytes)]
+		c, r := quicclass.Classify(quicclass.DefaultBlockedPorts(), sport, probe, len(data))
+		if (c == quicclass.Invalid) != (r != quicclass.NotInvalid) || c >= quicclass.NumClasses || r >= quicclass.NumReasons {
 			t.Fatalf("Classify(%d, %x) = %v/%v", sport, data, c, r)
 		}
 	})
@@ -103,7 +111,7 @@ func FuzzClassify(f *testing.F) {
 // serverID and clientID are connection IDs for the verification tests: one
 // the server issued (4 bytes), one a client chose (8 bytes).
 var (
-	serverID = [ServerIDLen]byte{0xa1, 0xb2, 0xc3, 0xd4}
+	serverID = [quicclass.ServerIDLen]byte{0xa1, 0xb2, 0xc3, 0xd4}
 	clientID = []byte{1, 2, 3, 4, 5, 6, 7, 8}
 )
 
@@ -112,9 +120,9 @@ var (
 // look up; without it, Inspect is Classify. Both versions.
 func TestInspect(t *testing.T) {
 	type want struct {
-		class  Class
-		reason Reason
-		check  Check
+		class  quicclass.Class
+		reason quicclass.Reason
+		check  quicclass.Check
 		hasID  bool
 	}
 	sid := serverID[:]
@@ -122,7 +130,7 @@ func TestInspect(t *testing.T) {
 		name                        string
 		version                     uint32
 		initial, zeroRTT, handshake uint8
-	}{{"v1", Version1, 0, 1, 2}, {"v2", Version2, 1, 2, 3}} {
+	}{{"v1", quicclass.Version1, 0, 1, 2}, {"v2", quicclass.Version2, 1, 2, 3}} {
 		ver := v.version
 		tests := []struct {
 			name     string
@@ -130,49 +138,49 @@ func TestInspect(t *testing.T) {
 			verified want
 			plain    want // without verification
 		}{
-			{"initial", LongPacket(ver, v.initial, clientID, clientID, nil, 1200),
-				want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"initial to a server id", LongPacket(ver, v.initial, sid, clientID, []byte("a retry token"), 1200),
-				want{Opening, NotInvalid, CheckOpening, true}, want{Opening, NotInvalid, CheckNone, false}},
-			{"initial with a long token", LongPacket(ver, v.initial, clientID, clientID, make([]byte, 300), 1250),
-				want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"initial with a 1100-byte token", LongPacket(ver, v.initial, clientID, nil, make([]byte, 1100), 1200),
-				want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"initial, token past the end", with(LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
-				copy(b[7+16:], AppendVarint(nil, 1200))
-			}), want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"initial, zero length", LongHeader(ver, v.initial, 8, 8, 1200),
-				want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"initial, length 19", with(LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
+			{"initial", quicclasstest.LongPacket(ver, v.initial, clientID, clientID, nil, 1200),
+				want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckOpening, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"initial to a server id", quicclasstest.LongPacket(ver, v.initial, sid, clientID, []byte("a retry token"), 1200),
+				want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckOpening, true}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"initial with a long token", quicclasstest.LongPacket(ver, v.initial, clientID, clientID, make([]byte, 300), 1250),
+				want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckOpening, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"initial with a 1100-byte token", quicclasstest.LongPacket(ver, v.initial, clientID, nil, make([]byte, 1100), 1200),
+				want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckOpening, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"initial, token past the end", with(quicclasstest.LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
+				copy(b[7+16:], quicclasstest.AppendVarint(nil, 1200))
+			}), want{quicclass.Invalid, quicclass.Length, quicclass.CheckNone, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"initial, zero length", quicclasstest.LongHeader(ver, v.initial, 8, 8, 1200),
+				want{quicclass.Invalid, quicclass.Length, quicclass.CheckNone, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"initial, length 19", with(quicclasstest.LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
 				copy(b[7+16+1:], []byte{0x40, 19})
-			}), want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"initial, length one past the end", with(LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
-				copy(b[7+16+1:], AppendVarint(nil, 1200-(7+16+1+2)+1))
-			}), want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"initial, length shorter than the datagram (coalesced)", with(LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
-				copy(b[7+16+1:], AppendVarint(nil, 400))
-			}), want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"initial, 8-byte length", with(LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
+			}), want{quicclass.Invalid, quicclass.Length, quicclass.CheckNone, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"initial, length one past the end", with(quicclasstest.LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
+				copy(b[7+16+1:], quicclasstest.AppendVarint(nil, 1200-(7+16+1+2)+1))
+			}), want{quicclass.Invalid, quicclass.Length, quicclass.CheckNone, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"initial, length shorter than the datagram (coalesced)", with(quicclasstest.LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
+				copy(b[7+16+1:], quicclasstest.AppendVarint(nil, 400))
+			}), want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckOpening, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"initial, 8-byte length", with(quicclasstest.LongPacket(ver, v.initial, clientID, clientID, nil, 1200), func(b []byte) {
 				copy(b[7+16+1:], []byte{0xc0, 0, 0, 0, 0, 0, 0, 100})
-			}), want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"0-rtt", LongPacket(ver, v.zeroRTT, clientID, clientID, nil, 300),
-				want{Opening, NotInvalid, CheckOpening, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"0-rtt to a server id", LongPacket(ver, v.zeroRTT, sid, clientID, nil, 300),
-				want{Opening, NotInvalid, CheckOpening, true}, want{Opening, NotInvalid, CheckNone, false}},
-			{"handshake", LongPacket(ver, v.handshake, sid, clientID, nil, 80),
-				want{Opening, NotInvalid, CheckHandshake, true}, want{Opening, NotInvalid, CheckNone, false}},
-			{"handshake to an 8-byte id", LongPacket(ver, v.handshake, clientID, clientID, nil, 80),
-				want{Opening, NotInvalid, CheckHandshake, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"handshake, smallest", LongPacket(ver, v.handshake, sid, nil, nil, 7+4+2+20),
-				want{Opening, NotInvalid, CheckHandshake, true}, want{Opening, NotInvalid, CheckNone, false}},
-			{"handshake, 7 bytes", with(LongHeader(ver, v.handshake, 0, 0, 7), func(b []byte) {}),
-				want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"handshake, length cut", LongPacket(ver, v.handshake, sid, nil, nil, 80)[:7+4+1],
-				want{Invalid, Length, CheckNone, false}, want{Opening, NotInvalid, CheckNone, false}},
-			{"retry stays server only", LongHeader(ver, map[uint32]uint8{Version1: 3, Version2: 0}[ver], 4, 8, 100),
-				want{Invalid, ServerOnly, CheckNone, false}, want{Invalid, ServerOnly, CheckNone, false}},
-			{"small initial stays small", LongPacket(ver, v.initial, clientID, clientID, nil, 1000),
-				want{Invalid, SmallInitial, CheckNone, false}, want{Invalid, SmallInitial, CheckNone, false}},
+			}), want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckOpening, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"0-rtt", quicclasstest.LongPacket(ver, v.zeroRTT, clientID, clientID, nil, 300),
+				want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckOpening, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"0-rtt to a server id", quicclasstest.LongPacket(ver, v.zeroRTT, sid, clientID, nil, 300),
+				want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckOpening, true}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"handshake", quicclasstest.LongPacket(ver, v.handshake, sid, clientID, nil, 80),
+				want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckHandshake, true}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"handshake to an 8-byte id", quicclasstest.LongPacket(ver, v.handshake, clientID, clientID, nil, 80),
+				want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckHandshake, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"handshake, smallest", quicclasstest.LongPacket(ver, v.handshake, sid, nil, nil, 7+4+2+20),
+				want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckHandshake, true}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"handshake, 7 bytes", with(quicclasstest.LongHeader(ver, v.handshake, 0, 0, 7), func(b []byte) {}),
+				want{quicclass.Invalid, quicclass.Length, quicclass.CheckNone, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"handshake, length cut", quicclasstest.LongPacket(ver, v.handshake, sid, nil, nil, 80)[:7+4+1],
+				want{quicclass.Invalid, quicclass.Length, quicclass.CheckNone, false}, want{quicclass.Opening, quicclass.NotInvalid, quicclass.CheckNone, false}},
+			{"retry stays server only", quicclasstest.LongHeader(ver, map[uint32]uint8{quicclass.Version1: 3, quicclass.Version2: 0}[ver], 4, 8, 100),
+				want{quicclass.Invalid, quicclass.ServerOnly, quicclass.CheckNone, false}, want{quicclass.Invalid, quicclass.ServerOnly, quicclass.CheckNone, false}},
+			{"small initial stays small", quicclasstest.LongPacket(ver, v.initial, clientID, clientID, nil, 1000),
+				want{quicclass.Invalid, quicclass.SmallInitial, quicclass.CheckNone, false}, want{quicclass.Invalid, quicclass.SmallInitial, quicclass.CheckNone, false}},
 		}
 		for _, tt := range tests {
 			t.Run(v.name+" "+tt.name, func(t *testing.T) {
@@ -181,7 +189,7 @@ func TestInspect(t *testing.T) {
 					if verify {
 						w = tt.verified
 					}
-					h := Inspect(DefaultBlockedPorts(), 50000, tt.data, len(tt.data), verify)
+					h := quicclass.Inspect(quicclass.DefaultBlockedPorts(), 50000, tt.data, len(tt.data), verify)
 					if h.Class != w.class || h.Reason != w.reason || h.Check != w.check || h.HasID != w.hasID {
 						t.Fatalf("verify=%v: Inspect = %+v, want %+v", verify, h, w)
 					}
@@ -191,7 +199,7 @@ func TestInspect(t *testing.T) {
 					// What the BPF program reads: the probe, and the rest
 					// of the datagram through loads.
 					if !verify {
-						if c, r := Classify(DefaultBlockedPorts(), 50000, tt.data[:min(len(tt.data), ProbeBytes)], len(tt.data)); c != h.Class || r != h.Reason {
+						if c, r := quicclass.Classify(quicclass.DefaultBlockedPorts(), 50000, tt.data[:min(len(tt.data), quicclass.ProbeBytes)], len(tt.data)); c != h.Class || r != h.Reason {
 							t.Fatalf("Classify = %v/%v, Inspect %v/%v", c, r, h.Class, h.Reason)
 						}
 					}
@@ -200,20 +208,20 @@ func TestInspect(t *testing.T) {
 		}
 	}
 	t.Run("short header", func(t *testing.T) {
-		h := Inspect(nil, 50000, ShortPacket(serverID, 100), 100, true)
-		if h.Class != Unverified || h.Check != CheckShort || !h.HasID || h.ID != serverID {
+		h := quicclass.Inspect(nil, 50000, quicclasstest.ShortPacket(serverID, 100), 100, true)
+		if h.Class != quicclass.Unverified || h.Check != quicclass.CheckShort || !h.HasID || h.ID != serverID {
 			t.Fatalf("Inspect = %+v", h)
 		}
-		if h := Inspect(nil, 50000, ShortPacket(serverID, 100), 100, false); h.Class != Established || h.Check != CheckNone {
+		if h := quicclass.Inspect(nil, 50000, quicclasstest.ShortPacket(serverID, 100), 100, false); h.Class != quicclass.Established || h.Check != quicclass.CheckNone {
 			t.Fatalf("without verification: Inspect = %+v", h)
 		}
-		if h := Inspect(nil, 50000, ShortPacket(serverID, 20), 20, true); h.Class != Invalid || h.Reason != Truncated {
+		if h := quicclass.Inspect(nil, 50000, quicclasstest.ShortPacket(serverID, 20), 20, true); h.Class != quicclass.Invalid || h.Reason != quicclass.Truncated {
 			t.Fatalf("20 bytes: Inspect = %+v", h)
 		}
 	})
 	t.Run("fields beyond the bytes given pass", func(t *testing.T) {
-		b := LongPacket(Version1, 0, clientID, clientID, make([]byte, 100), 1200)
-		if h := Inspect(nil, 50000, b[:ProbeBytes], len(b), true); h.Class != Opening || h.Check != CheckOpening {
+		b := quicclasstest.LongPacket(quicclass.Version1, 0, clientID, clientID, make([]byte, 100), 1200)
+		if h := quicclass.Inspect(nil, 50000, b[:quicclass.ProbeBytes], len(b), true); h.Class != quicclass.Opening || h.Check != quicclass.CheckOpening {
 			t.Fatalf("Inspect = %+v", h)
 		}
 	})
@@ -222,34 +230,34 @@ func TestInspect(t *testing.T) {
 // TestResolve: every check with every answer.
 func TestResolve(t *testing.T) {
 	tests := []struct {
-		check                             Check
+		check                             quicclass.Check
 		idKnown, peer, answered, credited bool
-		class                             Class
-		reason                            Reason
-		verified                          Verification
+		class                             quicclass.Class
+		reason                            quicclass.Reason
+		verified                          quicclass.Verification
 		needsPeer, returning              bool
 	}{
-		{CheckShort, true, false, false, false, Established, NotInvalid, ShortByID, false, false},
-		{CheckShort, false, true, false, false, Established, NotInvalid, ShortByPeer, true, false},
-		{CheckShort, false, false, true, true, Established, NotInvalid, FromAnswered, true, false},
-		{CheckShort, false, false, true, false, Unverified, NotInvalid, OverCredit, true, false},
-		{CheckShort, false, false, false, false, Unverified, NotInvalid, NotVerified, true, false},
-		{CheckOpening, true, false, false, false, Established, NotInvalid, OpeningByID, false, false},
-		{CheckOpening, false, true, false, false, Opening, NotInvalid, OpeningFromPeer, true, true},
-		{CheckOpening, false, false, true, true, Opening, NotInvalid, OpeningFromAnswered, true, true},
-		{CheckOpening, false, false, true, false, Opening, NotInvalid, OverCredit, true, false},
-		{CheckOpening, false, false, false, false, Opening, NotInvalid, NotVerified, true, false},
-		{CheckHandshake, true, false, false, false, Established, NotInvalid, OpeningByID, false, false},
-		{CheckHandshake, false, true, false, false, Established, NotInvalid, HandshakeFromPeer, true, false},
-		{CheckHandshake, false, false, true, true, Established, NotInvalid, FromAnswered, true, false},
-		{CheckHandshake, false, false, true, false, Unverified, NotInvalid, OverCredit, true, false},
-		{CheckHandshake, false, false, false, false, Invalid, UnknownConnectionID, NotVerified, true, false},
-		{CheckNone, true, true, false, false, Negotiation, NotInvalid, NotVerified, false, false},
+		{quicclass.CheckShort, true, false, false, false, quicclass.Established, quicclass.NotInvalid, quicclass.ShortByID, false, false},
+		{quicclass.CheckShort, false, true, false, false, quicclass.Established, quicclass.NotInvalid, quicclass.ShortByPeer, true, false},
+		{quicclass.CheckShort, false, false, true, true, quicclass.Established, quicclass.NotInvalid, quicclass.FromAnswered, true, false},
+		{quicclass.CheckShort, false, false, true, false, quicclass.Unverified, quicclass.NotInvalid, quicclass.OverCredit, true, false},
+		{quicclass.CheckShort, false, false, false, false, quicclass.Unverified, quicclass.NotInvalid, quicclass.NotVerified, true, false},
+		{quicclass.CheckOpening, true, false, false, false, quicclass.Established, quicclass.NotInvalid, quicclass.OpeningByID, false, false},
+		{quicclass.CheckOpening, false, true, false, false, quicclass.Opening, quicclass.NotInvalid, quicclass.OpeningFromPeer, true, true},
+		{quicclass.CheckOpening, false, false, true, true, quicclass.Opening, quicclass.NotInvalid, quicclass.OpeningFromAnswered, true, true},
+		{quicclass.CheckOpening, false, false, true, false, quicclass.Opening, quicclass.NotInvalid, quicclass.OverCredit, true, false},
+		{quicclass.CheckOpening, false, false, false, false, quicclass.Opening, quicclass.NotInvalid, quicclass.NotVerified, true, false},
+		{quicclass.CheckHandshake, true, false, false, false, quicclass.Established, quicclass.NotInvalid, quicclass.OpeningByID, false, false},
+		{quicclass.CheckHandshake, false, true, false, false, quicclass.Established, quicclass.NotInvalid, quicclass.HandshakeFromPeer, true, false},
+		{quicclass.CheckHandshake, false, false, true, true, quicclass.Established, quicclass.NotInvalid, quicclass.FromAnswered, true, false},
+		{quicclass.CheckHandshake, false, false, true, false, quicclass.Unverified, quicclass.NotInvalid, quicclass.OverCredit, true, false},
+		{quicclass.CheckHandshake, false, false, false, false, quicclass.Invalid, quicclass.UnknownConnectionID, quicclass.NotVerified, true, false},
+		{quicclass.CheckNone, true, true, false, false, quicclass.Negotiation, quicclass.NotInvalid, quicclass.NotVerified, false, false},
 	}
 	for _, tt := range tests {
-		h := Header{Class: Negotiation, Check: tt.check}
-		if tt.check != CheckNone {
-			h.Class = Opening
+		h := quicclass.Header{Class: quicclass.Negotiation, Check: tt.check}
+		if tt.check != quicclass.CheckNone {
+			h.Class = quicclass.Opening
 		}
 		c, r, v := h.Resolve(tt.idKnown, tt.peer, tt.answered, tt.credited)
 		if c != tt.class || r != tt.reason || v != tt.verified || h.NeedsPeer(tt.idKnown) != tt.needsPeer ||
@@ -259,8 +267,8 @@ func TestResolve(t *testing.T) {
 				c, r, v, h.NeedsPeer(tt.idKnown), v.Returning(), tt.class, tt.reason, tt.verified, tt.needsPeer, tt.returning)
 		}
 	}
-	if Unverified.String() != "unverified" || UnknownConnectionID.String() != "unknown_connection_id" ||
-		Length.String() != "length" || OpeningFromPeer.String() != "opening_from_peer" || OverCredit.String() != "over_credit" {
+	if quicclass.Unverified.String() != "unverified" || quicclass.UnknownConnectionID.String() != "unknown_connection_id" ||
+		quicclass.Length.String() != "length" || quicclass.OpeningFromPeer.String() != "opening_from_peer" || quicclass.OverCredit.String() != "over_credit" {
 		t.Error("names")
 	}
 }
@@ -269,18 +277,18 @@ func TestResolve(t *testing.T) {
 // an attempt at a proof; a short header never is, whatever its ID.
 func TestAttempts(t *testing.T) {
 	for _, tt := range []struct {
-		check Check
+		check quicclass.Check
 		hasID bool
 		want  bool
 	}{
-		{CheckShort, true, false},
-		{CheckOpening, true, true},
-		{CheckOpening, false, false},
-		{CheckHandshake, true, true},
-		{CheckHandshake, false, false},
-		{CheckNone, true, false},
+		{quicclass.CheckShort, true, false},
+		{quicclass.CheckOpening, true, true},
+		{quicclass.CheckOpening, false, false},
+		{quicclass.CheckHandshake, true, true},
+		{quicclass.CheckHandshake, false, false},
+		{quicclass.CheckNone, true, false},
 	} {
-		h := Header{Check: tt.check, HasID: tt.hasID}
+		h := quicclass.Header{Check: tt.check, HasID: tt.hasID}
 		if h.Attempts() != tt.want {
 			t.Errorf("check %d has ID %v: attempts %v, want %v", tt.check, tt.hasID, h.Attempts(), tt.want)
 		}
@@ -290,16 +298,16 @@ func TestAttempts(t *testing.T) {
 // FuzzInspect: any input inspects without panicking, verified or not, and
 // without verification Inspect is Classify.
 func FuzzInspect(f *testing.F) {
-	f.Add(uint16(50000), LongPacket(Version1, 0, clientID, clientID, []byte("tok"), 1200))
-	f.Add(uint16(50000), LongPacket(Version2, 3, serverID[:], nil, nil, 60))
+	f.Add(uint16(50000), quicclasstest.LongPacket(quicclass.Version1, 0, clientID, clientID, []byte("tok"), 1200))
+	f.Add(uint16(50000), quicclasstest.LongPacket(quicclass.Version2, 3, serverID[:], nil, nil, 60))
 	f.Add(uint16(50000), []byte{0xe0, 0, 0, 0, 1, 0, 0})
 	f.Fuzz(func(t *testing.T, sport uint16, data []byte) {
-		h := Inspect(DefaultBlockedPorts(), sport, data, len(data), true)
-		if (h.Class == Invalid) != (h.Reason != NotInvalid) || h.Class >= NumClasses || h.Reason >= NumReasons {
+		h := quicclass.Inspect(quicclass.DefaultBlockedPorts(), sport, data, len(data), true)
+		if (h.Class == quicclass.Invalid) != (h.Reason != quicclass.NotInvalid) || h.Class >= quicclass.NumClasses || h.Reason >= quicclass.NumReasons {
 			t.Fatalf("Inspect(%d, %x) = %+v", sport, data, h)
 		}
 		c, r, _ := h.Resolve(true, true, true, true)
-		if (c == Invalid) != (r != NotInvalid) {
+		if (c == quicclass.Invalid) != (r != quicclass.NotInvalid) {
 			t.Fatalf("Resolve = %v/%v", c, r)
 		}
 	})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
@@ -372,20 +373,20 @@ func TestSpoofedNetworkKeepsVerified(t *testing.T) {
 		b    []byte
 	}
 	verified := []datagram{
-		{"short header, ID bound", quicclass.ShortPacket(id, 100)},
-		{"v1 Handshake, ID bound", quicclass.LongPacket(quicclass.Version1, 2, id[:], scid, nil, 300)},
-		{"v2 Handshake, ID bound", quicclass.LongPacket(quicclass.Version2, 3, id[:], scid, nil, 300)},
-		{"v1 Initial to its ID", quicclass.LongPacket(quicclass.Version1, 0, id[:], scid, nil, 1200)},
-		{"v2 Initial to its ID", quicclass.LongPacket(quicclass.Version2, 1, id[:], scid, nil, 1200)},
-		{"v2 0-RTT to its ID", quicclass.LongPacket(quicclass.Version2, 2, id[:], scid, nil, 300)},
-		{"v1 Handshake from a proven peer", quicclass.LongPacket(quicclass.Version1, 2, dcid8, scid, nil, 300)},
+		{"short header, ID bound", quicclasstest.ShortPacket(id, 100)},
+		{"v1 Handshake, ID bound", quicclasstest.LongPacket(quicclass.Version1, 2, id[:], scid, nil, 300)},
+		{"v2 Handshake, ID bound", quicclasstest.LongPacket(quicclass.Version2, 3, id[:], scid, nil, 300)},
+		{"v1 Initial to its ID", quicclasstest.LongPacket(quicclass.Version1, 0, id[:], scid, nil, 1200)},
+		{"v2 Initial to its ID", quicclasstest.LongPacket(quicclass.Version2, 1, id[:], scid, nil, 1200)},
+		{"v2 0-RTT to its ID", quicclasstest.LongPacket(quicclass.Version2, 2, id[:], scid, nil, 300)},
+		{"v1 Handshake from a proven peer", quicclasstest.LongPacket(quicclass.Version1, 2, dcid8, scid, nil, 300)},
 	}
 	flood := []datagram{
-		{"v1 Initial", quicclass.LongPacket(quicclass.Version1, 0, dcid8, scid, nil, 1200)},
-		{"v2 Initial", quicclass.LongPacket(quicclass.Version2, 1, dcid8, scid, nil, 1200)},
-		{"v1 0-RTT", quicclass.LongPacket(quicclass.Version1, 1, dcid8, scid, nil, 300)},
-		{"v2 0-RTT", quicclass.LongPacket(quicclass.Version2, 2, dcid8, scid, nil, 300)},
-		{"v1 Initial, empty ID", quicclass.LongPacket(quicclass.Version1, 0, nil, scid, nil, 1200)},
+		{"v1 Initial", quicclasstest.LongPacket(quicclass.Version1, 0, dcid8, scid, nil, 1200)},
+		{"v2 Initial", quicclasstest.LongPacket(quicclass.Version2, 1, dcid8, scid, nil, 1200)},
+		{"v1 0-RTT", quicclasstest.LongPacket(quicclass.Version1, 1, dcid8, scid, nil, 300)},
+		{"v2 0-RTT", quicclasstest.LongPacket(quicclass.Version2, 2, dcid8, scid, nil, 300)},
+		{"v1 Initial, empty ID", quicclasstest.LongPacket(quicclass.Version1, 0, nil, scid, nil, 1200)},
 	}
 	for _, d := range verified {
 		h := quicclass.Inspect(nil, 40000, d.b, len(d.b), true)

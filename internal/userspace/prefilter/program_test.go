@@ -12,6 +12,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
 
@@ -26,7 +27,7 @@ func corpus() [][]byte {
 			for _, dcil := range []int{0, 4, 8, 20, 21, 255} {
 				for _, scil := range []int{0, 4, 20, 21, 255} {
 					for _, size := range sizes {
-						b := quicclass.LongHeader(v, typ, dcil, scil, size)
+						b := quicclasstest.LongHeader(v, typ, dcil, scil, size)
 						out = append(out, b)
 						if size > 0 {
 							nofix := append([]byte(nil), b...)
@@ -39,7 +40,7 @@ func corpus() [][]byte {
 		}
 	}
 	for _, size := range sizes {
-		b := quicclass.ShortHeader(size)
+		b := quicclasstest.ShortHeader(size)
 		out = append(out, b)
 		if size > 0 {
 			nofix := append([]byte(nil), b...)
@@ -158,8 +159,8 @@ func TestInvalidMatchesQuicclass(t *testing.T) {
 func TestRules(t *testing.T) {
 	v4 := netip.MustParseAddrPort("127.1.2.3:40000")
 	v6 := netip.MustParseAddrPort("[fd00:1:2:3::9]:40000")
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
-	shortPkt := quicclass.ShortHeader(100)
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	shortPkt := quicclasstest.ShortHeader(100)
 	exact := Rule{Family: sketch.IPv4, Words: [4]uint32{0x7f010203}, Bits: 32, SrcPort: 40000, MatchSrcPort: true,
 		DstPort: 443, MatchDstPort: true, Form: LongForm, Drop: 0.25}
 	net6 := Rule{Family: sketch.IPv6, Words: [4]uint32{0xfd000001, 0x00020000}, Bits: 40, Form: ShortForm, Drop: 1}
@@ -251,7 +252,7 @@ func TestBudget(t *testing.T) {
 	}
 	last := rules[p.Rules-1]
 	b := netip.AddrFrom16([16]byte{0xfd, 0, 0, 0, 0, 0, byte((p.Rules - 1) >> 8), byte(p.Rules - 1), 15: 1})
-	pk := packet{src: netip.AddrPortFrom(b, last.SrcPort), dport: 443, payload: quicclass.ShortHeader(100)}
+	pk := packet{src: netip.AddrPortFrom(b, last.SrcPort), dport: 443, payload: quicclasstest.ShortHeader(100)}
 	if run(t, p, pk) {
 		t.Errorf("the last rule compiled (%d) does not drop its stream", p.Rules)
 	}
@@ -345,9 +346,9 @@ func TestCodeLengths(t *testing.T) {
 // allowlisted source; known versions and invalid datagrams are unaffected.
 func TestNegotiationDrop(t *testing.T) {
 	src := netip.MustParseAddrPort("127.1.2.3:40000")
-	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
-	small := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1199)
+	unknown := quicclasstest.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	small := quicclasstest.LongHeader(0x0a0a0a0a, 0, 8, 8, 1199)
 	half := uint32(1 << 31)
 	spec := Spec{Classify: true, SampleShift: DefaultSampleShift, Negotiation: 0.5}
 	allowed := spec
@@ -392,11 +393,11 @@ func TestNegotiationDrop(t *testing.T) {
 // sample are unaffected.
 func TestShedDrop(t *testing.T) {
 	src := netip.MustParseAddrPort("127.1.2.3:40000")
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
-	handshake := quicclass.LongHeader(quicclass.Version2, 3, 8, 8, 300) // type 3 is v2's Handshake
-	short := quicclass.ShortHeader(100)
-	unknown := quicclass.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
-	retry := quicclass.LongHeader(quicclass.Version1, typeRetry, 8, 8, 300) // server-only: invalid
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	handshake := quicclasstest.LongHeader(quicclass.Version2, 3, 8, 8, 300) // type 3 is v2's Handshake
+	short := quicclasstest.ShortHeader(100)
+	unknown := quicclasstest.LongHeader(0x0a0a0a0a, 0, 8, 8, 1200)
+	retry := quicclasstest.LongHeader(quicclass.Version1, typeRetry, 8, 8, 300) // server-only: invalid
 	quarter := uint32(1 << 30)
 	spec := Spec{Classify: true, SampleShift: DefaultSampleShift, Shed: 0.25}
 	allowed := spec
@@ -412,7 +413,7 @@ func TestShedDrop(t *testing.T) {
 	// connections: the source's Handshakes pass both.
 	verifying := ruled
 	verifying.Rules = []Rule{{Family: sketch.IPv4, Words: [4]uint32{0x7f010200}, Bits: 24, Form: OpeningForm, Drop: 0.5}}
-	v1Handshake := quicclass.LongHeader(quicclass.Version1, 2, 8, 8, 300)
+	v1Handshake := quicclasstest.LongHeader(quicclass.Version1, 2, 8, 8, 300)
 	tests := []struct {
 		name    string
 		spec    Spec
@@ -424,8 +425,8 @@ func TestShedDrop(t *testing.T) {
 		{"initial under the threshold", spec, netip.AddrPort{}, initial, quarter - 1, false},
 		{"initial at the threshold", spec, netip.AddrPort{}, initial, quarter, true},
 		{"handshake under the threshold", spec, netip.AddrPort{}, handshake, 0, false},
-		{"a handshake under way: spared", spec, netip.AddrPort{}, quicclass.LongHeader(quicclass.Version1, 2, quicclass.ServerIDLen, 8, 300), 0, true},
-		{"an Initial to a server ID: spared", spec, netip.AddrPort{}, quicclass.LongHeader(quicclass.Version1, 0, quicclass.ServerIDLen, 8, 1200), 0, true},
+		{"a handshake under way: spared", spec, netip.AddrPort{}, quicclasstest.LongHeader(quicclass.Version1, 2, quicclass.ServerIDLen, 8, 300), 0, true},
+		{"an Initial to a server ID: spared", spec, netip.AddrPort{}, quicclasstest.LongHeader(quicclass.Version1, 0, quicclass.ServerIDLen, 8, 1200), 0, true},
 		{"no probability", Spec{Classify: true, SampleShift: DefaultSampleShift}, netip.AddrPort{}, initial, 0, true},
 		{"not classifying", Spec{Shed: 1}, netip.AddrPort{}, initial, 0, true},
 		{"allowlisted", allowed, netip.AddrPort{}, initial, 0, true},
@@ -487,8 +488,8 @@ func TestRuleGroups(t *testing.T) {
 	if checks != 2 {
 		t.Errorf("the form is loaded %d times, want once for each of the 2 groups", checks)
 	}
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
-	shortPkt := quicclass.ShortHeader(100)
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	shortPkt := quicclasstest.ShortHeader(100)
 	src := func(addr uint32) netip.AddrPort {
 		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(addr >> 24), byte(addr >> 16), byte(addr >> 8), byte(addr)}), 40000)
 	}
@@ -546,11 +547,11 @@ func TestFormsKeepClassesApart(t *testing.T) {
 					want = OpeningForm
 				}
 				datagrams = append(datagrams, datagram{fmt.Sprintf("%s %s, %d-byte ID", v.name, name, dcil),
-					quicclass.LongPacket(v.version, v.wire[typ], dcid, scid, nil, 1200), want})
+					quicclasstest.LongPacket(v.version, v.wire[typ], dcid, scid, nil, 1200), want})
 			}
 		}
 	}
-	datagrams = append(datagrams, datagram{"short header", quicclass.ShortPacket([4]byte(id), 100), ShortForm})
+	datagrams = append(datagrams, datagram{"short header", quicclasstest.ShortPacket([4]byte(id), 100), ShortForm})
 	programs := map[Form]*Program{}
 	for _, f := range []Form{ShortForm, OpeningForm, AnsweringForm} {
 		p, err := Build(Spec{Classify: true, SampleShift: DefaultSampleShift, Rules: []Rule{{Family: sketch.IPv4, Form: f, Drop: 1}}})
@@ -622,8 +623,8 @@ func TestFormsKeepClassesApart(t *testing.T) {
 // the network, and the rules of one address or of other forms, drop as
 // before. Each case is also measured by the code's length against ruleLen.
 func TestReturningExcepted(t *testing.T) {
-	initial := quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
-	shortPkt := quicclass.ShortHeader(100)
+	initial := quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	shortPkt := quicclasstest.ShortHeader(100)
 	net4 := Rule{Family: sketch.IPv4, Words: [4]uint32{0x7f840000}, Bits: 24, Form: OpeningForm, Drop: 1}
 	net6 := Rule{Family: sketch.IPv6, Words: [4]uint32{0xfd000001, 0x00020000}, Bits: 48, Form: OpeningForm, Drop: 1}
 	one4 := Rule{Family: sketch.IPv4, Words: [4]uint32{0x7f840003}, Bits: 32, Form: OpeningForm, Drop: 1}

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine/backlog"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
@@ -64,23 +65,23 @@ func keyOf(p []byte) string { return string(p) }
 func TestKernelDropsInvalid(t *testing.T) {
 	blocked := quicclass.DefaultBlockedPorts()
 	valid := [][]byte{
-		quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1200),
-		quicclass.LongHeader(quicclass.Version2, 1, 8, 8, 1250),
-		quicclass.LongHeader(quicclass.Version1, 2, 4, 4, 100),
-		quicclass.LongHeader(0x1a2a3a4a, 0, 8, 8, 1300),
-		quicclass.ShortHeader(21),
-		quicclass.ShortHeader(400),
+		quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200),
+		quicclasstest.LongHeader(quicclass.Version2, 1, 8, 8, 1250),
+		quicclasstest.LongHeader(quicclass.Version1, 2, 4, 4, 100),
+		quicclasstest.LongHeader(0x1a2a3a4a, 0, 8, 8, 1300),
+		quicclasstest.ShortHeader(21),
+		quicclasstest.ShortHeader(400),
 	}
 	invalid := [][]byte{
 		{},
-		quicclass.LongHeader(quicclass.Version1, 0, 8, 8, 1199),
-		quicclass.LongHeader(quicclass.Version1, 3, 8, 8, 1200),
-		quicclass.LongHeader(quicclass.Version1, 2, 21, 4, 100),
-		quicclass.LongHeader(quicclass.Version1, 2, 4, 21, 100),
-		quicclass.LongHeader(0, 0, 8, 8, 1200),
-		quicclass.LongHeader(0x1a2a3a4a, 0, 8, 8, 1199),
-		quicclass.LongHeader(quicclass.Version1, 2, 20, 20, 30),
-		quicclass.ShortHeader(20),
+		quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1199),
+		quicclasstest.LongHeader(quicclass.Version1, 3, 8, 8, 1200),
+		quicclasstest.LongHeader(quicclass.Version1, 2, 21, 4, 100),
+		quicclasstest.LongHeader(quicclass.Version1, 2, 4, 21, 100),
+		quicclasstest.LongHeader(0, 0, 8, 8, 1200),
+		quicclasstest.LongHeader(0x1a2a3a4a, 0, 8, 8, 1199),
+		quicclasstest.LongHeader(quicclass.Version1, 2, 20, 20, 30),
+		quicclasstest.ShortHeader(20),
 		{0x00, 0x01, 0x02},
 	}
 	for _, b := range valid {
@@ -183,13 +184,13 @@ func TestKernelEnforcesRules(t *testing.T) {
 	var payloads [][]byte
 	senders := []*net.UDPConn{half, all, free}
 	for i := range 3 * n {
-		b := quicclass.ShortHeader(100)
+		b := quicclasstest.ShortHeader(100)
 		b[1] = byte(i % 3) // which sender
 		payloads = append(payloads, b)
 	}
 	got := sendAll(t, ln, senders, payloads)
 	count := func(s int) int {
-		b := quicclass.ShortHeader(100)
+		b := quicclasstest.ShortHeader(100)
 		b[1] = byte(s)
 		return got[keyOf(b)]
 	}

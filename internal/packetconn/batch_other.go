@@ -1,6 +1,6 @@
 //go:build !linux
 
-package userspace
+package packetconn
 
 import (
 	"net"

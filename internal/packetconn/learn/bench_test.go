@@ -1,27 +1,27 @@
 //go:build linux
 
-package egress
+package learn
 
 import (
 	"net/netip"
 	"testing"
 
-	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 )
 
 // BenchmarkLearn measures Learn per call on datagrams already taught (the
 // steady state of a server's writes), from parallel writers to distinct
 // peers, as quic-go's connections write.
 func BenchmarkLearn(b *testing.B) {
-	batch := cat(quicclass.ShortHeader(1200), quicclass.ShortHeader(1200), quicclass.ShortHeader(1200), quicclass.ShortHeader(700))
+	batch := cat(quicclasstest.ShortHeader(1200), quicclasstest.ShortHeader(1200), quicclasstest.ShortHeader(1200), quicclasstest.ShortHeader(700))
 	tests := []struct {
 		name string
 		b    []byte
 		oob  []byte
 	}{
-		{"short header", quicclass.ShortHeader(1200), cmsgTOS()},
+		{"short header", quicclasstest.ShortHeader(1200), cmsgTOS()},
 		{"GSO batch of 4", batch, cat(cmsgTOS(), segmentMsg(1200))},
-		{"coalesced handshake", cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), handshakeTo(idA)), nil},
+		{"coalesced handshake", cat(quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), handshakeTo(idA)), nil},
 	}
 	for _, tt := range tests {
 		b.Run(tt.name, func(b *testing.B) {

@@ -1,13 +1,11 @@
-package decide
+package userspace
 
 // ClockHand is the clock (second chance) choice of a slot to
 // reuse in a full fixed-size table: a hand sweeps the slots in turn, spares
 // once a slot referenced since it last passed, and settles on the first one
-// that was not. The userspace twins of the kernel's bounded sets (the
-// learned server IDs and peers, the tracked streams) evict with it, so that,
-// like the kernel's LRU maps and its table of server IDs (which evicts the
-// stalest ID of a full set), a flood of new keys evicts the keys no longer
-// in use before those still in use.
+// that was not. The tables of tracked streams (streamTable) evict with it,
+// so that, like the kernel's LRU maps, a flood of new keys evicts the keys
+// no longer in use before those still in use.
 // The zero value starts at slot 0.
 type ClockHand struct{ pos int }
 

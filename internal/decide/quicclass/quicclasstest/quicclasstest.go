@@ -1,13 +1,33 @@
-package quicclass
+// Package quicclasstest builds datagrams of each QUIC class, for tests and
+// benchmarks (the lab's too): long and short headers, coalesced long-header
+// packets, varints. Nothing outside tests, benchmarks and the lab imports
+// it.
+package quicclasstest
 
-import "encoding/binary"
+import (
+	"encoding/binary"
 
-// Datagram builders, for tests and benchmarks that need datagrams of each
-// class.
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+)
 
-// retryTagLen is the Retry Integrity Tag that ends a Retry packet (RFC 9001
-// section 5.8).
-const retryTagLen = 16
+// The wire format the builders write (RFC 8999, RFC 9000 section 17).
+const (
+	headerForm  = 0x80
+	fixedBit    = 0x40
+	longTypeBit = 4
+	// shortIDOffset is where a short header's destination ID starts.
+	shortIDOffset = 1
+	// retryTagLen is the Retry Integrity Tag that ends a Retry packet (RFC
+	// 9001 section 5.8).
+	retryTagLen = 16
+)
+
+// Long header packet types as numbered by QUIC v1; v2 (RFC 9369) rotates
+// them.
+const (
+	typeInitial = 0
+	typeRetry   = 3
+)
 
 // LongHeader returns a long-header datagram of version v with the packet type
 // field typ (as on the wire: v1 numbers Initial 0, 0-RTT 1, Handshake 2,
@@ -30,14 +50,14 @@ func LongHeader(v uint32, typ uint8, dcil, scil, size int) []byte {
 // Initial of MinInitialDatagram bytes with 8-byte connection IDs, the rest
 // zero. Its Length field is 0, which only verification refuses.
 func Initial() []byte {
-	return LongHeader(Version1, typeInitial, 8, 8, MinInitialDatagram)
+	return LongHeader(quicclass.Version1, typeInitial, 8, 8, quicclass.MinInitialDatagram)
 }
 
 // UnknownVersion returns Initial with the version 0x0a0a0a0a, one of those
 // reserved for exercising version negotiation: no server speaks it, and
 // quic-go answers it with a Version Negotiation packet.
 func UnknownVersion() []byte {
-	return LongHeader(0x0a0a0a0a, typeInitial, 8, 8, MinInitialDatagram)
+	return LongHeader(0x0a0a0a0a, typeInitial, 8, 8, quicclass.MinInitialDatagram)
 }
 
 // ShortHeader returns a short-header datagram of size bytes with its fixed
@@ -63,7 +83,7 @@ func LongPacket(v uint32, typ uint8, dcid, scid, token []byte, size int) []byte 
 	b = append(b, dcid...)
 	b = append(b, byte(len(scid)))
 	b = append(b, scid...)
-	if longType(typ, v) == typeInitial {
+	if typ == wireType(typeInitial, v) {
 		b = AppendVarint(b, uint64(len(token)))
 		b = append(b, token...)
 	}
@@ -87,11 +107,7 @@ func LongPacket(v uint32, typ uint8, dcid, scid, token []byte, size int) []byte 
 // coalesced datagram. The token length and the Length are 2-byte varints
 // when they fit (8 bytes otherwise).
 func AppendLongPacket(b []byte, v uint32, typ uint8, dcid, scid, token []byte, payload int) []byte {
-	wire := typ
-	if v == Version2 {
-		wire = (typ + 1) & 3
-	}
-	b = append(b, headerForm|fixedBit|wire<<longTypeBit)
+	b = append(b, headerForm|fixedBit|wireType(typ, v)<<longTypeBit)
 	b = binary.BigEndian.AppendUint32(b, v)
 	b = append(b, byte(len(dcid)))
 	b = append(b, dcid...)
@@ -120,10 +136,20 @@ func appendVarint2(b []byte, v uint64) []byte {
 
 // ShortPacket returns a short-header datagram of size bytes whose
 // destination connection ID starts with id.
-func ShortPacket(id [ServerIDLen]byte, size int) []byte {
+func ShortPacket(id [quicclass.ServerIDLen]byte, size int) []byte {
 	b := ShortHeader(size)
 	copy(b[shortIDOffset:], id[:])
 	return b
+}
+
+// wireType returns the long-header packet type field of version v for the
+// type typ as v1 numbers it: v2 numbers Initial 1, 0-RTT 2, Handshake 3,
+// Retry 0.
+func wireType(typ uint8, v uint32) uint8 {
+	if v == quicclass.Version2 {
+		return (typ + 1) & 3
+	}
+	return typ
 }
 
 // AppendVarint appends v as a variable-length integer (RFC 9000 section

@@ -1,19 +1,76 @@
 //go:build linux
 
-package egress
+package packetconn
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn/learntest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
+
+// Server IDs, and the client's ID, of the datagrams written.
+var (
+	idA    = learn.ServerID{0xaa, 0xaa, 0xaa, 0x01}
+	idB    = learn.ServerID{0xbb, 0xbb, 0xbb, 0x02}
+	client = []byte{1, 2, 3, 4, 5, 6, 7, 8}
+)
+
+// Long header packet types, as QUIC v1 numbers them.
+const (
+	typeInitial   = 0
+	typeHandshake = 2
+)
+
+// handshakeTo is a Handshake packet from the server's ID id.
+func handshakeTo(id learn.ServerID) []byte {
+	return quicclasstest.AppendLongPacket(nil, quicclass.Version1, typeHandshake, client[:4], id[:], nil, 100)
+}
+
+// cmsg is a control message of level and type with data, as the kernel
+// lays it out.
+func cmsg(level, typ int32, data []byte) []byte {
+	b := make([]byte, unix.CmsgSpace(len(data)))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = level, typ
+	h.SetLen(unix.CmsgLen(len(data)))
+	copy(b[unix.CmsgLen(0):], data)
+	return b
+}
+
+// cmsgTOS is the control message of an ECN-marked datagram (ECT(0)).
+func cmsgTOS() []byte { return cmsg(unix.IPPROTO_IP, unix.IP_TOS, []byte{2, 0, 0, 0}) }
+
+// segmentMsg is the UDP_SEGMENT message of a GSO batch of size-byte
+// segments, as quic-go writes it.
+func segmentMsg(size uint16) []byte {
+	return cmsg(unix.IPPROTO_UDP, unix.UDP_SEGMENT, binary.NativeEndian.AppendUint16(nil, size))
+}
+
+// newWriter wraps sock with a learner teaching a new sink.
+func newWriter(t testing.TB, sock *net.UDPConn) (*Conn, *learntest.Sink) {
+	t.Helper()
+	sink, l := learntest.NewLearner(t)
+	c, err := New(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetLearner(l)
+	return c, sink
+}
 
 // writeMethods are every way to write a datagram through a Conn; connected
 // ones write on a connected socket, to its address.
@@ -81,17 +138,12 @@ func TestEveryWriteTeaches(t *testing.T) {
 			} else {
 				sock = testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
 			}
-			sink := newRecSink()
-			l, _ := testLearner(t, sink, Options{})
-			c, err := NewConn(sock, l)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c, sink := newWriter(t, sock)
 			want := handshakeTo(idA)
 			if err := m.write(c, want, to); err != nil {
 				t.Fatal(err)
 			}
-			if ids, peers := sink.counts(idA, to.Addr()); ids != 1 || peers != 1 {
+			if ids, peers := sink.Times(idA, to.Addr()); ids != 1 || peers != 1 {
 				t.Fatalf("taught the ID %d times and the peer %d times, want once each", ids, peers)
 			}
 			rx.SetReadDeadline(time.Now().Add(2 * time.Second))
@@ -104,16 +156,12 @@ func TestEveryWriteTeaches(t *testing.T) {
 	}
 }
 
-// TestConnLearner: NewConn refuses no socket; Unwrap returns the socket;
-// with no learner a Conn writes and teaches nothing.
+// TestConnLearner: Unwrap returns the socket; with no learner a Conn writes
+// and teaches nothing.
 func TestConnLearner(t *testing.T) {
-	if _, err := NewConn(nil, nil); err == nil || !strings.Contains(err.Error(), "no UDP socket") {
-		t.Fatalf("NewConn(nil): %v", err)
-	}
 	sock := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
-	sink := newRecSink()
-	l, _ := testLearner(t, sink, Options{})
-	c, err := NewConn(sock, nil)
+	sink, l := learntest.NewLearner(t)
+	c, err := New(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,8 +179,8 @@ func TestConnLearner(t *testing.T) {
 	if _, err := c.WriteToUDPAddrPort(handshakeTo(idB), to); err != nil {
 		t.Fatal(err)
 	}
-	if len(sink.ids) != 1 || sink.ids[idB] != 1 {
-		t.Fatalf("taught %v, want only the ID written with the learner set", sink.ids)
+	if ids := sink.IDs(); len(ids) != 1 || ids[0].ID != idB {
+		t.Fatalf("taught %v, want only the ID written with the learner set", ids)
 	}
 }
 
@@ -150,9 +198,8 @@ func TestConnWritesAllocateNothingMore(t *testing.T) {
 		}
 	}()
 	sock := testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0"))
-	l, _ := testLearner(t, nopSink{}, Options{})
-	c, _ := NewConn(sock, l)
-	b := quicclass.ShortHeader(1200)
+	c, _ := newWriter(t, sock)
+	b := quicclasstest.ShortHeader(1200)
 	oob := cmsgTOS()
 	udpTo := net.UDPAddrFromAddrPort(to)
 	c.WriteMsgUDP(b, oob, udpTo)

@@ -1,10 +1,11 @@
 //go:build linux
 
-package egress
+package packetconn
 
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,13 +13,17 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
+// pad pads p with zeros to size bytes.
+func pad(p []byte, size int) []byte { return append(p, make([]byte, size-len(p))...) }
+
 // TestFastPathThroughConn: what quic-go does with the socket works through
 // a Conn: a GSO batch leaves as one datagram per segment, each segment's
-// ID taught; an ECN mark reaches the wire; x/net reads a batch of
-// datagrams with one call (quic-go's reader on a conn without ReadBatch).
+// ID taught; an ECN mark reaches the wire; ReadBatch reads a batch of
+// datagrams with one call, as quic-go's batched reader does.
 func TestFastPathThroughConn(t *testing.T) {
 	rx := testutil.Listen(t, "udp4", "127.0.0.1:0")
 	raw, err := rx.SyscallConn()
@@ -30,24 +35,23 @@ func TestFastPathThroughConn(t *testing.T) {
 		t.Fatal(err)
 	}
 	to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
-	sink := newRecSink()
-	l, _ := testLearner(t, sink, Options{})
-	c, err := NewConn(testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0")), l)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, sink := newWriter(t, testutil.Sender(t, netip.MustParseAddrPort("127.0.0.1:0")))
 
 	const size = 1200 // a server pads a datagram with an ack-eliciting Initial to it
-	batch := cat(pad(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), size), pad(handshakeTo(idB), size), quicclass.ShortHeader(400))
+	batch := slices.Concat(pad(quicclasstest.AppendLongPacket(nil, quicclass.Version1, typeInitial, client[:4], idA[:], nil, 300), size),
+		pad(handshakeTo(idB), size), quicclasstest.ShortHeader(400))
 	if _, _, err := c.WriteMsgUDPAddrPort(batch, segmentMsg(size), to); err != nil {
 		t.Fatalf("GSO write: %v", err)
 	}
 	const ect0 = 2
-	if _, _, err := c.WriteMsgUDPAddrPort(quicclass.ShortHeader(100), cmsgTOS(), to); err != nil {
+	if _, _, err := c.WriteMsgUDPAddrPort(quicclasstest.ShortHeader(100), cmsgTOS(), to); err != nil {
 		t.Fatalf("ECN write: %v", err)
 	}
-	if sink.ids[idA] != 1 || sink.ids[idB] != 1 {
-		t.Fatalf("the batch taught %v, want both IDs", sink.ids)
+	if a, _ := sink.Times(idA, to.Addr()); a != 1 {
+		t.Fatalf("the batch taught %v, want both IDs", sink.IDs())
+	}
+	if b, _ := sink.Times(idB, to.Addr()); b != 1 {
+		t.Fatalf("the batch taught %v, want both IDs", sink.IDs())
 	}
 
 	rx.SetReadDeadline(time.Now().Add(2 * time.Second))
@@ -68,13 +72,13 @@ func TestFastPathThroughConn(t *testing.T) {
 		}
 	}
 
-	// The other way: x/net reads a batch through the Conn.
-	rc, err := NewConn(rx, nil)
+	// The other way: the Conn reads a batch.
+	rc, err := New(rx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 4 {
-		if _, err := c.WriteToUDPAddrPort(quicclass.ShortHeader(50), to); err != nil {
+		if _, err := c.WriteToUDPAddrPort(quicclasstest.ShortHeader(50), to); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,7 +90,7 @@ func TestFastPathThroughConn(t *testing.T) {
 	rc.SetReadDeadline(time.Now().Add(2 * time.Second))
 	most := 0
 	for got := 0; got < 4; {
-		n, err := ipv4.NewPacketConn(rc).ReadBatch(ms, 0)
+		n, err := rc.ReadBatch(ms, 0)
 		if err != nil {
 			t.Fatalf("ReadBatch through the Conn: %v after %d datagrams", err, got)
 		}

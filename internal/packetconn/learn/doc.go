@@ -1,4 +1,4 @@
-// Package egress learns from what the server sends what only the server
+// Package learn learns from what the server sends what only the server
 // knows: the connection IDs it chose, each with the address it sent it to,
 // and the addresses it keeps connections with, which its datagrams there
 // grant credit. A kernel filter (or the userspace limiter) taught them can
@@ -12,11 +12,11 @@
 //
 // quic-go v0.63 sends every datagram through its packet conn's WriteMsgUDP,
 // GSO batches included (several datagrams of one size in one buffer, the
-// size in a UDP_SEGMENT control message). Conn embeds the listener's
+// size in a UDP_SEGMENT control message). The conn quic-go reads and
+// writes through in every mode (packetconn.Conn) embeds the listener's
 // *net.UDPConn, so quic-go keeps every fast path, and shows each write to a
-// Learner before it writes; userspace.Conn does the same in userspace mode.
-// Each GSO segment is a datagram of its own. What a datagram teaches is
-// only what a connection makes (inspect):
+// Learner before it writes. Each GSO segment is a datagram of its own. What
+// a datagram teaches is only what a connection makes (inspect):
 //
 //   - Server IDs: the source connection ID of the server's Handshake
 //     packets, and of its Initials in a datagram that belongs to a
@@ -112,4 +112,4 @@
 // full, it forgets the entries past their time and, if that frees less
 // than an eighth of it, all of them (Stats.Overflows): the cost is a report
 // again, never a refused write.
-package egress
+package learn

@@ -1,6 +1,6 @@
 //go:build linux
 
-package egress_test
+package learn_test
 
 import (
 	"bytes"
@@ -19,15 +19,29 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress/egresstest"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn/learntest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
+
+// newConn wraps conn in the packet conn quic-go reads and writes through,
+// which shows l every write.
+func newConn(t testing.TB, conn *net.UDPConn, l *learn.Learner) *packetconn.Conn {
+	t.Helper()
+	c, err := packetconn.New(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetLearner(l)
+	return c
+}
 
 // cmsgConn is a Conn that counts the control messages quic-go writes with:
 // GSO batches (UDP_SEGMENT) and ECN marks (IP_TOS, IPV6_TCLASS).
 type cmsgConn struct {
-	*egress.Conn
+	*packetconn.Conn
 	gso, ecn atomic.Int64
 }
 
@@ -55,25 +69,21 @@ func (c *cmsgConn) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, erro
 func TestQUICGoTeaches(t *testing.T) {
 	tests := []struct {
 		name string
-		s    egresstest.Setup
+		s    learntest.Setup
 	}{
-		{"v1", egresstest.Setup{Version: quic.Version1}},
-		{"v2", egresstest.Setup{Version: quic.Version2}},
-		{"v1 retry", egresstest.Setup{Version: quic.Version1, Retry: true}},
-		{"v2 retry", egresstest.Setup{Version: quic.Version2, Retry: true}},
+		{"v1", learntest.Setup{Version: quic.Version1}},
+		{"v2", learntest.Setup{Version: quic.Version2}},
+		{"v1 retry", learntest.Setup{Version: quic.Version1, Retry: true}},
+		{"v2 retry", learntest.Setup{Version: quic.Version2, Retry: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var cc *cmsgConn
-			wrap := func(t testing.TB, conn *net.UDPConn, l *egress.Learner) net.PacketConn {
-				c, err := egress.NewConn(conn, l)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cc = &cmsgConn{Conn: c}
+			wrap := func(t testing.TB, conn *net.UDPConn, l *learn.Learner) net.PacketConn {
+				cc = &cmsgConn{Conn: newConn(t, conn, l)}
 				return cc
 			}
-			r := egresstest.Check(t, wrap, tt.s)
+			r := learntest.Check(t, wrap, tt.s)
 			t.Logf("%+v; %d GSO batches, %d ECN-marked writes", r, cc.gso.Load(), cc.ecn.Load())
 			if tt.s.Retry && r.RetryAnswers == 0 {
 				t.Errorf("no answer to the Retry")
@@ -88,26 +98,22 @@ func TestQUICGoTeaches(t *testing.T) {
 
 // serverSide is what a test's quic-go server needs: TLS configurations for
 // it and its clients, a learner and its sink, and a socket on 127.0.0.1
-// (at addr) wrapped in an egress Conn that shows the learner every write.
+// (at addr) wrapped in a packetconn.Conn that shows the learner every write.
 type serverSide struct {
 	serverTLS, clientTLS *tls.Config
-	sink                 *egresstest.Sink
-	learner              *egress.Learner
-	conn                 *egress.Conn
+	sink                 *learntest.Sink
+	learner              *learn.Learner
+	conn                 *packetconn.Conn
 	addr                 netip.AddrPort
 }
 
 func newServerSide(t *testing.T) serverSide {
 	t.Helper()
 	var s serverSide
-	s.serverTLS, s.clientTLS = egresstest.TLSConfigs(t)
-	s.sink, s.learner = egresstest.NewLearner(t)
+	s.serverTLS, s.clientTLS = learntest.TLSConfigs(t)
+	s.sink, s.learner = learntest.NewLearner(t)
 	conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
-	c, err := egress.NewConn(conn, s.learner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.conn, s.addr = c, conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	s.conn, s.addr = newConn(t, conn, s.learner), conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	return s
 }
 
@@ -135,7 +141,7 @@ func TestStatelessRepliesTeachNoPeer(t *testing.T) {
 			sink, l := s.sink, s.learner
 			rl := &replyLog{Conn: s.conn, out: map[netip.Addr][][]byte{}}
 			tr := &quic.Transport{Conn: rl, VerifySourceAddress: func(net.Addr) bool { return tt.retry }}
-			egresstest.Serve(t, tr, s.serverTLS, egresstest.ServerConfig(quic.Version1))
+			learntest.Serve(t, tr, s.serverTLS, learntest.ServerConfig(quic.Version1))
 			spoofFlight(t, s, victim)
 			replies := rl.waitReply(t, victim)
 			ids, _ := sink.Counts()
@@ -152,7 +158,7 @@ func TestStatelessRepliesTeachNoPeer(t *testing.T) {
 // from, as a spoofer would: nothing reads the socket.
 func spoofFlight(t *testing.T, s serverSide, from netip.Addr) {
 	t.Helper()
-	flight := egresstest.FirstFlight(t, s.addr, s.clientTLS, quic.Version1)
+	flight := learntest.FirstFlight(t, s.addr, s.clientTLS, quic.Version1)
 	spoofer := testutil.Sender(t, netip.AddrPortFrom(from, 0))
 	for _, b := range flight {
 		if _, err := spoofer.WriteToUDPAddrPort(b, s.addr); err != nil {
@@ -164,7 +170,7 @@ func spoofFlight(t *testing.T, s serverSide, from netip.Addr) {
 // replyLog is the server's Conn, which records the datagrams it writes to
 // each destination.
 type replyLog struct {
-	*egress.Conn
+	*packetconn.Conn
 	mu  sync.Mutex
 	out map[netip.Addr][][]byte
 }
@@ -253,7 +259,7 @@ func TestRefusalsTeachNothing(t *testing.T) {
 		}, func(*testing.T, netip.AddrPort, *tls.Config) []byte {
 			// quic-go takes a destination ID under 8 bytes from an
 			// Initial with a token, whatever the token.
-			return quicclass.LongPacket(quicclass.Version1, 0, []byte{0xab, 0xcd, 0xef, 0x01}, []byte{1, 2, 3, 4, 5, 6, 7, 8},
+			return quicclasstest.LongPacket(quicclass.Version1, 0, []byte{0xab, 0xcd, 0xef, 0x01}, []byte{1, 2, 3, 4, 5, 6, 7, 8},
 				[]byte("not a token"), quicclass.MinInitialDatagram)
 		}},
 	}
@@ -263,9 +269,9 @@ func TestRefusalsTeachNothing(t *testing.T) {
 			sink, l := s.sink, s.learner
 			rl := &replyLog{Conn: s.conn, out: map[netip.Addr][][]byte{}}
 			tr := &quic.Transport{Conn: rl}
-			cfg := egresstest.ServerConfig(quic.Version1)
+			cfg := learntest.ServerConfig(quic.Version1)
 			tt.configure(tr, cfg)
-			egresstest.Serve(t, tr, s.serverTLS, cfg)
+			learntest.Serve(t, tr, s.serverTLS, cfg)
 			to := s.addr
 			b := tt.replay(t, to, s.clientTLS)
 			spoofer := testutil.Sender(t, netip.AddrPortFrom(tt.from, 0))
@@ -274,7 +280,7 @@ func TestRefusalsTeachNothing(t *testing.T) {
 			}
 			replies := rl.waitReply(t, tt.from)
 			for _, r := range replies {
-				if len(r) < 7 || r[0]&0xb0 != 0x80 || len(r) < 7+int(r[5]) || int(r[6+r[5]]) != egress.ServerIDLen {
+				if len(r) < 7 || r[0]&0xb0 != 0x80 || len(r) < 7+int(r[5]) || int(r[6+r[5]]) != learn.ServerIDLen {
 					t.Fatalf("the reply is not an Initial from a server-length ID: %x", r[:min(len(r), 32)])
 				}
 			}

@@ -1,6 +1,6 @@
 //go:build linux
 
-package egress
+package learn
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 )
 
 // Test IDs.
@@ -26,11 +27,11 @@ func cat(ps ...[]byte) []byte { return bytes.Join(ps, nil) }
 
 func TestInspect(t *testing.T) {
 	v1, v2 := uint32(quicclass.Version1), uint32(quicclass.Version2)
-	initial := quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 1000)
-	handshake := quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idA[:], nil, 300)
-	tooShortLength := quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idA[:], nil, minLength-1)
+	initial := quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 1000)
+	handshake := quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client[:4], idA[:], nil, 300)
+	tooShortLength := quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client[:4], idA[:], nil, minLength-1)
 	cut := initial[:len(initial)-1]
-	badToken := quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 100)
+	badToken := quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 100)
 	badToken[6+4+1+4] = 0x7f // a 2-byte token length, then a length past the end
 	tests := []struct {
 		name string
@@ -40,51 +41,51 @@ func TestInspect(t *testing.T) {
 		peer bool
 	}{
 		{"empty", nil, nil, 0, false},
-		{"short header", quicclass.ShortHeader(100), nil, 0, true},
+		{"short header", quicclasstest.ShortHeader(100), nil, 0, true},
 		{"short header, fixed bit clear", make([]byte, 100), nil, 0, false},
 		// An Initial alone teaches only when it is padded as only an
 		// ack-eliciting one is (a ServerHello): quic-go's refusals are
 		// small lone Initials whose ID the client chose (see below).
 		{"v1 Initial", initial, nil, 0, false},
-		{"v1 Initial, padded", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 1200), []ServerID{idA}, 0, true},
+		{"v1 Initial, padded", quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 1200), []ServerID{idA}, 0, true},
 		{"v1 Initial, padded after it", cat(initial, make([]byte, 200)), []ServerID{idA}, 0, true},
-		{"v1 Initial with a token", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], []byte("token"), 500), nil, 0, false},
-		{"v2 Initial", quicclass.AppendLongPacket(nil, v2, typeInitial, client[:4], idA[:], nil, 1000), nil, 0, false},
-		{"v2 Initial, padded", quicclass.AppendLongPacket(nil, v2, typeInitial, client[:4], idA[:], nil, 1250), []ServerID{idA}, 0, true},
+		{"v1 Initial with a token", quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], []byte("token"), 500), nil, 0, false},
+		{"v2 Initial", quicclasstest.AppendLongPacket(nil, v2, typeInitial, client[:4], idA[:], nil, 1000), nil, 0, false},
+		{"v2 Initial, padded", quicclasstest.AppendLongPacket(nil, v2, typeInitial, client[:4], idA[:], nil, 1250), []ServerID{idA}, 0, true},
 		{"v1 Handshake", handshake, []ServerID{idA}, 0, true},
-		{"v2 Handshake", quicclass.AppendLongPacket(nil, v2, typeHandshake, client[:4], idA[:], nil, 300), []ServerID{idA}, 0, true},
+		{"v2 Handshake", quicclasstest.AppendLongPacket(nil, v2, typeHandshake, client[:4], idA[:], nil, 300), []ServerID{idA}, 0, true},
 		// A Retry is a stateless reply: it teaches nothing.
-		{"v1 Retry", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("retry token"), 0), nil, 0, false},
-		{"v2 Retry", quicclass.AppendLongPacket(nil, v2, typeRetry, client, idB[:], []byte("retry token"), 0), nil, 0, false},
-		{"Retry without a token", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], nil, 0), nil, 0, false},
+		{"v1 Retry", quicclasstest.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("retry token"), 0), nil, 0, false},
+		{"v2 Retry", quicclasstest.AppendLongPacket(nil, v2, typeRetry, client, idB[:], []byte("retry token"), 0), nil, 0, false},
+		{"Retry without a token", quicclasstest.AppendLongPacket(nil, v1, typeRetry, client, idB[:], nil, 0), nil, 0, false},
 		{"coalesced Initial and Handshake", cat(initial, handshake), []ServerID{idA}, 0, true},
-		{"coalesced Initial, Handshake and 1-RTT", cat(initial, handshake, quicclass.ShortHeader(60)), []ServerID{idA}, 0, true},
-		{"coalesced with two IDs", cat(initial, quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 300)), []ServerID{idB, idA}, 0, true},
-		{"coalesced, the Handshake cut", cat(initial, quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 300)[:100]), nil, 0, false},
+		{"coalesced Initial, Handshake and 1-RTT", cat(initial, handshake, quicclasstest.ShortHeader(60)), []ServerID{idA}, 0, true},
+		{"coalesced with two IDs", cat(initial, quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 300)), []ServerID{idB, idA}, 0, true},
+		{"coalesced, the Handshake cut", cat(initial, quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 300)[:100]), nil, 0, false},
 		{"coalesced after garbage", cat(make([]byte, 10), initial), nil, 0, false},
 		{"Initial cut short", cut, nil, 0, false},
 		{"Initial with a token past the end", badToken, nil, 0, false},
 		{"Length under the minimum", tooShortLength, nil, 0, false},
 		{"header only", initial[:6+4+1+4], nil, 0, false},
-		{"0-RTT", quicclass.AppendLongPacket(nil, v1, typeZeroRTT, client, idA[:], nil, 300), nil, 0, false},
+		{"0-RTT", quicclasstest.AppendLongPacket(nil, v1, typeZeroRTT, client, idA[:], nil, 300), nil, 0, false},
 		{"version negotiation", cat([]byte{0x80, 0, 0, 0, 0, 4}, client[:4], []byte{4}, idA[:], []byte{0, 0, 0, 1}), nil, 0, false},
-		{"unknown version", quicclass.AppendLongPacket(nil, 0x0a0a0a0a, typeInitial, client[:4], idA[:], nil, 1000), nil, 0, false},
+		{"unknown version", quicclasstest.AppendLongPacket(nil, 0x0a0a0a0a, typeInitial, client[:4], idA[:], nil, 1000), nil, 0, false},
 		{"fixed bit clear", append([]byte{initial[0] &^ fixedBit}, initial[1:]...), nil, 0, false},
-		{"DCID of 21 bytes", quicclass.AppendLongPacket(nil, v1, typeHandshake, make([]byte, 21), idA[:], nil, 300), nil, 0, false},
-		{"SCID of 21 bytes", quicclass.AppendLongPacket(nil, v1, typeHandshake, client, make([]byte, 21), nil, 300), nil, 0, false},
-		{"Handshake with an 8-byte SCID", quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], client, nil, 300), nil, 1, true},
-		{"Handshake with an empty SCID", quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], nil, nil, 300), nil, 1, true},
-		{"Retry with a 5-byte SCID", quicclass.AppendLongPacket(nil, v2, typeRetry, client, client[:5], []byte("t"), 0), nil, 1, false},
+		{"DCID of 21 bytes", quicclasstest.AppendLongPacket(nil, v1, typeHandshake, make([]byte, 21), idA[:], nil, 300), nil, 0, false},
+		{"SCID of 21 bytes", quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client, make([]byte, 21), nil, 300), nil, 0, false},
+		{"Handshake with an 8-byte SCID", quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client[:4], client, nil, 300), nil, 1, true},
+		{"Handshake with an empty SCID", quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client[:4], nil, nil, 300), nil, 1, true},
+		{"Retry with a 5-byte SCID", quicclasstest.AppendLongPacket(nil, v2, typeRetry, client, client[:5], []byte("t"), 0), nil, 1, false},
 		// quic-go refuses a connection with an Initial from the client's
 		// own destination ID: not the server's, not a peer, not odd,
 		// whatever its length (a Retry token's holder may choose 4 bytes).
-		{"refusal", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 30), nil, 0, false},
-		{"refusal from a 4-byte ID", quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idB[:], nil, 30), nil, 0, false},
-		{"refusal coalesced before a Handshake", cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 30), handshake), []ServerID{idA}, 0, true},
+		{"refusal", quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 30), nil, 0, false},
+		{"refusal from a 4-byte ID", quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idB[:], nil, 30), nil, 0, false},
+		{"refusal coalesced before a Handshake", cat(quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 30), handshake), []ServerID{idA}, 0, true},
 		{"five IDs", cat(
-			quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{1, 0, 0, 0}, nil, 20), quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{2, 0, 0, 0}, nil, 20),
-			quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{3, 0, 0, 0}, nil, 20), quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{4, 0, 0, 0}, nil, 20),
-			quicclass.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{5, 0, 0, 0}, nil, 20)),
+			quicclasstest.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{1, 0, 0, 0}, nil, 20), quicclasstest.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{2, 0, 0, 0}, nil, 20),
+			quicclasstest.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{3, 0, 0, 0}, nil, 20), quicclasstest.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{4, 0, 0, 0}, nil, 20),
+			quicclasstest.AppendLongPacket(nil, v1, typeHandshake, nil, []byte{5, 0, 0, 0}, nil, 20)),
 			[]ServerID{{1}, {2}, {3}, {4}}, 0, true},
 	}
 	for _, tt := range tests {
@@ -163,10 +164,10 @@ func TestSegmentSize(t *testing.T) {
 // consistent: IDs only from long headers, distinct, within the bound.
 func FuzzInspect(f *testing.F) {
 	v1 := uint32(quicclass.Version1)
-	f.Add(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], []byte("tok"), 100))
-	f.Add(cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 100), quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 40), quicclass.ShortHeader(30)))
-	f.Add(quicclass.AppendLongPacket(nil, quicclass.Version2, typeRetry, client, idB[:], []byte("t"), 0))
-	f.Add(quicclass.ShortHeader(40))
+	f.Add(quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], []byte("tok"), 100))
+	f.Add(cat(quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 100), quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client[:4], idB[:], nil, 40), quicclasstest.ShortHeader(30)))
+	f.Add(quicclasstest.AppendLongPacket(nil, quicclass.Version2, typeRetry, client, idB[:], []byte("t"), 0))
+	f.Add(quicclasstest.ShortHeader(40))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := inspect(b)
 		if s.nIDs > maxIDsPerDatagram || s.nIDs < 0 {

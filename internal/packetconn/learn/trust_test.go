@@ -1,6 +1,6 @@
 //go:build linux
 
-package egress_test
+package learn_test
 
 import (
 	"context"
@@ -16,10 +16,10 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
-	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress/egresstest"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn/learntest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -50,7 +50,7 @@ func newTwinSink(t *testing.T) *twinSink {
 // now is the twin's time: a second in, so that stamps start past zero.
 func (s *twinSink) now() int64 { return int64(time.Second + time.Since(s.start)) }
 
-func (s *twinSink) LearnServerID(id egress.ServerID, to netip.Addr) error {
+func (s *twinSink) LearnServerID(id learn.ServerID, to netip.Addr) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.f.LearnServerID(id, to, s.now())
@@ -106,7 +106,7 @@ func (s *twinSink) flood(a netip.Addr, n int) int {
 	for range n {
 		var id decide.ServerID
 		binary.BigEndian.PutUint32(id[:], rng.Uint32())
-		b := quicclass.ShortPacket(id, 60)
+		b := quicclasstest.ShortPacket(id, 60)
 		d := decide.Datagram{Key: sketch.KeyFrom(netip.AddrPortFrom(a, uint16(1024+rng.IntN(60000))), 443), Length: len(b), Probe: b}
 		if !s.f.Decide(&d, at, rng.Uint32()).Drop {
 			passed++
@@ -173,7 +173,7 @@ func TestBorrowedProof(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.CloseWithError(0, "")
-			if err := egresstest.Echo(ctx, conn, [][]byte{[]byte("ping")}); err != nil {
+			if err := learntest.Echo(ctx, conn, [][]byte{[]byte("ping")}); err != nil {
 				t.Fatal(err)
 			}
 			sent := 0
@@ -199,7 +199,7 @@ func TestBorrowedProof(t *testing.T) {
 			for range n {
 				var id decide.ServerID
 				binary.BigEndian.PutUint32(id[:], rng.Uint32())
-				if _, err := spoofer.WriteToUDPAddrPort(quicclass.ShortPacket(id, 100), s.addr); err != nil {
+				if _, err := spoofer.WriteToUDPAddrPort(quicclasstest.ShortPacket(id, 100), s.addr); err != nil {
 					t.Fatal(err)
 				}
 				time.Sleep(time.Millisecond)
@@ -219,7 +219,7 @@ func TestBorrowedProof(t *testing.T) {
 				copy(key[:], "a stateless reset key for a test")
 				tr.StatelessResetKey = &key
 			}
-			egresstest.Serve(t, tr, s.serverTLS, egresstest.ServerConfig(quic.Version1))
+			learntest.Serve(t, tr, s.serverTLS, learntest.ServerConfig(quic.Version1))
 			spoofFlight(t, s, victim)
 			rl.waitReply(t, victim)
 			earned := sink.credit(victim)

@@ -1,4 +1,4 @@
-package egress
+package learn
 
 import (
 	"crypto/rand"

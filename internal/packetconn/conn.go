@@ -1,10 +1,11 @@
-package userspace
+package packetconn
 
 import (
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -13,14 +14,16 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn"
 )
 
-// Conn is the packet conn quic-go reads through: the listener's
-// *net.UDPConn, with every read filtered by a Limiter, and every write shown
-// first to an egress.Learner, if one is set (SetLearner), which teaches the
-// engine the server's connection IDs and peers. Conn embeds an egress.Conn,
-// whose write methods it has.
+// Conn is the packet conn quic-go reads and writes through, in every mode:
+// the listener's *net.UDPConn, embedded, with every read decided by a
+// Decider, if one is set (SetDecider: the userspace limiter, in mode
+// userspace; none in the modes that decide in the kernel, where every
+// datagram passes), and every write shown first to a learn.Learner, if one
+// is set (SetLearner), which teaches the engine the server's connection IDs
+// and peers.
 //
 // What quic-go keeps through it: Conn is a quic.OOBCapablePacketConn (the
 // embedded socket's SyscallConn, SetReadBuffer, ReadMsgUDP and WriteMsgUDP)
@@ -29,25 +32,52 @@ import (
 // and packet info read from the control messages, which Conn hands over
 // unchanged, and every write path, GSO and the don't-fragment bit (so path
 // MTU discovery) on the socket itself, once the learner has seen the
-// decide.
+// datagram.
 //
-// What it costs: each datagram is received before it is decided, and a kept
-// datagram that follows a dropped one in a batch is copied into the slot of
-// the first dropped one (see the package doc).
+// What it costs, with a Decider: each datagram is received before it is
+// decided, and a kept datagram that follows a dropped one in a batch is
+// copied into the slot of the first dropped one (see the package doc).
 //
-// Every read method filters: ReadBatch, ReadFrom, ReadFromUDP,
+// Every read method decides: ReadBatch, ReadFrom, ReadFromUDP,
 // ReadFromUDPAddrPort, ReadMsgUDP, ReadMsgUDPAddrPort and Read. The raw
 // connection SyscallConn returns refuses Read, which would bypass the
-// limiter; its Control and Write are the socket's. Only File, a duplicate of
-// the descriptor, reads around it.
+// Decider; its Control and Write are the socket's. Every write method
+// teaches (write.go). Only File, a duplicate of the descriptor, reads and
+// writes around them.
 type Conn struct {
-	// Conn holds the socket (UDPConn) and the learner.
-	*egress.Conn
-	lim  atomic.Pointer[Limiter]
-	port uint16
+	*net.UDPConn
+	dec     atomic.Pointer[deciderBox]
+	learner atomic.Pointer[learn.Learner]
+	port    uint16
 	// batch reads batches from the socket (recvmmsg; Linux only).
 	batch *ipv4.PacketConn
+	// scratch holds what a read hands the Decider.
+	scratch scratch
 }
+
+// scratch holds the datagrams a read hands the Decider, and its verdicts.
+// A call through an interface moves the arrays it is given off the stack,
+// one allocation per read; these are the Conn's own, for one read at a
+// time.
+type scratch struct {
+	mu   sync.Mutex
+	ds   [chunk]decide.Datagram
+	drop [chunk]bool
+}
+
+// Decider decides the datagrams quic-go reads through a Conn: the
+// userspace limiter (userspace.Limiter) in mode userspace. Its methods must
+// be safe for concurrent use.
+type Decider interface {
+	// Decide decides one datagram.
+	Decide(d *decide.Datagram) decide.Outcome
+	// DecideBatch decides every datagram of ds and sets drop[i] for those
+	// to drop; drop is at least as long as ds.
+	DecideBatch(ds []decide.Datagram, drop []bool)
+}
+
+// deciderBox holds a Decider for an atomic pointer.
+type deciderBox struct{ d Decider }
 
 // Interface guards: quic-go keeps its fast path only for a conn with all of
 // these (quic-go's sys_conn.go, newConn in sys_conn_oob.go), and Caddy and
@@ -61,40 +91,53 @@ var (
 	_ interface{ Unwrap() net.PacketConn } = (*Conn)(nil)
 )
 
-// NewConn wraps conn so that every datagram read from it is decided by l. A
-// nil l passes every datagram (see SetLimiter). It has no learner until
-// SetLearner.
-func NewConn(conn *net.UDPConn, l *Limiter) (*Conn, error) {
+// New wraps conn. It has no Decider until SetDecider, so it passes every
+// datagram, and no learner until SetLearner.
+func New(conn *net.UDPConn) (*Conn, error) {
 	if conn == nil {
-		return nil, errors.New("wrapping a packet conn for the userspace limiter: no UDP socket")
+		return nil, errors.New("wrapping a packet conn: no UDP socket")
 	}
 	la, ok := conn.LocalAddr().(*net.UDPAddr)
 	if !ok || la == nil {
-		return nil, fmt.Errorf("wrapping a packet conn for the userspace limiter: local address %v is not a UDP address",
+		return nil, fmt.Errorf("wrapping a packet conn: local address %v is not a UDP address",
 			conn.LocalAddr())
 	}
-	ec, err := egress.NewConn(conn, nil)
-	if err != nil {
-		return nil, fmt.Errorf("wrapping a packet conn for the userspace limiter: %w", err)
-	}
-	c := &Conn{Conn: ec, port: uint16(la.Port), batch: newBatchReader(conn)}
-	c.lim.Store(l)
-	return c, nil
+	return &Conn{UDPConn: conn, port: uint16(la.Port), batch: newBatchReader(conn)}, nil
 }
 
-// Limiter returns the limiter in force, or nil.
-func (c *Conn) Limiter() *Limiter { return c.lim.Load() }
+// Unwrap returns the socket, a *net.UDPConn.
+func (c *Conn) Unwrap() net.PacketConn { return c.UDPConn }
 
-// SetLimiter puts l in force from the next read on; nil passes every
+// Decider returns the Decider in force, or nil.
+func (c *Conn) Decider() Decider {
+	if b := c.dec.Load(); b != nil {
+		return b.d
+	}
+	return nil
+}
+
+// SetDecider puts d in force from the next read on; nil passes every
 // datagram, as a socket without a filter does (a wrapper cannot be taken out
 // of quic-go's reader once it is there).
-func (c *Conn) SetLimiter(l *Limiter) { c.lim.Store(l) }
+func (c *Conn) SetDecider(d Decider) {
+	if d == nil {
+		c.dec.Store(nil)
+		return
+	}
+	c.dec.Store(&deciderBox{d})
+}
+
+// Learner returns the learner in force, or nil.
+func (c *Conn) Learner() *learn.Learner { return c.learner.Load() }
+
+// SetLearner puts l in force from the next write on; nil learns nothing.
+func (c *Conn) SetLearner(l *learn.Learner) { c.learner.Store(l) }
 
 // errRawRead refuses reads through the raw connection.
 var errRawRead = errors.New("rakelimit: reading the raw socket would bypass the userspace limiter; read through the Conn")
 
 // SyscallConn returns the socket's raw connection for Control and Write;
-// its Read fails, since it would bypass the limiter.
+// its Read fails, since it would bypass the Decider.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) {
 	rc, err := c.UDPConn.SyscallConn()
 	if err != nil {
@@ -115,13 +158,16 @@ func (c *Conn) key(src netip.AddrPort) sketch.Key {
 	return sketch.KeyFrom(src, c.port)
 }
 
-// keep decides one datagram, payload b from src, with l (nil: keep).
-func (c *Conn) keep(l *Limiter, b []byte, src netip.AddrPort) bool {
-	if l == nil {
+// keep decides one datagram, payload b from src, with d (nil: keep).
+func (c *Conn) keep(d Decider, b []byte, src netip.AddrPort) bool {
+	if d == nil {
 		return true
 	}
-	d := decide.Datagram{Key: c.key(src), Length: len(b), Probe: b}
-	return !l.Decide(&d).Drop
+	s := &c.scratch
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ds[0] = decide.Datagram{Key: c.key(src), Length: len(b), Probe: b}
+	return !d.Decide(&s.ds[0]).Drop
 }
 
 // decided reports whether a read's result is a datagram to decide: any
@@ -129,29 +175,29 @@ func (c *Conn) keep(l *Limiter, b []byte, src netip.AddrPort) bool {
 // buffer with one).
 func decided(n int, err error) bool { return err == nil || n > 0 }
 
-// ReadFromUDPAddrPort reads the next datagram the limiter keeps.
+// ReadFromUDPAddrPort reads the next datagram the Decider keeps.
 func (c *Conn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
 	for {
 		n, src, err := c.UDPConn.ReadFromUDPAddrPort(b)
-		if decided(n, err) && !c.keep(c.lim.Load(), b[:n], src) {
+		if decided(n, err) && !c.keep(c.Decider(), b[:n], src) {
 			continue
 		}
 		return n, src, err
 	}
 }
 
-// ReadFromUDP reads the next datagram the limiter keeps.
+// ReadFromUDP reads the next datagram the Decider keeps.
 func (c *Conn) ReadFromUDP(b []byte) (int, *net.UDPAddr, error) {
 	for {
 		n, src, err := c.UDPConn.ReadFromUDP(b)
-		if decided(n, err) && !c.keep(c.lim.Load(), b[:n], src.AddrPort()) {
+		if decided(n, err) && !c.keep(c.Decider(), b[:n], src.AddrPort()) {
 			continue
 		}
 		return n, src, err
 	}
 }
 
-// ReadFrom reads the next datagram the limiter keeps.
+// ReadFrom reads the next datagram the Decider keeps.
 func (c *Conn) ReadFrom(b []byte) (int, net.Addr, error) {
 	n, src, err := c.ReadFromUDP(b)
 	if src == nil {
@@ -160,30 +206,30 @@ func (c *Conn) ReadFrom(b []byte) (int, net.Addr, error) {
 	return n, src, err
 }
 
-// Read reads the next datagram the limiter keeps.
+// Read reads the next datagram the Decider keeps.
 func (c *Conn) Read(b []byte) (int, error) {
 	n, _, err := c.ReadFromUDPAddrPort(b)
 	return n, err
 }
 
-// ReadMsgUDPAddrPort reads the next datagram the limiter keeps, with its
+// ReadMsgUDPAddrPort reads the next datagram the Decider keeps, with its
 // control messages.
 func (c *Conn) ReadMsgUDPAddrPort(b, oob []byte) (n, oobn, flags int, src netip.AddrPort, err error) {
 	for {
 		n, oobn, flags, src, err = c.UDPConn.ReadMsgUDPAddrPort(b, oob)
-		if decided(n, err) && !c.keep(c.lim.Load(), b[:n], src) {
+		if decided(n, err) && !c.keep(c.Decider(), b[:n], src) {
 			continue
 		}
 		return n, oobn, flags, src, err
 	}
 }
 
-// ReadMsgUDP reads the next datagram the limiter keeps, with its control
+// ReadMsgUDP reads the next datagram the Decider keeps, with its control
 // messages.
 func (c *Conn) ReadMsgUDP(b, oob []byte) (n, oobn, flags int, src *net.UDPAddr, err error) {
 	for {
 		n, oobn, flags, src, err = c.UDPConn.ReadMsgUDP(b, oob)
-		if decided(n, err) && !c.keep(c.lim.Load(), b[:n], src.AddrPort()) {
+		if decided(n, err) && !c.keep(c.Decider(), b[:n], src.AddrPort()) {
 			continue
 		}
 		return n, oobn, flags, src, err
@@ -192,7 +238,7 @@ func (c *Conn) ReadMsgUDP(b, oob []byte) (n, oobn, flags int, src *net.UDPAddr, 
 
 // ReadBatch reads datagrams into ms as quic-go's batched reader does
 // (ipv4.PacketConn.ReadBatch: recvmmsg on Linux, one datagram per call
-// elsewhere) and returns those the limiter keeps, in ms[:n], in the order
+// elsewhere) and returns those the Decider keeps, in ms[:n], in the order
 // they arrived. If it drops a whole batch it reads again, until a datagram
 // is kept, the read deadline passes or the socket is closed: it never
 // returns 0 without an error.
@@ -214,11 +260,11 @@ func (c *Conn) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 			}
 			continue
 		}
-		l := c.lim.Load()
-		if l == nil {
+		d := c.Decider()
+		if d == nil {
 			return n, err
 		}
-		if kept := c.filterBatch(l, ms[:n]); kept > 0 || err != nil {
+		if kept := c.filterBatch(d, ms[:n]); kept > 0 || err != nil {
 			return kept, err
 		}
 	}
@@ -230,16 +276,18 @@ const chunk = 64
 
 // filterBatch decides the datagrams of ms and moves those kept to the front,
 // in order, returning how many there are.
-func (c *Conn) filterBatch(l *Limiter, ms []ipv4.Message) int {
-	var ds [chunk]decide.Datagram
-	var drop [chunk]bool
+func (c *Conn) filterBatch(d Decider, ms []ipv4.Message) int {
+	s := &c.scratch
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ds, drop := &s.ds, &s.drop
 	w := 0
 	for off := 0; off < len(ms); off += chunk {
 		part := ms[off:min(off+chunk, len(ms))]
 		for i := range part {
 			c.datagramOf(&part[i], &ds[i])
 		}
-		l.DecideBatch(ds[:len(part)], drop[:len(part)])
+		d.DecideBatch(ds[:len(part)], drop[:len(part)])
 		for i := range part {
 			if drop[i] {
 				continue
@@ -253,7 +301,7 @@ func (c *Conn) filterBatch(l *Limiter, ms []ipv4.Message) int {
 	return w
 }
 
-// datagramOf fills d with what the limiter reads of the datagram in m.
+// datagramOf fills d with what a Decider reads of the datagram in m.
 func (c *Conn) datagramOf(m *ipv4.Message, d *decide.Datagram) {
 	var src netip.AddrPort
 	if a, ok := m.Addr.(*net.UDPAddr); ok {

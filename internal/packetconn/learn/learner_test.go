@@ -1,6 +1,6 @@
 //go:build linux
 
-package egress
+package learn
 
 import (
 	"encoding/binary"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
+	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass/quicclasstest"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -116,7 +117,7 @@ var (
 
 // handshakeTo is a Handshake packet from the server's ID id.
 func handshakeTo(id ServerID) []byte {
-	return quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], id[:], nil, 100)
+	return quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client[:4], id[:], nil, 100)
 }
 
 // shortTo is a short header of the server's to the client's handshake ID
@@ -124,7 +125,7 @@ func handshakeTo(id ServerID) []byte {
 func shortTo() []byte {
 	var dcid decide.ServerID
 	copy(dcid[:], client[:4])
-	return quicclass.ShortPacket(dcid, 50)
+	return quicclasstest.ShortPacket(dcid, 50)
 }
 
 func TestNewLearnerRefuses(t *testing.T) {
@@ -187,7 +188,7 @@ func TestLearnPeerAddress(t *testing.T) {
 		sink := newRecSink()
 		l, _ := testLearner(t, sink, Options{})
 		for _, to := range tt.to {
-			l.Learn(quicclass.ShortHeader(50), nil, netip.MustParseAddrPort(to))
+			l.Learn(quicclasstest.ShortHeader(50), nil, netip.MustParseAddrPort(to))
 		}
 		if _, n := sink.counts(ServerID{}, tt.want); n != 1 || len(sink.peers) != 1 {
 			t.Errorf("%v: taught %v", tt.to, sink.peers)
@@ -195,7 +196,7 @@ func TestLearnPeerAddress(t *testing.T) {
 	}
 	sink := newRecSink()
 	l, _ := testLearner(t, sink, Options{})
-	l.Learn(quicclass.ShortHeader(50), nil, netip.AddrPort{})
+	l.Learn(quicclasstest.ShortHeader(50), nil, netip.AddrPort{})
 	if len(sink.peers) != 0 {
 		t.Errorf("a datagram without a destination taught %v", sink.peers)
 	}
@@ -242,7 +243,7 @@ func TestSetSink(t *testing.T) {
 	if a, _ := second.counts(idA, peerA.Addr()); a != 0 || second.ids[idB] != 1 || len(second.peers) != 0 {
 		t.Fatalf("the new sink was taught %v and %v; want %x only", second.ids, second.peers, idB)
 	}
-	l.Learn(quicclass.ShortHeader(50), nil, peerA)
+	l.Learn(quicclasstest.ShortHeader(50), nil, peerA)
 	if _, p := second.counts(idA, peerA.Addr()); p != 1 {
 		t.Fatal("the new sink was not taught the peer at its next datagram")
 	}
@@ -265,9 +266,9 @@ func TestSetSink(t *testing.T) {
 func TestOddIDs(t *testing.T) {
 	var calls []int
 	l, _ := testLearner(t, newRecSink(), Options{OnOddID: func(n int) { calls = append(calls, n) }})
-	odd := quicclass.AppendLongPacket(nil, v1, typeHandshake, client[:4], client, nil, 100)
+	odd := quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client[:4], client, nil, 100)
 	l.Learn(odd, nil, peerA)
-	l.Learn(cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 100), odd), nil, peerA)
+	l.Learn(cat(quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 100), odd), nil, peerA)
 	if st := l.Stats(); st.OddIDs != 2 || len(calls) != 1 || calls[0] != len(client) {
 		t.Fatalf("odd IDs %d, callback calls %v; want 2, [%d]", st.OddIDs, calls, len(client))
 	}
@@ -281,7 +282,7 @@ func pad(p []byte, size int) []byte { return append(p, make([]byte, size-len(p))
 // TestGSOBatch: each segment of a GSO batch is a datagram of its own.
 func TestGSOBatch(t *testing.T) {
 	const size = 1200
-	initial := pad(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), size)
+	initial := pad(quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), size)
 	handshake := pad(handshakeTo(idB), size)
 	tests := []struct {
 		name string
@@ -290,11 +291,11 @@ func TestGSOBatch(t *testing.T) {
 		ids  []ServerID
 		peer bool
 	}{
-		{"batch", cat(initial, handshake, quicclass.ShortHeader(500)), segmentMsg(size), []ServerID{idA, idB}, true},
-		{"one datagram", cat(initial, handshake, quicclass.ShortHeader(500)), nil, []ServerID{idA}, true},
-		{"short headers", cat(quicclass.ShortHeader(size), quicclass.ShortHeader(size), quicclass.ShortHeader(10)), segmentMsg(size), nil, true},
-		{"last segment a Handshake", cat(pad(quicclass.ShortHeader(100), size), handshakeTo(idB)), segmentMsg(size), []ServerID{idB}, true},
-		{"retry", quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("token"), 0), segmentMsg(size), nil, false},
+		{"batch", cat(initial, handshake, quicclasstest.ShortHeader(500)), segmentMsg(size), []ServerID{idA, idB}, true},
+		{"one datagram", cat(initial, handshake, quicclasstest.ShortHeader(500)), nil, []ServerID{idA}, true},
+		{"short headers", cat(quicclasstest.ShortHeader(size), quicclasstest.ShortHeader(size), quicclasstest.ShortHeader(10)), segmentMsg(size), nil, true},
+		{"last segment a Handshake", cat(pad(quicclasstest.ShortHeader(100), size), handshakeTo(idB)), segmentMsg(size), []ServerID{idB}, true},
+		{"retry", quicclasstest.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("token"), 0), segmentMsg(size), nil, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -322,7 +323,7 @@ func TestGSOBatch(t *testing.T) {
 // Retries and what is not QUIC grant nothing.
 func TestCredit(t *testing.T) {
 	const k, hs = decide.CreditPerDatagram, CreditInHandshake
-	small := quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300)
+	small := quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300)
 	initial := pad(small, 1200)
 	var c4 decide.ServerID
 	copy(c4[:], client[:4])
@@ -333,26 +334,26 @@ func TestCredit(t *testing.T) {
 		oob    []byte
 		want   int
 	}{
-		{"short header", nil, quicclass.ShortHeader(100), nil, k},
+		{"short header", nil, quicclasstest.ShortHeader(100), nil, k},
 		{"short header, fixed bit clear", nil, make([]byte, 100), nil, 0},
-		{"a path probe's shape", nil, quicclass.ShortHeader(1200), nil, 1},
-		{"a stateless reset's shape", nil, quicclass.ShortHeader(42), nil, 1},
-		{"1200 bytes in a GSO batch", nil, cat(quicclass.ShortHeader(1200), quicclass.ShortHeader(1200), quicclass.ShortHeader(42)), segmentMsg(1200), 2*k + 1},
-		{"1201 bytes alone", nil, quicclass.ShortHeader(1201), nil, k},
+		{"a path probe's shape", nil, quicclasstest.ShortHeader(1200), nil, 1},
+		{"a stateless reset's shape", nil, quicclasstest.ShortHeader(42), nil, 1},
+		{"1200 bytes in a GSO batch", nil, cat(quicclasstest.ShortHeader(1200), quicclasstest.ShortHeader(1200), quicclasstest.ShortHeader(42)), segmentMsg(1200), 2*k + 1},
+		{"1201 bytes alone", nil, quicclasstest.ShortHeader(1201), nil, k},
 		{"Initial and Handshake", nil, cat(small, handshakeTo(idA)), nil, 0},
-		{"Initial, Handshake and 1-RTT", nil, cat(small, handshakeTo(idA), quicclass.ShortHeader(60)), nil, hs},
-		{"a batch of the first flight", nil, cat(initial, pad(handshakeTo(idA), 1200), quicclass.ShortHeader(300)), segmentMsg(1200), k},
-		{"0.5-RTT to the handshake's ID, alone", handshakeTo(idA), quicclass.ShortPacket(c4, 300), nil, hs},
-		{"to another ID after a handshake", handshakeTo(idA), quicclass.ShortPacket(idB, 300), nil, k},
-		{"Retry", nil, quicclass.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("token"), 0), nil, 0},
+		{"Initial, Handshake and 1-RTT", nil, cat(small, handshakeTo(idA), quicclasstest.ShortHeader(60)), nil, hs},
+		{"a batch of the first flight", nil, cat(initial, pad(handshakeTo(idA), 1200), quicclasstest.ShortHeader(300)), segmentMsg(1200), k},
+		{"0.5-RTT to the handshake's ID, alone", handshakeTo(idA), quicclasstest.ShortPacket(c4, 300), nil, hs},
+		{"to another ID after a handshake", handshakeTo(idA), quicclasstest.ShortPacket(idB, 300), nil, k},
+		{"Retry", nil, quicclasstest.AppendLongPacket(nil, v1, typeRetry, client, idB[:], []byte("token"), 0), nil, 0},
 	}
 	// A stateless reply's shape makes no peer: it grants nothing to an
 	// address that is not one.
 	t.Run("a stateless reset's shape to a stranger", func(t *testing.T) {
 		sink := newRecSink()
 		l, _ := testLearner(t, sink, Options{})
-		l.Learn(quicclass.ShortHeader(42), nil, peerA)
-		l.Learn(quicclass.ShortHeader(1200), nil, peerA)
+		l.Learn(quicclasstest.ShortHeader(42), nil, peerA)
+		l.Learn(quicclasstest.ShortHeader(1200), nil, peerA)
 		if _, peers := sink.counts(idA, peerA.Addr()); peers != 0 {
 			t.Fatalf("a stateless reply's shape made a peer (%d reports)", peers)
 		}
@@ -382,7 +383,7 @@ func TestTeachBeforeWrite(t *testing.T) {
 		then    []byte
 		reports int // the ID and the peer of a Handshake
 	}{
-		{"peer", quicclass.ShortHeader(50), quicclass.ShortHeader(60), 1},
+		{"peer", quicclasstest.ShortHeader(50), quicclasstest.ShortHeader(60), 1},
 		{"ID", handshakeTo(idA), handshakeTo(idA), 2},
 	}
 	for _, tt := range tests {
@@ -449,15 +450,15 @@ func TestConcurrentLearn(t *testing.T) {
 func TestLearnAllocatesNothing(t *testing.T) {
 	l, _ := testLearner(t, newRecSink(), Options{})
 	mapped := netip.MustParseAddrPort("[::ffff:127.0.0.1]:443")
-	batch := cat(quicclass.ShortHeader(1200), quicclass.ShortHeader(1200), quicclass.ShortHeader(700))
+	batch := cat(quicclasstest.ShortHeader(1200), quicclasstest.ShortHeader(1200), quicclasstest.ShortHeader(700))
 	oob := cat(cmsgTOS(), segmentMsg(1200))
-	coalesced := cat(quicclass.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), handshakeTo(idA), quicclass.ShortHeader(100))
+	coalesced := cat(quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], idA[:], nil, 300), handshakeTo(idA), quicclasstest.ShortHeader(100))
 	tests := []struct {
 		name string
 		b    []byte
 		oob  []byte
 	}{
-		{"short header", quicclass.ShortHeader(1200), nil},
+		{"short header", quicclasstest.ShortHeader(1200), nil},
 		{"GSO batch", batch, oob},
 		{"coalesced handshake", coalesced, nil},
 	}
@@ -532,7 +533,7 @@ func ExampleLearner_Stats() {
 	sink := newRecSink()
 	sink.peerErr = errors.New("no room")
 	l, _ := NewLearner(sink, Options{})
-	l.Learn(quicclass.ShortHeader(100), nil, netip.MustParseAddrPort("127.0.0.1:443"))
+	l.Learn(quicclasstest.ShortHeader(100), nil, netip.MustParseAddrPort("127.0.0.1:443"))
 	fmt.Printf("%+v\n", l.Stats())
 	// Output: {IDs:0 Peers:0 Grants:64 Errors:1 OddIDs:0 Overflows:0}
 }

@@ -1,8 +1,8 @@
-// Package egresstest checks, with a real quic-go server and client on
-// loopback, that a packet conn teaches an egress.Learner what a verifying
-// filter needs, before the client needs it. The tests of package egress
-// (egress.Conn) and of package userspace (userspace.Conn) share it.
-package egresstest
+// Package learntest checks, with a real quic-go server and client on
+// loopback, that a packet conn teaches a learn.Learner what a verifying
+// filter needs, before the client needs it. The tests of packages learn,
+// packetconn and userspace share it.
+package learntest
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ import (
 	"github.com/quic-go/quic-go/qlogwriter"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
-	"github.com/rakelimit/caddy-rakelimit/internal/engine/egress"
+	"github.com/rakelimit/caddy-rakelimit/internal/packetconn/learn"
 	"github.com/rakelimit/caddy-rakelimit/internal/testutil"
 )
 
@@ -45,7 +45,7 @@ type Sink struct {
 
 // Bound is a server ID with the address it was bound to.
 type Bound struct {
-	ID egress.ServerID
+	ID learn.ServerID
 	To netip.Addr
 }
 
@@ -55,7 +55,7 @@ func NewSink() *Sink {
 }
 
 // LearnServerID records id bound to to.
-func (s *Sink) LearnServerID(id egress.ServerID, to netip.Addr) error {
+func (s *Sink) LearnServerID(id learn.ServerID, to netip.Addr) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ids[Bound{id, to}]++
@@ -89,15 +89,23 @@ func (s *Sink) Credit(addr netip.Addr) int {
 	return s.credit[addr]
 }
 
+// Times returns how many times id was taught bound to to, and to as a
+// peer.
+func (s *Sink) Times(id learn.ServerID, to netip.Addr) (ids, peers int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ids[Bound{id, to}], s.peers[to]
+}
+
 // KnowsID reports whether id was taught bound to to; an ID of another
 // length never was.
 func (s *Sink) KnowsID(id []byte, to netip.Addr) bool {
-	if len(id) != egress.ServerIDLen {
+	if len(id) != learn.ServerIDLen {
 		return false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.ids[Bound{egress.ServerID(id), to}] > 0
+	return s.ids[Bound{learn.ServerID(id), to}] > 0
 }
 
 // IDs returns what was taught: each server ID with its address.
@@ -127,10 +135,10 @@ func (s *Sink) Counts() (ids, peers int) {
 
 // NewLearner returns a learner with the default options that teaches a
 // new Sink.
-func NewLearner(t testing.TB) (*Sink, *egress.Learner) {
+func NewLearner(t testing.TB) (*Sink, *learn.Learner) {
 	t.Helper()
 	sink := NewSink()
-	l, err := egress.NewLearner(sink, egress.Options{})
+	l, err := learn.NewLearner(sink, learn.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +179,7 @@ func TLSConfigs(t testing.TB) (server, client *tls.Config) {
 
 // Wrap wraps the server's socket so that what quic-go writes through the
 // result teaches l.
-type Wrap func(t testing.TB, conn *net.UDPConn, l *egress.Learner) net.PacketConn
+type Wrap func(t testing.TB, conn *net.UDPConn, l *learn.Learner) net.PacketConn
 
 // Setup chooses a run of Check.
 type Setup struct {
@@ -221,7 +229,7 @@ type Report struct {
 	// sink taught could verify neither way when the client sent them.
 	Failures []string
 	// Stats are the learner's counters at the end.
-	Stats egress.Stats
+	Stats learn.Stats
 }
 
 // Check serves an echo server with quic-go, configured as Caddy configures
@@ -466,7 +474,7 @@ func (rec *recorder) RecordEvent(ev qlogwriter.Event) {
 func (rec *recorder) judge(h qlog.PacketHeader) {
 	kind, ok := kinds[h.PacketType]
 	dcid := h.DestConnectionID.Bytes()
-	if !ok || len(dcid) != egress.ServerIDLen {
+	if !ok || len(dcid) != learn.ServerIDLen {
 		return // the client's own first ID is at least 8 bytes long
 	}
 	if h.PacketType == qlog.PacketTypeInitial && bytes.Equal(dcid, rec.retryID) {

@@ -1,4 +1,4 @@
-package userspace
+package packetconn
 
 import (
 	"net"
