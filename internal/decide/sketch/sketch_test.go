@@ -1054,3 +1054,109 @@ func TestAdmitFairFloor(t *testing.T) {
 		})
 	}
 }
+
+// TestCeiling: what passes the opening class's fair total in any one
+// second stays within its ceiling (Params.Ceiling: the limit, an eighth
+// and a hundredth of the limit and the eighth), from a flood's first second on and in the second after
+// the total falls, which the rates, estimated over the window, catch a
+// window late: returning sources (each under its own limits, 60 addresses
+// in 60 /24s, 54,000 pps) take the returning part's burst and pass as under
+// the total until its offered estimate reaches the limit. Once the
+// estimates have caught the flood, the fair share decides alone: a quiet
+// stranger network keeps its packets.
+func TestCeiling(t *testing.T) {
+	tests := []struct {
+		name          string
+		total, fallTo uint32 // the total, and what it falls to after 2 s (0: it does not)
+	}{
+		{"fixed total", 20_000, 0},
+		{"total falls", 40_000, 20_000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Config{Limit: 1000, Window: time.Second, LevelLimits: map[int]uint32{3: tt.total}}
+			l := newLimiter(t, c)
+			rng := rand.New(rand.NewPCG(10, 10))
+			port := func() uint16 { return uint16(1024 + rng.IntN(60000)) }
+			const rate, seconds = 54_000, 4
+			const step = int64(time.Second) / rate
+			var passed [seconds]int
+			quietN, quietOK := 0, 0
+			limit := tt.total
+			for i := range seconds * rate {
+				now := start + int64(i)*step
+				s := int((now - start) / int64(time.Second))
+				if tt.fallTo != 0 && s == 2 && limit != tt.fallTo {
+					limit = tt.fallTo
+					c.LevelLimits = map[int]uint32{3: limit}
+					if err := l.Update(c); err != nil {
+						t.Fatal(err)
+					}
+				}
+				bot := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 3, byte(i % 60), 1}), port()), 443)
+				bot.Returning = true
+				if v := l.Decide(&bot, int(quicclass.Opening), now, rng.Uint32()); !v.Drop {
+					passed[s]++
+				}
+				if i%1080 == 0 { // 50 pps
+					quiet := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 4, 0, 9}), port()), 443)
+					v := l.Decide(&quiet, int(quicclass.Opening), now, rng.Uint32())
+					if !v.Drop {
+						passed[s]++
+					}
+					if s == seconds-1 {
+						quietN++
+						if !v.Drop {
+							quietOK++
+						}
+					}
+				}
+			}
+			for s, n := range passed {
+				in := tt.total
+				if tt.fallTo != 0 && s >= 2 {
+					in = tt.fallTo
+				}
+				// The ceiling's rate for a second and its burst.
+				cp := ceilingPacing(in, l.p.lowerBurst(int(quicclass.Opening)))
+				if most := uint64(time.Second)/cp.Interval + cp.Tau/cp.Interval + 1; uint64(n) > most {
+					t.Errorf("second %d: %d passed, the total in force %d (%.2fx), the ceiling %d", s, n, in, float64(n)/float64(in), most)
+				}
+			}
+			if quietOK < quietN*9/10 {
+				t.Errorf("the quiet network kept %d of %d", quietOK, quietN)
+			}
+			t.Logf("passed by second %v; the quiet network kept %d of %d", passed, quietOK, quietN)
+		})
+	}
+}
+
+// TestCeilingBurst: a fresh burst at the opening class's total passes up to
+// the ceiling's burst, here (no node below the total has a limit) a
+// hundredth of a second's worth of the limit and an eighth, at least
+// CeilingMinBurst packets; the next packet is dropped at the total. Other
+// classes have no ceiling. (TestBurst: where a node below has a limit, one
+// stream's fresh burst is its nodes' to decide.)
+func TestCeilingBurst(t *testing.T) {
+	for _, total := range []uint32{100, 20_000, 400_000} {
+		rate := uint64(total) + uint64(total>>CeilingHeadroomShift)
+		burst := int(max(rate/CeilingBurstShare, CeilingMinBurst))
+		l := newLimiter(t, Config{Limit: 1000, Window: time.Second,
+			LevelLimits: map[int]uint32{0: Unlimited, 1: Unlimited, 2: Unlimited, 3: total}})
+		rng := rand.New(rand.NewPCG(11, uint64(total)))
+		for i := range burst + 1 {
+			k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 5, byte(i >> 8), byte(i)}), 4000), 443)
+			v := l.Decide(&k, int(quicclass.Opening), start, rng.Uint32())
+			if v.Drop != (i == burst) {
+				t.Fatalf("total %d: packet %d of a fresh burst of %d: %+v", total, i, burst+1, v)
+			}
+			if v.Drop && v.Level != 3 {
+				t.Fatalf("total %d: dropped at level %d, want the total's", total, v.Level)
+			}
+			e := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 6, byte(i >> 8), byte(i)}), 4000), 443)
+			if v := l.Decide(&e, int(quicclass.Established), start, rng.Uint32()); v.Drop {
+				t.Fatalf("total %d: an established packet dropped: %+v", total, v)
+			}
+		}
+	}
+}
