@@ -6,10 +6,8 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
-	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
 
@@ -70,33 +68,18 @@ func (a *App) claim(server string, listen []string, name string) (first bool, er
 	return false, nil
 }
 
-// govern checks that c, in mode with opts, can govern the running limiter l
-// and queues the change for Start.
-func (a *App) govern(l *engine.Limiter, c decide.Config, mode string, opts engine.Options, logger *zap.Logger) error {
-	name := l.Name()
+// govern checks that s, whose configuration Provision validated, can
+// govern the running limiter l and queues the change for Start.
+func (a *App) govern(l *engine.Limiter, s engine.Setting) error {
+	name, c := l.Name(), s.Config
 	if prev, ok := a.configs[name]; ok && !engine.Equal(prev, c) {
 		return fmt.Errorf("rakelimit %q is configured twice in this configuration with different settings "+
 			"(limit %d window %v, and limit %d window %v, or other options): sites on one listener must agree; "+
 			"limiters that differ need distinct names",
 			name, prev.Limiter.Limit, prev.Limiter.Window, c.Limiter.Limit, c.Limiter.Window)
 	}
-	next, err := sketch.Compile(c.Limiter)
-	if err != nil {
+	if err := l.Accepts(s); err != nil {
 		return err
-	}
-	eng := l.Engine()
-	if !eng.Params().SameShape(next) {
-		return fmt.Errorf("rakelimit %q: the number of prefixes and per_destination_port cannot change "+
-			"while its listeners run; restart Caddy, or use a new name on a new listener address", name)
-	}
-	if running := eng.Mode(); !engine.Runs(mode, running) {
-		return fmt.Errorf("rakelimit %q runs in %s mode, and mode %s cannot take over its running listeners; "+
-			"restart Caddy to change the mode (mode auto keeps the one running)", name, running, mode)
-	}
-	if running := l.Setting().Options; !running.Equal(opts) {
-		return fmt.Errorf("rakelimit %q runs with xdp_interfaces %v and xdp_generic %v, which cannot change while its "+
-			"listeners run (asked: %v and %v); restart Caddy to change them", name, running.XDPInterfaces,
-			running.XDPGeneric, opts.XDPInterfaces, opts.XDPGeneric)
 	}
 	if a.configs == nil {
 		a.configs = map[string]decide.Config{}
@@ -105,7 +88,7 @@ func (a *App) govern(l *engine.Limiter, c decide.Config, mode string, opts engin
 	var prev engine.Setting
 	a.commits = append(a.commits, commit{
 		apply: func() (err error) {
-			prev, err = l.Put(engine.Setting{Config: c, Mode: mode, Logger: logger, By: a})
+			prev, err = l.Put(engine.Setting{Config: c, Mode: s.Mode, Logger: s.Logger, By: a})
 			return err
 		},
 		revert: func() { l.Restore(prev, a) },

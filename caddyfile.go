@@ -80,7 +80,7 @@ func (r *RakeLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	// tell, such as mismatched prefix lists or a limit too large for the
 	// window, is checked here, at adapt time rather than at run time, and
 	// named as in the JSON.
-	if _, err := r.convert(); err != nil {
+	if _, err := r.config(); err != nil {
 		return d.Errf("%v", err)
 	}
 	return nil

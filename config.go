@@ -19,40 +19,23 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/engine"
 )
 
-// Defaults for options left out.
+// Defaults for options left out: the name's is the module's; the others
+// are the decision's, where they are chosen and explained
+// (internal/decide/defaults.go).
 const (
-	DefaultName   = "default"
-	DefaultLimit  = 1000
-	DefaultWindow = time.Second
-	// DefaultOpeningTotal is where the cap on the connection-opening
-	// packets of the whole socket (the last level of the opening class)
-	// starts when classifying, shared fairly among networks; from there it
-	// follows quic-go's receive queue (package backlog): lifted while
-	// quic-go keeps up, lowered when it falls behind. Of the fixed caps
-	// measured on a 2-core machine (README, "Choosing numbers"), it served
-	// a quiet network's new connections as well as any higher one. A limit
-	// above it raises it to the limit.
-	DefaultOpeningTotal = 20_000
-	// DefaultEstablishedLimit is the limit of established-connection
-	// packets at every level but the last, which is unlimited: 200,000
-	// packets per second is about 2.4 Gbit/s of 1,500-byte datagrams, so
-	// that one client's gigabit transfer in either direction passes
-	// untouched.
-	DefaultEstablishedLimit = 200_000
-	// DefaultVersionNegotiation is how many datagrams with a QUIC version
-	// quic-go lacks pass per second, for the whole socket.
-	DefaultVersionNegotiation = 10
+	DefaultName               = "default"
+	DefaultLimit              = decide.DefaultLimit
+	DefaultWindow             = decide.DefaultWindow
+	DefaultOpeningTotal       = decide.DefaultOpeningTotal
+	DefaultEstablishedLimit   = decide.DefaultEstablishedLimit
+	DefaultVersionNegotiation = decide.DefaultVersionNegotiation
 )
 
-// config validates the module's options and converts them to the decision
-// configuration, reporting the first bad field by its JSON name.
-func (r *RakeLimit) config() (decide.Config, error) { return r.convert() }
-
-// convert converts the module's options to the decision configuration,
+// config converts the module's options to the decision configuration,
 // checking each value where it is read, so that an error names the JSON
 // field and the value; the decision configuration's own validation then
-// runs as a last check.
-func (r *RakeLimit) convert() (decide.Config, error) {
+// runs once, as a last check.
+func (r *RakeLimit) config() (decide.Config, error) {
 	if !engine.ValidMode(r.mode()) {
 		return decide.Config{}, fmt.Errorf("mode %q: want %s", r.Mode, engine.ModeChoices())
 	}
@@ -63,18 +46,8 @@ func (r *RakeLimit) convert() (decide.Config, error) {
 	if err != nil {
 		return decide.Config{}, err
 	}
-	s := decide.Config{Limiter: c, DryRun: r.DryRun, Classify: r.classify(), Negotiation: DefaultVersionNegotiation}
-	// The default opening total is where an adaptive total starts: it
-	// follows the receive queue from there. One set by level_limits or
-	// unlimited_levels stays where it is set.
-	top := c.WithDefaults().Levels() - 1
-	_, totalSet := r.LevelLimits[top]
-	s.AdaptiveTotal = r.classify() && !totalSet && !slices.Contains(r.UnlimitedLevels, top)
-	// The established class's total, unless set, starts lifted and
-	// follows the receive queue too: nothing the filter lets through is
-	// unbounded, and nothing is refused while quic-go keeps up.
-	_, establishedSet := r.EstablishedLevelLimits[top]
-	s.AdaptiveEstablished = r.classify() && !establishedSet && !slices.Contains(r.EstablishedUnlimitedLevels, top)
+	s := decide.WithTotals(decide.Config{Limiter: c, DryRun: r.DryRun, Classify: r.classify(),
+		Negotiation: DefaultVersionNegotiation})
 	verify := r.VerifyConnectionIDs == nil || *r.VerifyConnectionIDs
 	if verify && !r.classify() && r.VerifyConnectionIDs != nil {
 		return decide.Config{}, errors.New("verify_connection_ids true needs classify: without classes there is nothing to verify")
@@ -124,15 +97,7 @@ func (r *RakeLimit) options() (engine.Options, error) {
 		seen[name] = true
 		o.XDPInterfaces = append(o.XDPInterfaces, name)
 	}
-	switch mode := r.mode(); {
-	case mode != engine.ModeXDP && mode != engine.ModeAuto && (len(o.XDPInterfaces) > 0 || o.XDPGeneric):
-		return o, fmt.Errorf("xdp_interfaces and xdp_generic need mode %s (or %s), and mode is %s",
-			engine.ModeXDP, engine.ModeAuto, mode)
-	case mode == engine.ModeAuto && o.XDPGeneric && len(o.XDPInterfaces) == 0:
-		return o, fmt.Errorf("xdp_generic in mode %s needs xdp_interfaces: mode %s tries the XDP program only on "+
-			"the interfaces named", engine.ModeAuto, engine.ModeAuto)
-	}
-	return o, nil
+	return o, engine.CheckOptions(r.mode(), o)
 }
 
 // checkInterfaceName checks a network interface's name as Linux does: 1 to
@@ -238,12 +203,14 @@ func (r *RakeLimit) UnmarshalJSON(b []byte) error {
 }
 
 // limiterConfig fills the defaults and converts the module's limits to the
-// limiter's configuration, checking each value as it reads it.
+// limiter's configuration, checking each value as it reads it; the totals
+// the limits leave unset are decide.WithTotals's.
 func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
 	c := sketch.Config{
 		Limit:      r.Limit,
 		Window:     time.Duration(r.Window),
 		PerDstPort: r.PerDestinationPort,
+		OnValidate: r.onValidate,
 	}
 	if c.Window == 0 {
 		c.Window = DefaultWindow
@@ -266,16 +233,8 @@ func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
 	if len(c.IPv4Prefixes) != len(c.IPv6Prefixes) {
 		return c, fmt.Errorf("ipv4_prefixes %v and ipv6_prefixes %v %w", c.IPv4Prefixes, c.IPv6Prefixes, sketch.ErrPrefixLengths)
 	}
-	top := c.Levels() - 1
 	if c.LevelLimits, err = levelLimits("", r.LevelLimits, r.UnlimitedLevels, c); err != nil {
 		return c, err
-	}
-	// The defaults of the opening total and of established connections
-	// are capped at the largest burst the counters hold, for long windows.
-	burstCap := uint32(min(float64(sketch.MaxBurst)/c.Window.Seconds(), sketch.MaxLimit))
-	_, totalSet := c.LevelLimits[top]
-	if r.classify() && !totalSet {
-		c.LevelLimits[top] = max(min(DefaultOpeningTotal, burstCap), c.Limit)
 	}
 	c.Established = sketch.Limits{Limit: r.EstablishedLimit}
 	if c.Established.Limit == 0 {
@@ -283,6 +242,7 @@ func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
 		// cut one client's transfer without a word: a window too long
 		// for it needs an established_limit of the operator's.
 		if sketch.CheckLimit(DefaultEstablishedLimit, c.Window) != nil {
+			burstCap := uint32(min(float64(sketch.MaxBurst)/c.Window.Seconds(), sketch.MaxLimit))
 			longest := time.Duration(float64(sketch.MaxBurst) / DefaultEstablishedLimit * float64(time.Second))
 			return c, fmt.Errorf("window %v is too long for the default established_limit of %d packets per second "+
 				"(limit x window must stay under %d): set established_limit (at most %d with this window), or a "+
@@ -293,12 +253,6 @@ func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
 		return c, fmt.Errorf("established_limit %d %w", c.Established.Limit, err)
 	}
 	if c.Established.LevelLimits, err = levelLimits("established_", r.EstablishedLevelLimits, r.EstablishedUnlimitedLevels, c); err != nil {
-		return c, err
-	}
-	if _, ok := c.Established.LevelLimits[top]; !ok {
-		c.Established.LevelLimits[top] = sketch.Unlimited
-	}
-	if err := c.Validate(); err != nil {
 		return c, err
 	}
 	return c, nil

@@ -205,11 +205,16 @@ type RakeLimit struct {
 	// restart. Default: off (native XDP, in the driver).
 	XDPGeneric bool `json:"xdp_generic,omitempty"`
 
-	// set is the decision configuration the options make; logger and
-	// lim are the provisioned wrapper's.
-	set    decide.Config
-	logger *zap.Logger
-	lim    *engine.Limiter
+	// set is the decision configuration the options make, checked is
+	// true once Provision made it; logger and lim are the provisioned
+	// wrapper's.
+	set     decide.Config
+	checked bool
+	logger  *zap.Logger
+	lim     *engine.Limiter
+	// onValidate is the limiter configuration's OnValidate: a test's
+	// count of the validations of one wrapper's configuration.
+	onValidate func()
 }
 
 // CaddyModule returns the Caddy module information.
@@ -231,7 +236,7 @@ func (r *RakeLimit) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	r.set = set
+	r.set, r.checked = set, true
 	app, err := loadApp(ctx)
 	if err != nil {
 		return err
@@ -269,17 +274,22 @@ func (r *RakeLimit) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	lim, err := limiters.acquire(r.name(), engine.Setting{Config: set, Mode: r.mode(), Options: opts, Logger: r.logger})
+	s := engine.Setting{Config: set, Mode: r.mode(), Options: opts, Logger: r.logger}
+	lim, err := limiters.acquire(r.name(), s)
 	if err != nil {
 		return err
 	}
 	r.lim = lim // from here on, Cleanup releases it
-	return app.govern(lim, set, r.mode(), opts, r.logger)
+	return app.govern(lim, s)
 }
 
 // Validate reports the first thing wrong with the configuration, naming the
-// field and the value.
+// field and the value. Caddy calls it after Provision, which converted and
+// checked the options already: it then has nothing left to check.
 func (r *RakeLimit) Validate() error {
+	if r.checked {
+		return nil
+	}
 	_, err := r.config()
 	return err
 }

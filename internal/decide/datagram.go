@@ -74,13 +74,31 @@ const MaxNegotiation = 1_000_000
 // fields of its own checks each as it reads it (CheckNegotiation,
 // CheckAllowCapacity and package sketch's checks) and names it as written.
 func (c *Config) Validate() error {
+	if err := c.validateOwn(); err != nil {
+		return err
+	}
+	return c.Limiter.WithDefaults().Validate()
+}
+
+// validateOwn checks what Validate checks besides the limiter's
+// configuration, which sketch.Compile checks as it compiles it.
+func (c *Config) validateOwn() error {
 	if err := CheckNegotiation(c.Negotiation); err != nil {
 		return fmt.Errorf("version negotiation %d %w", c.Negotiation, err)
 	}
 	if err := CheckAllowCapacity(c.Allow); err != nil {
 		return fmt.Errorf("allow: %w", err)
 	}
-	return c.Limiter.WithDefaults().Validate()
+	return nil
+}
+
+// Compile validates c, as Validate does, and compiles its limiter's
+// configuration: each value is checked once on the way.
+func (c *Config) Compile() (*sketch.Params, error) {
+	if err := c.validateOwn(); err != nil {
+		return nil, err
+	}
+	return sketch.Compile(c.Limiter)
 }
 
 // CheckNegotiation reports why n datagrams per second is not a Version
@@ -261,10 +279,10 @@ type Filter struct {
 
 // New returns a filter for c with the limiter's hash key hk.
 func New(c Config, hk sketch.HashKey) (*Filter, error) {
-	if err := c.Validate(); err != nil {
+	if err := c.validateOwn(); err != nil {
 		return nil, err
 	}
-	lim, err := sketch.New(c.Limiter, hk)
+	lim, err := sketch.New(c.Limiter, hk) // validates c.Limiter as it compiles it
 	if err != nil {
 		return nil, err
 	}
@@ -275,10 +293,10 @@ func New(c Config, hk sketch.HashKey) (*Filter, error) {
 // Update applies a new configuration and keeps the state; the lattice's
 // shape must not change.
 func (f *Filter) Update(c Config) error {
-	if err := c.Validate(); err != nil {
+	if err := c.validateOwn(); err != nil {
 		return err
 	}
-	if err := f.lim.Update(c.Limiter); err != nil {
+	if err := f.lim.Update(c.Limiter); err != nil { // validates c.Limiter as it compiles it
 		return err
 	}
 	f.cfg, f.pacing, f.allow = c, NewPacing(c.Negotiation), newAllowlist(c.Allow)

@@ -114,7 +114,10 @@ func New(name string, c decide.Config, mode string, logger *zap.Logger) (*Limite
 // logger.
 func NewWith(name string, s Setting) (*Limiter, error) {
 	c, mode, logger := s.Config, s.Mode, s.Logger
-	eng, skipped, err := Open(mode, c, s.Options)
+	// The adaptive totals start before the engine opens, on the
+	// configuration they steer.
+	run, totals := steered(c, decide.Config{}, adaptiveTotals{})
+	eng, skipped, err := Open(mode, run, s.Options)
 	// The errors are one line; the verifier's log, thousands of lines,
 	// is for those who ask for it.
 	if log := VerifierLog(err); len(log) > 0 {
@@ -136,7 +139,7 @@ func NewWith(name string, s Setting) (*Limiter, error) {
 		logger.Warn(fallbackMessage(modeOf(eng), first, "cannot be used here"), zap.String("limiter", name),
 			zap.String("reason", strings.Join(reasons, "; ")))
 	}
-	return start(name, eng, Setting{Config: c, Mode: mode, Options: s.Options, Logger: logger}, nil)
+	return startWith(name, eng, Setting{Config: c, Mode: mode, Options: s.Options, Logger: logger}, totals, nil)
 }
 
 // fallbackMessage is the warning of a limiter that runs in mode to, since
@@ -150,9 +153,11 @@ func fallbackMessage(to, from Mode, why string) string {
 	return msg
 }
 
-// start runs the limiter on eng, asked for by put; open opens the engine of
-// a fallback (nil: the mode's own Open).
-func start(name string, eng Engine, put Setting, open func(Mode, decide.Config, *sketch.HashKey) (Engine, error)) (*Limiter, error) {
+// startWith runs the limiter on eng, asked for by put, with the
+// controllers of its adaptive totals (steered); open opens the engine of a
+// fallback (nil: the mode's own Open).
+func startWith(name string, eng Engine, put Setting, totals adaptiveTotals,
+	open func(Mode, decide.Config, *sketch.HashKey) (Engine, error)) (*Limiter, error) {
 	if open == nil {
 		open = func(m Mode, c decide.Config, hk *sketch.HashKey) (Engine, error) {
 			o := put.Options
@@ -165,7 +170,7 @@ func start(name string, eng Engine, put Setting, open func(Mode, decide.Config, 
 		eng.Close()
 		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
 	}
-	l := &Limiter{name: name, open: open, eng: eng, put: put, events: events,
+	l := &Limiter{name: name, open: open, eng: eng, put: put, events: events, totals: totals,
 		reads: map[*net.UDPConn]*packetconn.Conn{}, stop: make(chan struct{})}
 	l.learner, err = learn.NewLearner(eng, learn.Options{Lifetime: IDLifetime, OnOddID: l.oddID})
 	if err != nil {
@@ -173,7 +178,6 @@ func start(name string, eng Engine, put Setting, open func(Mode, decide.Config, 
 		eng.Close()
 		return nil, fmt.Errorf("rakelimit %q: %w", name, err)
 	}
-	l.effective(put.Config) // starts the controller of an adaptive total
 	l.done.Add(3)
 	go l.readEvents()
 	go l.expireStreams()
@@ -275,10 +279,12 @@ func (l *Limiter) addrs() []string {
 func (l *Limiter) Put(s Setting) (Setting, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	totals := l.totals
-	if err := l.eng.Configure(l.effective(s.Config)); err != nil {
-		l.totals = totals
-		return Setting{}, fmt.Errorf("rakelimit %q: %w", l.name, err)
+	// A configuration in force already is not put in force again.
+	if totals := l.totals; !Equal(l.put.Config, s.Config) {
+		if err := l.eng.Configure(l.effective(s.Config)); err != nil {
+			l.totals = totals
+			return Setting{}, fmt.Errorf("rakelimit %q: %w", l.name, err)
+		}
 	}
 	prev := l.put
 	if s.Mode == "" {

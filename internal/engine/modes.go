@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -47,6 +48,10 @@ type Mode struct {
 	// options given: a mode that takes over more than the process (the
 	// XDP program, a network interface) only when the options ask.
 	Asked func(Options) bool
+	// TakesOptions is true for the mode whose engine reads Options (where
+	// the XDP program runs): options set need a mode that tries it
+	// (CheckOptions).
+	TakesOptions bool
 	// AttachesTo says what the engine attaches to, as the warning of a
 	// fallback away from it puts it: "cannot attach to <AttachesTo>".
 	AttachesTo string
@@ -76,7 +81,7 @@ type Mode struct {
 var modes = []Mode{
 	{Name: ModeAuto, Chain: true,
 		Doc: "the first of the others that loads and attaches, with one warning that says why when it is not the first"},
-	{Name: ModeXDP, Open: OpenXDP, Doc: "at the driver", Asked: Options.AsksXDP,
+	{Name: ModeXDP, Open: OpenXDP, Doc: "at the driver", Asked: Options.AsksXDP, TakesOptions: true,
 		Filters: "at the driver, with the XDP program", Engine: "the XDP program", Grant: XDPGrant,
 		AttachesTo: "the listener's interfaces"},
 	{Name: ModeBPF, Open: OpenKernel, Doc: "in the kernel",
@@ -103,6 +108,36 @@ type Options struct {
 	// on the old one's key, so that the server IDs and peers the old one
 	// learned, which its sets hold hashed under that key, are found.
 	HashKey *sketch.HashKey
+}
+
+// CheckOptions reports why o cannot go with the mode called name, a valid
+// one, or nil: options set need a mode that tries the mode that takes them
+// (Mode.TakesOptions), and in a chain that tries it only when asked
+// (Mode.Asked), options that ask for it.
+func CheckOptions(name string, o Options) error {
+	if len(o.XDPInterfaces) == 0 && !o.XDPGeneric {
+		return nil
+	}
+	takes := func(m Mode) bool { return m.TakesOptions }
+	if !slices.ContainsFunc(Tries(name), takes) {
+		var concrete, chains []string
+		for _, m := range modes {
+			switch {
+			case !slices.ContainsFunc(Tries(m.Name), takes):
+			case m.Chain:
+				chains = append(chains, m.Name)
+			default:
+				concrete = append(concrete, m.Name)
+			}
+		}
+		return fmt.Errorf("xdp_interfaces and xdp_generic need mode %s (or %s), and mode is %s",
+			orList(concrete), orList(chains), name)
+	}
+	if !slices.ContainsFunc(TriesWith(name, o), takes) {
+		return fmt.Errorf("xdp_generic in mode %s needs xdp_interfaces: mode %s tries the XDP program only on "+
+			"the interfaces named", name, name)
+	}
+	return nil
 }
 
 // AsksXDP reports whether the options ask a chain (mode auto) to try the

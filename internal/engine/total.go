@@ -45,17 +45,6 @@ var adaptiveClasses = []struct {
 		"quic-go keeps up with its receive queue: the established total is lifted"},
 }
 
-// adaptive reports whether c makes class's total follow the receive queue.
-func adaptive(c decide.Config, class quicclass.Class) bool {
-	switch class {
-	case quicclass.Opening:
-		return c.AdaptiveTotal
-	case quicclass.Established:
-		return c.AdaptiveEstablished
-	}
-	return false
-}
-
 // OpeningTotal returns the opening total in force.
 func (l *Limiter) OpeningTotal() OpeningTotal { return l.total(quicclass.Opening) }
 
@@ -96,29 +85,33 @@ func withTotal(c decide.Config, class quicclass.Class, cap uint32) decide.Config
 	return c
 }
 
-// effective is the configuration the engine runs for c: c, with each
-// adaptive total at its controller's value and verification off when the
-// server's connection IDs cannot be verified; l.mu must be held. A new
-// setting that makes a total adaptive starts its controller (the opening
-// total at its level limit, the established total lifted); one that makes
-// it fixed stops it.
+// effective is the configuration the engine runs for c: c steered by the
+// limiter's controllers (steered), with verification off when the server's
+// connection IDs cannot be verified; l.mu must be held.
 func (l *Limiter) effective(c decide.Config) decide.Config {
 	c.VerifyIDs = c.VerifyIDs && !l.oddIDs.Load()
+	c, l.totals = steered(c, l.put.Config, l.totals)
+	return c
+}
+
+// steered is where the configuration an engine runs is derived from a
+// setting's, before the engine is configured with it: c, with each
+// adaptive total at its controller's value, and the controllers. A total
+// adaptive under prev too (the configuration totals steered) keeps its
+// controller; one that becomes adaptive gets a new one, at its start
+// (decide.Config.TotalStart); a fixed total has none.
+func steered(c, prev decide.Config, totals adaptiveTotals) (decide.Config, adaptiveTotals) {
 	for _, a := range adaptiveClasses {
-		if !adaptive(c, a.class) {
-			l.totals[a.class] = nil
+		if !c.Adaptive(a.class) {
+			totals[a.class] = nil
 			continue
 		}
-		if l.totals[a.class] == nil || !adaptive(l.put.Config, a.class) {
-			start := uint32(backlog.Unlimited)
-			if a.class == quicclass.Opening {
-				start = LevelLimit(c, int(a.class), c.Limiter.WithDefaults().Levels()-1)
-			}
-			l.totals[a.class] = backlog.NewController(backlog.LawFor(c.Limiter, int(a.class)), start)
+		if totals[a.class] == nil || !prev.Adaptive(a.class) {
+			totals[a.class] = backlog.NewController(backlog.LawFor(c.Limiter, int(a.class)), c.TotalStart(a.class))
 		}
-		c = withTotal(c, a.class, l.totals[a.class].Cap())
+		c = withTotal(c, a.class, totals[a.class].Cap())
 	}
-	return c
+	return c, totals
 }
 
 // applied is the configuration in force: the setting's, made effective;

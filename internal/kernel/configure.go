@@ -32,7 +32,7 @@ const (
 // left as it was. The lattice (prefix count and PerDstPort) cannot change,
 // since the sketches are laid out for it.
 func (f *Filter) Configure(c decide.Config) error {
-	p, err := compile(&c)
+	p, err := c.Compile()
 	if err != nil {
 		return err
 	}

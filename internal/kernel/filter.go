@@ -121,7 +121,7 @@ func LoadXDP(c decide.Config, hk *sketch.HashKey) (*Filter, error) {
 func (f *Filter) HashKey() sketch.HashKey { return f.hk }
 
 func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
-	p, err := compile(&c)
+	p, err := c.Compile()
 	if err != nil {
 		return nil, err
 	}
@@ -216,14 +216,6 @@ func (f *Filter) loadObjects(spec *ebpf.CollectionSpec, xdp bool) error {
 	}
 	f.objs.rakelimitMaps, f.objs.rakelimitVariables, f.objs.Rakelimit = objs.rakelimitMaps, objs.rakelimitVariables, objs.Rakelimit
 	return nil
-}
-
-// compile validates a configuration and compiles its limiter.
-func compile(c *decide.Config) (*sketch.Params, error) {
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	return sketch.Compile(c.Limiter)
 }
 
 func unboundedShares() rakelimitFair {

@@ -17,13 +17,13 @@ func Limits(limit uint32) decide.Config {
 
 // QUICLimits is a configuration that classifies datagrams, with the given
 // limits per second for connection-opening and established-connection
-// packets, the default blocked source ports, and 10 version negotiations
-// per second.
+// packets, and the defaults of the blocked source ports and of the version
+// negotiations per second (decide.DefaultVersionNegotiation).
 func QUICLimits(opening, established uint32) decide.Config {
 	return decide.Config{
 		Limiter:      sketch.Config{Limit: opening, Window: time.Second, Established: sketch.Limits{Limit: established}},
 		Classify:     true,
 		BlockedPorts: quicclass.DefaultBlockedPorts(),
-		Negotiation:  10,
+		Negotiation:  decide.DefaultVersionNegotiation,
 	}
 }

@@ -146,6 +146,11 @@ type Config struct {
 	// socket leaves it off: every packet has the same destination port, so
 	// the dimension would only double the work.
 	PerDstPort bool
+	// OnValidate, when set, is called by each Validate: a test counts
+	// with it how often one configuration is checked on its way from the
+	// operator to the filter. It is not a setting (the JSON, and so
+	// engine.Equal, leave it out).
+	OnValidate func() `json:"-"`
 }
 
 // Limits are one class's limits, in packets per second: Limit for every
@@ -200,6 +205,9 @@ func (c Config) Levels() int {
 // CheckWindow, CheckLimit and CheckPrefixes as it reads them, and names them
 // as its user wrote them.
 func (c Config) Validate() error {
+	if c.OnValidate != nil {
+		c.OnValidate()
+	}
 	if err := CheckWindow(c.Window); err != nil {
 		return fmt.Errorf("window %v %w", c.Window, err)
 	}
@@ -626,4 +634,12 @@ func (p *Params) PrefixLen(fam Family, s int) int {
 // layout (the node list, and so the rows) must not change.
 func (p *Params) SameShape(q *Params) bool {
 	return slices.Equal(p.Nodes, q.Nodes) && p.Lines == q.Lines
+}
+
+// Takes reports whether c, a configuration validated already, compiles to
+// p's shape (SameShape), without compiling it: the nodes, and so the rows,
+// follow from the number of prefixes and PerDstPort alone.
+func (p *Params) Takes(c Config) bool {
+	n := len(c.WithDefaults().IPv4Prefixes)
+	return n <= MaxPrefixes && slices.Equal(p.Nodes, latticeOrder(n, c.PerDstPort))
 }

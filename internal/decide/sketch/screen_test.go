@@ -265,3 +265,37 @@ func TestScreenTurnsOff(t *testing.T) {
 		})
 	}
 }
+
+// TestTakes: Params.Takes answers as SameShape on the compiled
+// configuration does, without compiling it.
+func TestTakes(t *testing.T) {
+	base := Config{Limit: 100, Window: time.Second}
+	tests := []struct {
+		name string
+		c    Config
+		want bool
+	}{
+		{"another limit", Config{Limit: 500, Window: 2 * time.Second}, true},
+		{"the default prefixes written out", Config{Limit: 100, Window: time.Second, IPv4Prefixes: []uint8{32, 24, 0},
+			IPv6Prefixes: []uint8{64, 48, 0}}, true},
+		{"other prefixes of the same number", Config{Limit: 100, Window: time.Second, IPv4Prefixes: []uint8{32, 16, 0},
+			IPv6Prefixes: []uint8{128, 56, 0}}, true},
+		{"fewer prefixes", Config{Limit: 100, Window: time.Second, IPv4Prefixes: []uint8{32, 0}, IPv6Prefixes: []uint8{64, 0}}, false},
+		{"per destination port", Config{Limit: 100, Window: time.Second, PerDstPort: true}, false},
+	}
+	p, err := Compile(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q, err := Compile(tt.c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, same := p.Takes(tt.c), p.SameShape(q); got != tt.want || got != same {
+				t.Errorf("Takes %v, SameShape %v, want %v", got, same, tt.want)
+			}
+		})
+	}
+}
