@@ -211,7 +211,7 @@ func (f *Filter) compiled(c decide.Config, p *sketch.Params, next allowSet) *rak
 	proof := decide.ProofPacing()
 	k.ProofInterval, k.ProofTau = proof.Interval, proof.Tau
 	k.ReturningInterval, k.ReturningTau = p.Returning.Interval, p.Returning.Tau
-	k.CeilingInterval, k.CeilingTau, k.CeilingFrom = p.Ceiling.Interval, p.Ceiling.Tau, p.CeilingFrom
+	k.CeilingInterval, k.CeilingTau = p.Ceiling.Interval, p.Ceiling.Tau
 	k.ReturningExempt, k.ReturningLine = p.ReturningExempt, p.ReturningLine
 	return &k
 }

@@ -59,7 +59,6 @@ type rakelimitConfig struct {
 	CeilingTau        uint64
 	TickNs            uint64
 	ReturningLine     uint32
-	CeilingFrom       uint32
 	ReturningExempt   uint16
 	Nodes             [16]uint8
 	Visited           [3]uint8
@@ -78,7 +77,6 @@ type rakelimitConfig struct {
 	VerifyIds         uint8
 	_                 [3]byte
 	TrackMask         uint32
-	_                 [4]byte
 }
 
 type rakelimitCpuState struct {

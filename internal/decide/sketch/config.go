@@ -388,12 +388,6 @@ type Params struct {
 	// fairly, takes over from the first come first served ceiling within
 	// the flood's first second (Limiter.admitCeiling, visitNode).
 	Ceiling Pacing
-	// CeilingFrom is the total's offered count (as Thresh) over which the
-	// ceiling paces its packets: the fair total's limit >> CeilingFromShift.
-	// Under it no packet pays the pacer; what passes then in a window is at
-	// most e times that count (an average over the window holds at least
-	// 1/e of what arrived in it), 0.17 of the limit.
-	CeilingFrom uint32
 	// ReturningLine is the line, after every node's rows, whose first
 	// cell counts the packets the returning part passed (forwarded, in
 	// the clean budget): the fair total ranks the others against its
@@ -544,9 +538,6 @@ func Compile(c Config) (*Params, error) {
 		}
 		p.Returning = returningPacing(limit)
 		p.Ceiling = ceilingPacing(limit, p.lowerBurst(int(quicclass.Opening)))
-		if t := p.Thresh[quicclass.Opening][p.FairNode]; t != ThreshUnlimited {
-			p.CeilingFrom = t >> CeilingFromShift
-		}
 	}
 	w := float64(p.WindowNanos)
 	for s := range Slots {

@@ -263,10 +263,7 @@
 // forwarded: the forwarded count reaches the cap as fast as without it,
 // and the share, which is fair, takes over from the pacer, which is first
 // come first served. The headroom of an eighth leaves the share, once it
-// holds, to decide alone. Traffic far under the total pays nothing for the
-// ceiling: it paces only while the total's offered count is over a 16th of
-// the cap (Params.CeilingFrom), which lets at most 0.17 of the cap through
-// unpaced in a window. The cost is in the transient: a quiet network
+// holds, to decide alone. The cost is in the transient: a quiet network
 // loses to the pacer the packets a flood's arrivals crowd out until the
 // share holds (a pulsed flood, every pulse).
 //

@@ -48,12 +48,7 @@ const ReturningShareShift = 1
 // which holds what passes near the limit once the estimates have caught a
 // flood, to decide alone: a ceiling at the limit itself would refuse, first
 // come first served, the quiet networks' packets that the share admits.
-//
-// The ceiling paces only while the total's offered count is over a 16th of
-// the limit (CeilingFromShift): traffic far under the total pays nothing
-// for it.
 const (
-	CeilingFromShift     = 4
 	CeilingHeadroomShift = 3
 	CeilingBurstShare    = 100
 	CeilingMinBurst      = 8

@@ -1117,12 +1117,9 @@ func TestCeiling(t *testing.T) {
 				if tt.fallTo != 0 && s >= 2 {
 					in = tt.fallTo
 				}
-				// The ceiling's rate for a second and its burst, and
-				// what passes unpaced while the total's estimate is under
-				// CeilingFrom: at most e times that count.
+				// The ceiling's rate for a second and its burst.
 				cp := ceilingPacing(in, l.p.lowerBurst(int(quicclass.Opening)))
-				most := uint64(time.Second)/cp.Interval + cp.Tau/cp.Interval + 1 + uint64(in>>CeilingFromShift)*3
-				if uint64(n) > most {
+				if most := uint64(time.Second)/cp.Interval + cp.Tau/cp.Interval + 1; uint64(n) > most {
 					t.Errorf("second %d: %d passed, the total in force %d (%.2fx), the ceiling %d", s, n, in, float64(n)/float64(in), most)
 				}
 			}
@@ -1134,42 +1131,32 @@ func TestCeiling(t *testing.T) {
 	}
 }
 
-// TestCeilingBurst: a fresh burst at the opening class's total passes
-// unpaced while the total's offered count is under Params.CeilingFrom (a
-// 16th of the limit), then up to the ceiling's burst, here (no node below
-// the total has a limit) a hundredth of a second's worth of the limit and
-// an eighth, at least CeilingMinBurst packets; the next packet is dropped
-// at the total. Other classes have no ceiling. (TestBurst: where a node
-// below has a limit, one stream's fresh burst is its nodes' to decide.)
+// TestCeilingBurst: a fresh burst at the opening class's total passes up to
+// the ceiling's burst, here (no node below the total has a limit) a
+// hundredth of a second's worth of the limit and an eighth, at least
+// CeilingMinBurst packets; the next packet is dropped at the total. Other
+// classes have no ceiling. (TestBurst: where a node below has a limit, one
+// stream's fresh burst is its nodes' to decide.)
 func TestCeilingBurst(t *testing.T) {
 	for _, total := range []uint32{100, 20_000, 400_000} {
 		rate := uint64(total) + uint64(total>>CeilingHeadroomShift)
 		burst := int(max(rate/CeilingBurstShare, CeilingMinBurst))
-		unpaced := int(total >> CeilingFromShift)
 		l := newLimiter(t, Config{Limit: 1000, Window: time.Second,
 			LevelLimits: map[int]uint32{0: Unlimited, 1: Unlimited, 2: Unlimited, 3: total}})
 		rng := rand.New(rand.NewPCG(11, uint64(total)))
-		first := -1
-		for i := range unpaced + burst + 10 {
+		for i := range burst + 1 {
 			k := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 5, byte(i >> 8), byte(i)}), 4000), 443)
 			v := l.Decide(&k, int(quicclass.Opening), start, rng.Uint32())
-			if v.Drop && first < 0 {
-				first = i
+			if v.Drop != (i == burst) {
+				t.Fatalf("total %d: packet %d of a fresh burst of %d: %+v", total, i, burst+1, v)
 			}
-			if first >= 0 && (!v.Drop || v.Level != 3) {
-				t.Fatalf("total %d: packet %d of a fresh burst, after the first drop at %d: %+v, want dropped at the total",
-					total, i, first, v)
+			if v.Drop && v.Level != 3 {
+				t.Fatalf("total %d: dropped at level %d, want the total's", total, v.Level)
 			}
 			e := KeyFrom(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 6, byte(i >> 8), byte(i)}), 4000), 443)
 			if v := l.Decide(&e, int(quicclass.Established), start, rng.Uint32()); v.Drop {
 				t.Fatalf("total %d: an established packet dropped: %+v", total, v)
 			}
-		}
-		// The unpaced packets and the burst, within the weights'
-		// rounding (a packet weighs its slot's weight to 1/256).
-		if want, tol := unpaced+burst, unpaced/256+2; first < want-tol || first > want+tol {
-			t.Fatalf("total %d: first drop at packet %d of a fresh burst, want %d (%d unpaced, a burst of %d)",
-				total, first, want, unpaced, burst)
 		}
 	}
 }

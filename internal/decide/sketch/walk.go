@@ -80,12 +80,8 @@ func (l *Limiter) visitNode(k *Key, nw *nodeWork, v *Verdict) bool {
 	} else {
 		l.countNode(nw, &rows)
 	}
-	// The ceiling paces the total's packets while its offered count is over
-	// Params.CeilingFrom (read before judgeNode, which the C program lets
-	// change the counts).
-	paced := nw.node == p.FairNode && uint64(nw.omin) > scale(p.CeilingFrom, nw.g)
 	j := l.judgeNode(k, nw)
-	if j != judgeDrop && paced && !l.admitCeiling(nw, j == judgePass) {
+	if j != judgeDrop && nw.node == p.FairNode && !l.admitCeiling(nw, j == judgePass) {
 		// Over the ceiling: dropped at the total, and counted forwarded
 		// there as the total let it through, so that the forwarded count
 		// reaches the limit as fast as without the ceiling and the share

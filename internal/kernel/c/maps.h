@@ -99,9 +99,6 @@ struct config {
 	// part of the opening class's fair total passed
 	// (sketch.Params.ReturningLine).
 	__u32 returning_line;
-	// ceiling_from: the total's offered count over which the ceiling paces
-	// its packets (sketch.Params.CeilingFrom).
-	__u32 ceiling_from;
 	// returning_exempt: bit i for each node that a returning user's packet
 	// passes as if under its limit (sketch.Params.ReturningExempt).
 	__u16 returning_exempt;

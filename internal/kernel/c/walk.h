@@ -94,12 +94,8 @@ static __always_inline int visit_node(const struct config *cfg, const struct key
 	int counted = last && i == cfg->total_node ? count_total(cfg, nw, &pending) : count_node(cfg, nw, rows);
 	if (counted < 0)
 		return -1;
-	// The ceiling paces the total's packets while its offered count is
-	// over config.ceiling_from (read before judge_node, which may change
-	// the counts in nw).
-	int paced = last && i == cfg->fair_node && nw->omin > scale(cfg->ceiling_from, nw->g);
 	int j = judge_node(cfg, k, nw, last);
-	if (paced && j != JUDGE_DROP && !admit_ceiling(cfg, nw, j == JUDGE_PASS)) {
+	if (last && i == cfg->fair_node && j != JUDGE_DROP && !admit_ceiling(cfg, nw, j == JUDGE_PASS)) {
 		// Over the ceiling: dropped at the total, and counted forwarded
 		// there as the total let it through, so that the forwarded count
 		// reaches the limit as fast as without the ceiling and the share
