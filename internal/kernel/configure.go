@@ -22,8 +22,7 @@ const (
 	pacerTracking    = 1 // C: PACER_TRACKING
 	pacerProof       = 2 // C: PACER_PROOF
 	pacerReturning   = 3 // C: PACER_RETURNING
-	pacerCeiling     = 4 // C: PACER_CEILING
-	numPacers        = 5 // C: NUM_PACERS
+	numPacers        = 4 // C: NUM_PACERS
 )
 
 // Configure replaces the configuration of a live filter, all or nothing,
@@ -211,7 +210,6 @@ func (f *Filter) compiled(c decide.Config, p *sketch.Params, next allowSet) *rak
 	proof := decide.ProofPacing()
 	k.ProofInterval, k.ProofTau = proof.Interval, proof.Tau
 	k.ReturningInterval, k.ReturningTau = p.Returning.Interval, p.Returning.Tau
-	k.CeilingInterval, k.CeilingTau = p.Ceiling.Interval, p.Ceiling.Tau
 	k.ReturningExempt, k.ReturningLine = p.ReturningExempt, p.ReturningLine
 	return &k
 }

@@ -237,7 +237,6 @@ func (w *twin) compareFilter(name string, f *Filter) {
 		{pacerNegotiation, "negotiation", w.d.PacerTAT()},
 		{pacerProof, "proof", w.d.ProofTAT()},
 		{pacerReturning, "returning", w.d.Limiter().ReturningTAT()},
-		{pacerCeiling, "ceiling", w.d.Limiter().CeilingTAT()},
 	} {
 		var tat uint64
 		if err := f.objs.Pacer.Lookup(p.slot, &tat); err != nil {

@@ -55,8 +55,6 @@ type rakelimitConfig struct {
 	ProofTau          uint64
 	ReturningInterval uint64
 	ReturningTau      uint64
-	CeilingInterval   uint64
-	CeilingTau        uint64
 	TickNs            uint64
 	ReturningLine     uint32
 	ReturningExempt   uint16

@@ -374,20 +374,6 @@ type Params struct {
 	// total: ReturningShareShift of its limit (nothing when the class has
 	// no fair total, or an unlimited one).
 	Returning Pacing
-	// Ceiling paces every packet that passes the opening class's fair
-	// total (ceilingPacing: its limit and an eighth; nothing when the class
-	// has no fair total, or an unlimited one). The rates the nodes compare
-	// with their limits are estimated over the window, an average that
-	// catches a step late: in a flood's first second the total passed all
-	// until its offered estimate reached the limit (2.3 to 2.8 times the
-	// limit in that second), and after the total falls, until the
-	// estimates met the new one. The ceiling holds what passes in any
-	// second near the limit whatever the estimates say; what it refuses
-	// the total counts as forwarded, so that its forwarded count reaches
-	// the limit as fast as without it, and the share, which ranks sources
-	// fairly, takes over from the first come first served ceiling within
-	// the flood's first second (Limiter.admitCeiling, visitNode).
-	Ceiling Pacing
 	// ReturningLine is the line, after every node's rows, whose first
 	// cell counts the packets the returning part passed (forwarded, in
 	// the clean budget): the fair total ranks the others against its
@@ -419,19 +405,6 @@ type Params struct {
 	// a /0 prefix, which IPv4 and IPv6 share) and each address word's mask.
 	FamilyWord [2][MaxPrefixes]uint64
 	Mask       [2][MaxPrefixes][4]uint32
-}
-
-// lowerBurst is the largest burst a node below the fair total lets one
-// stream of class pass at once: a window's count at its enforcing
-// threshold, in packets, rounded up (0 when every such node is unlimited).
-func (p *Params) lowerBurst(class int) uint64 {
-	var b uint64
-	for i := range p.Nodes[:p.FairNode] {
-		if o := p.Over[class][i]; o != ThreshUnlimited {
-			b = max(b, uint64(o)>>FracBits+1)
-		}
-	}
-	return b
 }
 
 // ThreshUnlimited marks an unlimited node in Params.Thresh and Over.
@@ -537,7 +510,6 @@ func Compile(c Config) (*Params, error) {
 			limit = l
 		}
 		p.Returning = returningPacing(limit)
-		p.Ceiling = ceilingPacing(limit, p.lowerBurst(int(quicclass.Opening)))
 	}
 	w := float64(p.WindowNanos)
 	for s := range Slots {

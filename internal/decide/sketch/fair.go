@@ -1,7 +1,5 @@
 package sketch
 
-import "github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
-
 // The fair total, and the returning part of it: the twin of
 // internal/kernel/c/fair.h.
 
@@ -134,23 +132,6 @@ func (l *Limiter) admitTotal(share *uint64, k *Key, nw *nodeWork, t uint64) int 
 		}
 	}
 	return l.rankRest(share, k, nw, t)
-}
-
-// admitCeiling decides whether a packet of nw's class that the fair total
-// passes fits under the opening class's ceiling (admit_ceiling in the C
-// program): for the opening class, every packet it passes, under the limit
-// or over it, pays the ceiling's pacer (Params.Ceiling); one it has no room
-// for is dropped at the total, with the total's estimate. Other classes,
-// and a class without a ceiling, pass.
-func (l *Limiter) admitCeiling(nw *nodeWork, under bool) bool {
-	if nw.class != int(quicclass.Opening) || nw.budget != Clean || l.p.Ceiling.Interval == 0 {
-		return true
-	}
-	var ok bool
-	if ok, l.ceilingTAT = l.p.Ceiling.Admit(l.ceilingTAT, nw.now); !ok && under {
-		nw.estimate = mulQ32(uint64(nw.omin), l.p.GInv[nw.slot])
-	}
-	return ok
 }
 
 // rankRest ranks by admitFair a packet over the fair total's limit t that

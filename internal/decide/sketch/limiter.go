@@ -49,10 +49,6 @@ type Limiter struct {
 	// of the opening class's fair total (Params.Returning): the C
 	// program's pacer slot PACER_RETURNING.
 	returningTAT uint64
-	// ceilingTAT is the theoretical arrival time of the ceiling of the
-	// opening class's fair total (Params.Ceiling): the C program's pacer
-	// slot PACER_CEILING.
-	ceilingTAT uint64
 }
 
 // New returns a limiter for c with hash key hk.
@@ -106,11 +102,6 @@ func (l *Limiter) FairShares() [NumClasses][2]uint64 { return l.fair }
 // of the opening class's fair total (Params.Returning); for tests that
 // compare state with the BPF program.
 func (l *Limiter) ReturningTAT() uint64 { return l.returningTAT }
-
-// CeilingTAT returns the theoretical arrival time of the ceiling of the
-// opening class's fair total (Params.Ceiling); for tests that compare state
-// with the BPF program.
-func (l *Limiter) CeilingTAT() uint64 { return l.ceilingTAT }
 
 // PPS converts an estimate (a decayed count over one window) to packets per
 // second.

@@ -37,35 +37,6 @@ func (p Pacing) Admit(tat, now uint64) (bool, uint64) {
 // once. Past it they are ranked as anyone is; strangers keep the rest.
 const ReturningShareShift = 1
 
-// The ceiling of the opening class's fair total (Params.Ceiling) paces
-// what passes it at the limit and an eighth (CeilingHeadroomShift). Its
-// burst is the larger of a CeilingBurstShare-th of a second's worth and the
-// burst the nodes below the total let one stream pass (a window's count at
-// the least strict of them, its noise margin included), at least
-// CeilingMinBurst packets: a stream's first burst is then decided by its
-// own nodes, as without the ceiling, and no second passes more than the
-// limit, an eighth, and that burst. The headroom leaves the fair share,
-// which holds what passes near the limit once the estimates have caught a
-// flood, to decide alone: a ceiling at the limit itself would refuse, first
-// come first served, the quiet networks' packets that the share admits.
-const (
-	CeilingHeadroomShift = 3
-	CeilingBurstShare    = 100
-	CeilingMinBurst      = 8
-)
-
-// ceilingPacing is the pacing of the ceiling of the opening class's fair
-// total whose limit is limit packets per second (Unlimited: none), where
-// the nodes below it let one stream pass a burst of lower packets.
-func ceilingPacing(limit uint32, lower uint64) Pacing {
-	if limit == Unlimited || limit == 0 {
-		return Pacing{}
-	}
-	rate := uint64(limit) + uint64(limit>>CeilingHeadroomShift)
-	iv := uint64(time.Second) / rate
-	return Pacing{Interval: iv, Tau: iv * (max(rate/CeilingBurstShare, lower, CeilingMinBurst) - 1)}
-}
-
 // returningPacing is the pacing of the returning part of the opening class's
 // fair total whose limit is limit packets per second (Unlimited: none).
 func returningPacing(limit uint32) Pacing {

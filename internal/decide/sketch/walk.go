@@ -81,17 +81,6 @@ func (l *Limiter) visitNode(k *Key, nw *nodeWork, v *Verdict) bool {
 		l.countNode(nw, &rows)
 	}
 	j := l.judgeNode(k, nw)
-	if j != judgeDrop && nw.node == p.FairNode && !l.admitCeiling(nw, j == judgePass) {
-		// Over the ceiling: dropped at the total, and counted forwarded
-		// there as the total let it through, so that the forwarded count
-		// reaches the limit as fast as without the ceiling and the share
-		// takes over from it (see Params.Ceiling).
-		if pending != nil && j != judgeFloor {
-			forwardOne(pending, nw.w)
-		}
-		setVerdict(v, true, n, nw.estimate)
-		return true
-	}
 	if j == judgeDrop {
 		if nw.node == p.Reflect && nw.budget == Clean {
 			l.noteReflect(nw.class, true)

@@ -152,8 +152,7 @@
 #define PACER_TRACKING 1 // kernel.pacerTracking
 #define PACER_PROOF 2 // kernel.pacerProof
 #define PACER_RETURNING 3 // kernel.pacerReturning
-#define PACER_CEILING 4 // kernel.pacerCeiling
-#define NUM_PACERS 5 // kernel.numPacers
+#define NUM_PACERS 4 // kernel.numPacers
 #define LISTEN_HOST4 1 // kernel.listenHost4
 #define LISTEN_HOST6 2 // kernel.listenHost6
 #define LISTEN_SOME4 4 // kernel.listenSome4

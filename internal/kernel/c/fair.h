@@ -1,7 +1,7 @@
 // fair.h: the fair total, which shares the socket's total max-min fairly
 // among networks, and the returning part of it. Go twin:
 // internal/decide/sketch/fair.go (admitFair, fairCoin, Limiter.admitTotal,
-// Limiter.admitCeiling, Limiter.rankRest, lessPart; the package doc's "The fair total").
+// Limiter.rankRest, lessPart; the package doc's "The fair total").
 #ifndef RAKELIMIT_FAIR_H
 #define RAKELIMIT_FAIR_H
 
@@ -88,24 +88,6 @@ static __noinline __u32 returning_count(const struct config *cfg, __u32 epoch)
 	struct cell *c = returning_cell(cfg);
 
 	return c ? mulq32(c->budget[BUDGET_CLEAN].forwarded, idle_factor(cfg, c->epoch, epoch)) : 0;
-}
-
-// admit_ceiling (sketch Limiter.admitCeiling) decides whether a packet of
-// nw's class that the fair total passes fits under the opening class's
-// ceiling (config.ceiling_interval, ceiling_tau): for the opening class,
-// every packet it passes, under the limit or over it, pays the ceiling's
-// pacer; one it has no room for is dropped at the total, with the total's
-// estimate. Other classes, and a class without a ceiling, pass. Two CPUs
-// racing for the pacer: the loser's packet is dropped (gcra).
-static __always_inline int admit_ceiling(const struct config *cfg, struct node_work *nw, int under)
-{
-	if (limiter_class(nw->class) != CLASS_OPENING || nw->budget != BUDGET_CLEAN || cfg->ceiling_interval == 0)
-		return 1;
-	if (gcra(PACER_CEILING, cfg->ceiling_interval, cfg->ceiling_tau, nw->now))
-		return 1;
-	if (under)
-		nw->estimate = mulq32(nw->omin, cfg->ginv[nw->slot & (SLOTS - 1)]);
-	return 0;
 }
 
 // rank_rest (sketch Limiter.rankRest) ranks by admit_fair a packet over

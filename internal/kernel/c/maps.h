@@ -88,10 +88,6 @@ struct config {
 	// (sketch.Params.Returning).
 	__u64 returning_interval;
 	__u64 returning_tau;
-	// The ceiling of the opening class's fair total
-	// (sketch.Params.Ceiling); ceiling_interval 0: none.
-	__u64 ceiling_interval;
-	__u64 ceiling_tau;
 	// The timer tick's length in ns (the coarse clock's resolution), or 0
 	// when it is unknown (see tick_clock).
 	__u64 tick_ns;
@@ -325,8 +321,7 @@ struct {
 // The pacers' theoretical arrival times (ns): PACER_NEGOTIATION, the
 // version negotiation cap; PACER_TRACKING, new tracked streams;
 // PACER_PROOF, attempts at a proof; PACER_RETURNING, the returning part of
-// the opening class's fair total; PACER_CEILING, the ceiling of that
-// total.
+// the opening class's fair total.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

@@ -95,16 +95,6 @@ static __always_inline int visit_node(const struct config *cfg, const struct key
 	if (counted < 0)
 		return -1;
 	int j = judge_node(cfg, k, nw, last);
-	if (last && i == cfg->fair_node && j != JUDGE_DROP && !admit_ceiling(cfg, nw, j == JUDGE_PASS)) {
-		// Over the ceiling: dropped at the total, and counted forwarded
-		// there as the total let it through, so that the forwarded count
-		// reaches the limit as fast as without the ceiling and the share
-		// takes over from it (sketch.Params.Ceiling).
-		if (pending && j != JUDGE_FLOOR)
-			forward_one(pending, nw->w, 0);
-		set_verdict(v, 1, n, nw->estimate);
-		return 1;
-	}
 	if (j == JUDGE_DROP) {
 		if (i == cfg->reflect_node && nw->budget == BUDGET_CLEAN)
 			note_reflect(nw, limiter_class(nw->class), 1);
