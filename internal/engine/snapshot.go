@@ -173,7 +173,7 @@ func ints(b []uint8) []int {
 }
 
 // reportTotal is a class's total as the report gives it.
-func reportTotal(t OpeningTotal) report.Total {
+func reportTotal(t Total) report.Total {
 	return report.Total{Adaptive: t.Adaptive, CapPPS: t.Cap, QueueFill: t.Last.Fill, QueueDrops: t.Last.Overflows,
 		PassedPPS: t.Last.PassedPPS}
 }

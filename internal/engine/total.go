@@ -18,8 +18,9 @@ import (
 // force. The opening total starts at its level limit, the established one
 // lifted: nothing is refused while quic-go keeps up.
 
-// OpeningTotal describes a class's total in force.
-type OpeningTotal struct {
+// Total describes a class's total in force (the opening or the established
+// class's).
+type Total struct {
 	// Adaptive is true when the total follows the receive queue.
 	Adaptive bool
 	// Cap is the total in packets per second, 0 when lifted.
@@ -46,20 +47,20 @@ var adaptiveClasses = []struct {
 }
 
 // OpeningTotal returns the opening total in force.
-func (l *Limiter) OpeningTotal() OpeningTotal { return l.total(quicclass.Opening) }
+func (l *Limiter) OpeningTotal() Total { return l.total(quicclass.Opening) }
 
 // EstablishedTotal returns the established total in force.
-func (l *Limiter) EstablishedTotal() OpeningTotal { return l.total(quicclass.Established) }
+func (l *Limiter) EstablishedTotal() Total { return l.total(quicclass.Established) }
 
 // total returns class's total in force.
-func (l *Limiter) total(class quicclass.Class) OpeningTotal {
+func (l *Limiter) total(class quicclass.Class) Total {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := l.put.Config
 	if ctl := l.totals[class]; ctl != nil {
-		return OpeningTotal{Adaptive: true, Cap: ctl.Cap(), Last: ctl.Last()}
+		return Total{Adaptive: true, Cap: ctl.Cap(), Last: ctl.Last()}
 	}
-	return OpeningTotal{Cap: LevelLimit(c, int(class), c.Limiter.WithDefaults().Levels()-1)}
+	return Total{Cap: LevelLimit(c, int(class), c.Limiter.WithDefaults().Levels()-1)}
 }
 
 // withTotal returns c with class's total at cap (backlog.Unlimited:
