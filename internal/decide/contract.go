@@ -3,7 +3,6 @@ package decide
 import (
 	"fmt"
 	"net/netip"
-	"time"
 )
 
 // The kernel filter's dimensions, which the userspace limiter keeps too, so
@@ -31,13 +30,6 @@ const (
 	// keyed by source address, not by a lattice node.
 	InvalidNode = 0xff // C: INVALID_NODE
 )
-
-// TrackPacing is the pacing of new tracked streams (the kernel's tracking
-// pacer): TrackedStreamsPerSecond, with a burst of MaxTrackedStreams.
-func TrackPacing() Pacing {
-	iv := uint64(time.Second) / TrackedStreamsPerSecond
-	return Pacing{Interval: iv, Tau: iv * (MaxTrackedStreams - 1)}
-}
 
 // CheckAllowCapacity refuses more distinct prefixes of a family than the
 // kernel's allowlist holds.

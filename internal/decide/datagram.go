@@ -110,14 +110,6 @@ func CheckNegotiation(n uint32) error {
 	return nil
 }
 
-// Pacing is a pacer's rate (sketch.Pacing): the version negotiation cap,
-// the proof attempts (ProofPacing) and the tracked streams (TrackPacing).
-type Pacing = sketch.Pacing
-
-// NewPacing compiles a rate in datagrams per second, with a burst of as
-// many (sketch.NewPacing).
-func NewPacing(rate uint32) Pacing { return sketch.NewPacing(rate) }
-
 // Datagram is what the filter reads of a datagram.
 type Datagram struct {
 	// Key is the source and the ports; Key.HasPorts is false when the UDP
@@ -394,25 +386,6 @@ func (f *Filter) inspect(d *Datagram) quicclass.Header {
 	}
 	return quicclass.Inspect(f.cfg.BlockedPorts, d.Key.SrcPort, d.Probe, d.Length, f.cfg.VerifyIDs)
 }
-
-// ProofAttemptsPerSecond bounds the attempts at a proof (quicclass
-// Header.Attempts) the filter looks up, for the whole socket: each pays a
-// token of the proof pacer (ProofPacing) before its ID is looked up, and
-// one without a token proves nothing, whether its ID verifies it or not.
-// An attempt hits one of the at most LearnedWays IDs bound to its source
-// with odds of LearnedWays in 2^32 at best (a spoofer chooses the address
-// and has the server answer it as often as it likes, but the IDs are 4
-// random bytes it never sees), so that the proofs a spoofer can forge, at
-// any rate of sending, are at most ProofAttemptsPerSecond * LearnedWays /
-// 2^32 a second: one in about three days. A client proves itself with the
-// first Handshake packet it sends back (one attempt); past 2,000 such a
-// second, some new clients go unproven until their next connection, and
-// are verified by their IDs and their credit meanwhile.
-const ProofAttemptsPerSecond = 2_000
-
-// ProofPacing is the proof pacer's pacing: ProofAttemptsPerSecond, with a
-// burst of as many.
-func ProofPacing() Pacing { return NewPacing(ProofAttemptsPerSecond) }
 
 // verify looks up what h asks for and resolves h's class (verify in the C
 // program). A short header's ID is looked up first, and the source among

@@ -1,5 +1,6 @@
 // pace.h: the pacers, a theoretical arrival time each in the map pacer. Go
-// twin: internal/decide/sketch/pace.go (Pacing.Admit).
+// twin: internal/decide/sketch/pace.go (Pacing.Admit, and the returning
+// part's rate), internal/decide/pace.go (the other pacers' rates).
 #ifndef RAKELIMIT_PACE_H
 #define RAKELIMIT_PACE_H
 
