@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -168,33 +167,8 @@ func sample(ctx context.Context, o *Options, g *guest, setup Setup, mode string,
 	if err != nil {
 		return s, err
 	}
-	// The legit client: a request on a new connection every 100 ms while
-	// the flood lasts, each within 2 s.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	wg.Go(func() {
-		tk := time.NewTicker(100 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				defer cancel()
-				ok, _ := g.legit(ctx)
-				mu.Lock()
-				defer mu.Unlock()
-				s.LegitTotal++
-				if ok {
-					s.LegitOK++
-				}
-			})
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-			}
-		}
-	})
+	// The legit client, while the flood lasts.
+	stopLegit := xdpbench.Legit(ctx, g.legit)
 	var sent int
 	var elapsed time.Duration
 	var ferr error
@@ -204,8 +178,7 @@ func sample(ctx context.Context, o *Options, g *guest, setup Setup, mode string,
 		sent, elapsed, ferr = flood.Send(g.ns, floodTarget())
 	}
 	after, tapAfter, self1, err := read(ctx, g)
-	close(stop)
-	wg.Wait()
+	s.LegitOK, s.LegitTotal = stopLegit()
 	if ferr != nil {
 		return s, ferr
 	}

@@ -421,33 +421,8 @@ func (r *runner) sample(ctx context.Context, mode string, flood Flood, rep int) 
 	if err != nil {
 		return s, err
 	}
-	// The legit client: a request on a new connection every 100 ms while
-	// the flood lasts, each within 2 s.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	wg.Go(func() {
-		tk := time.NewTicker(100 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				defer cancel()
-				ok, _ := r.legit(ctx)
-				mu.Lock()
-				defer mu.Unlock()
-				s.LegitTotal++
-				if ok {
-					s.LegitOK++
-				}
-			})
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-			}
-		}
-	})
+	// The legit client, while the flood lasts.
+	stopLegit := Legit(ctx, r.legit)
 	dst := netip.AddrPortFrom(netip.MustParseAddr(serverAddr()), HTTPSPort)
 	var sent int
 	var elapsed time.Duration
@@ -458,8 +433,7 @@ func (r *runner) sample(ctx context.Context, mode string, flood Flood, rep int) 
 		sent, elapsed, ferr = flood.Send(r.lab.sender, dst)
 	}
 	after, err := r.read(ctx, c, fl)
-	close(stop)
-	wg.Wait()
+	s.LegitOK, s.LegitTotal = stopLegit()
 	if ferr != nil {
 		return s, ferr
 	}
@@ -473,4 +447,42 @@ func (r *runner) sample(ctx context.Context, mode string, flood Flood, rep int) 
 	s.CaddySeconds = float64(after.caddy-before.caddy) / clockTicks
 	s.SenderSeconds = (after.self - before.self).Seconds()
 	return s, nil
+}
+
+// Legit runs the legit client while a flood lasts: a request on a new
+// connection every 100 ms, each within 2 s, with get, until the stop it
+// returns is called, which waits for the requests under way and says how
+// many of how many got the page.
+func Legit(ctx context.Context, get func(context.Context) (bool, error)) (stop func() (ok, total int)) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var got, sent int
+	wg.Go(func() {
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				defer cancel()
+				page, _ := get(ctx)
+				mu.Lock()
+				defer mu.Unlock()
+				sent++
+				if page {
+					got++
+				}
+			})
+			select {
+			case <-done:
+				return
+			case <-tk.C:
+			}
+		}
+	})
+	return func() (int, int) {
+		close(done)
+		wg.Wait()
+		return got, sent
+	}
 }
