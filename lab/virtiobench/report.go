@@ -3,10 +3,7 @@
 package virtiobench
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -428,15 +425,5 @@ func (r *Report) Markdown() string {
 
 // write writes results.md and results.json into dir.
 func (r *Report) write(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.Markdown()), 0o644)
+	return xdpbench.WriteResults(dir, r, r.Markdown())
 }

@@ -185,15 +185,24 @@ func senderName(sender string) string {
 
 // write writes results.md and results.json into dir.
 func (r *Report) write(dir string) error {
+	return WriteResults(dir, r, r.Markdown())
+}
+
+// WriteResults writes a lab command's results into dir: results.json, v
+// as indented JSON, and results.md, markdown.
+func WriteResults(dir string, v any, markdown string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return fmt.Errorf("writing the results: %w", err)
 	}
-	js, err := json.MarshalIndent(r, "", "  ")
+	js, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return err
+		return fmt.Errorf("writing results.json: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
-		return err
+		return fmt.Errorf("writing results.json: %w", err)
 	}
-	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.Markdown()), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(markdown), 0o644); err != nil {
+		return fmt.Errorf("writing results.md: %w", err)
+	}
+	return nil
 }
