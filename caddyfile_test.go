@@ -238,8 +238,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 
 		// unknown options
 		{"unknown option", block("foo"), []string{"unrecognized rakelimit option", `"foo"`,
-			"the options are: limit, window, level_limit, established_limit, established_level_limit, classify, " +
-				"block_source_ports, version_negotiation, ipv4_prefixes, ipv6_prefixes, per_destination_port, name, dry_run, allow"}},
+			"the options are: " + strings.Join(optionNames(), ", ")}},
 		{"unknown option with args", block("foo 1 2"), []string{"unrecognized rakelimit option", `"foo"`, "the options are:"}},
 
 		// level_limit
@@ -425,15 +424,15 @@ func TestUnmarshalJSON(t *testing.T) {
 	}
 }
 
-// wantConfig checks the limit and window that limiterConfig() derives,
-// defaults filled in.
+// wantConfig checks the limit and window that config() derives, defaults
+// filled in.
 func wantConfig(t *testing.T, r *RakeLimit, limit uint32, window time.Duration) {
 	t.Helper()
-	c, err := r.limiterConfig()
+	s, err := r.config()
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	if c.Limit != limit || c.Window != window {
+	if c := s.Limiter; c.Limit != limit || c.Window != window {
 		t.Errorf("config: limit %d window %v, want limit %d window %v", c.Limit, c.Window, limit, window)
 	}
 }

@@ -2,14 +2,12 @@ package rakelimit
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -21,7 +19,7 @@ import (
 
 // Defaults for options left out: the name's is the module's; the others
 // are the decision's, where they are chosen and explained
-// (internal/decide/defaults.go).
+// (internal/decide/config.go).
 const (
 	DefaultName               = "default"
 	DefaultLimit              = decide.DefaultLimit
@@ -31,60 +29,9 @@ const (
 	DefaultVersionNegotiation = decide.DefaultVersionNegotiation
 )
 
-// config converts the module's options to the decision configuration,
-// checking each value where it is read, so that an error names the JSON
-// field and the value; the decision configuration's own validation then
-// runs once, as a last check.
-func (r *RakeLimit) config() (decide.Config, error) {
-	if !engine.ValidMode(r.mode()) {
-		return decide.Config{}, fmt.Errorf("mode %q: want %s", r.Mode, engine.ModeChoices())
-	}
-	if _, err := r.options(); err != nil {
-		return decide.Config{}, err
-	}
-	c, err := r.limiterConfig()
-	if err != nil {
-		return decide.Config{}, err
-	}
-	s := decide.WithTotals(decide.Config{Limiter: c, DryRun: r.DryRun, Classify: r.classify(),
-		Negotiation: DefaultVersionNegotiation})
-	verify := r.VerifyConnectionIDs == nil || *r.VerifyConnectionIDs
-	if verify && !r.classify() && r.VerifyConnectionIDs != nil {
-		return decide.Config{}, errors.New("verify_connection_ids true needs classify: without classes there is nothing to verify")
-	}
-	s.VerifyIDs = verify && r.classify()
-	if r.VersionNegotiation != nil {
-		s.Negotiation = *r.VersionNegotiation
-		if err := decide.CheckNegotiation(s.Negotiation); err != nil {
-			return decide.Config{}, fmt.Errorf("version_negotiation %d %w", s.Negotiation, err)
-		}
-	}
-	if s.BlockedPorts, err = blockedPorts(r.BlockSourcePorts); err != nil {
-		return decide.Config{}, err
-	}
-	seen := map[netip.Prefix]bool{}
-	for _, a := range r.Allow {
-		p, err := parsePrefix(a)
-		if err != nil {
-			return decide.Config{}, fmt.Errorf("allow: %w", err)
-		}
-		if !seen[p] {
-			seen[p] = true
-			s.Allow = append(s.Allow, p)
-		}
-	}
-	if err := decide.CheckAllowCapacity(s.Allow); err != nil {
-		return decide.Config{}, fmt.Errorf("allow: %w", err)
-	}
-	if err := s.Validate(); err != nil {
-		return decide.Config{}, err
-	}
-	return s, nil
-}
-
-// options checks and returns the engine's options: xdp_interfaces and
+// engineOptions checks and returns the engine's options: xdp_interfaces and
 // xdp_generic, for mode xdp, or mode auto with interfaces named.
-func (r *RakeLimit) options() (engine.Options, error) {
+func (r *RakeLimit) engineOptions() (engine.Options, error) {
 	o := engine.Options{XDPGeneric: r.XDPGeneric}
 	seen := map[string]bool{}
 	for _, name := range r.XDPInterfaces {
@@ -200,62 +147,6 @@ func (r *RakeLimit) UnmarshalJSON(b []byte) error {
 		}
 	}
 	return err
-}
-
-// limiterConfig fills the defaults and converts the module's limits to the
-// limiter's configuration, checking each value as it reads it; the totals
-// the limits leave unset are decide.WithTotals's.
-func (r *RakeLimit) limiterConfig() (sketch.Config, error) {
-	c := sketch.Config{
-		Limit:      r.Limit,
-		Window:     time.Duration(r.Window),
-		PerDstPort: r.PerDestinationPort,
-		OnValidate: r.onValidate,
-	}
-	if c.Window == 0 {
-		c.Window = DefaultWindow
-	} else if err := sketch.CheckWindow(c.Window); err != nil {
-		return c, fmt.Errorf("window %v %w", c.Window, err)
-	}
-	if c.Limit == 0 {
-		c.Limit = DefaultLimit
-	} else if err := sketch.CheckLimit(c.Limit, c.Window); err != nil {
-		return c, fmt.Errorf("limit %d %w", c.Limit, err)
-	}
-	var err error
-	if c.IPv4Prefixes, err = prefixLengths("ipv4_prefixes", r.IPv4Prefixes, 32); err != nil {
-		return c, err
-	}
-	if c.IPv6Prefixes, err = prefixLengths("ipv6_prefixes", r.IPv6Prefixes, 128); err != nil {
-		return c, err
-	}
-	c = c.WithDefaults()
-	if len(c.IPv4Prefixes) != len(c.IPv6Prefixes) {
-		return c, fmt.Errorf("ipv4_prefixes %v and ipv6_prefixes %v %w", c.IPv4Prefixes, c.IPv6Prefixes, sketch.ErrPrefixLengths)
-	}
-	if c.LevelLimits, err = levelLimits("", r.LevelLimits, r.UnlimitedLevels, c); err != nil {
-		return c, err
-	}
-	c.Established = sketch.Limits{Limit: r.EstablishedLimit}
-	if c.Established.Limit == 0 {
-		// The default is not lowered to fit a long window, which would
-		// cut one client's transfer without a word: a window too long
-		// for it needs an established_limit of the operator's.
-		if sketch.CheckLimit(DefaultEstablishedLimit, c.Window) != nil {
-			burstCap := uint32(min(float64(sketch.MaxBurst)/c.Window.Seconds(), sketch.MaxLimit))
-			longest := time.Duration(float64(sketch.MaxBurst) / DefaultEstablishedLimit * float64(time.Second))
-			return c, fmt.Errorf("window %v is too long for the default established_limit of %d packets per second "+
-				"(limit x window must stay under %d): set established_limit (at most %d with this window), or a "+
-				"window of at most %v", c.Window, DefaultEstablishedLimit, sketch.MaxBurst, burstCap, longest.Truncate(time.Millisecond))
-		}
-		c.Established.Limit = DefaultEstablishedLimit
-	} else if err := sketch.CheckLimit(c.Established.Limit, c.Window); err != nil {
-		return c, fmt.Errorf("established_limit %d %w", c.Established.Limit, err)
-	}
-	if c.Established.LevelLimits, err = levelLimits("established_", r.EstablishedLevelLimits, r.EstablishedUnlimitedLevels, c); err != nil {
-		return c, err
-	}
-	return c, nil
 }
 
 // levelLimits checks and merges a class's level_limits and unlimited_levels

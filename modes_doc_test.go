@@ -16,7 +16,7 @@ import (
 
 // TestModeDocs: the docs that list the modes, which cannot be generated,
 // list those of the table of modes (internal/engine): the Mode option's
-// doc comment, the Caddyfile synopsis in caddyfile.go and the README, the
+// doc comment, the Caddyfile synopsis in options.go and the README, the
 // README's table of options, its list under "Privileges and modes" and its
 // example of the error of an unknown mode.
 func TestModeDocs(t *testing.T) {
@@ -42,17 +42,17 @@ func TestModeDocs(t *testing.T) {
 		t.Errorf("the doc of RakeLimit.Mode names the modes %v, the table %v", got, sorted)
 	}
 
-	// The Caddyfile synopsis, in caddyfile.go and in the README.
+	// The Caddyfile synopsis, in options.go and in the README.
 	synopsis := regexp.MustCompile(`(?m)^[/\s]*mode\s+([a-z0-9_|]+)\s*$`)
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	caddyfile, err := os.ReadFile("caddyfile.go")
+	caddyfile, err := os.ReadFile("options.go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for file, b := range map[string][]byte{"caddyfile.go": caddyfile, "README.md": readme} {
+	for file, b := range map[string][]byte{"options.go": caddyfile, "README.md": readme} {
 		m := synopsis.FindSubmatch(b)
 		if m == nil {
 			t.Errorf("%s: no Caddyfile synopsis of mode", file)

@@ -111,10 +111,11 @@ type RakeLimit struct {
 	// one source.
 	EstablishedLimit uint32 `json:"established_limit,omitempty"`
 
-	// EstablishedLevelLimits and EstablishedUnlimitedLevels are
-	// LevelLimits and UnlimitedLevels for established connections.
-	EstablishedLevelLimits     map[int]uint32 `json:"established_level_limits,omitempty"`
-	EstablishedUnlimitedLevels []int          `json:"established_unlimited_levels,omitempty"`
+	// EstablishedLevelLimits is LevelLimits for established connections.
+	EstablishedLevelLimits map[int]uint32 `json:"established_level_limits,omitempty"`
+	// EstablishedUnlimitedLevels is UnlimitedLevels for established
+	// connections.
+	EstablishedUnlimitedLevels []int `json:"established_unlimited_levels,omitempty"`
 
 	// Classify sorts datagrams by QUIC class (see above). Off, every
 	// datagram counts alike against limit and level_limits, with no
@@ -136,11 +137,12 @@ type RakeLimit struct {
 	// victims. 0 drops them all. Default: 10.
 	VersionNegotiation *uint32 `json:"version_negotiation,omitempty"`
 
-	// IPv4Prefixes and IPv6Prefixes are the source prefix lengths the
-	// levels are built from, most specific first, strictly decreasing,
-	// ending with 0; both lists have the same length (1 to 4). Defaults:
-	// [32, 24, 0] and [64, 48, 0].
+	// IPv4Prefixes are the IPv4 source prefix lengths the levels are
+	// built from, most specific first, strictly decreasing, ending with 0:
+	// 1 to 4 of them. Default: 32 24 0.
 	IPv4Prefixes []int `json:"ipv4_prefixes,omitempty"`
+	// IPv6Prefixes are the IPv6 source prefix lengths, as IPv4Prefixes,
+	// as many as those. Default: 64 48 0.
 	IPv6Prefixes []int `json:"ipv6_prefixes,omitempty"`
 
 	// PerDestinationPort adds the destination port as a dimension, for a
@@ -156,6 +158,7 @@ type RakeLimit struct {
 	// Allow exempts source prefixes (CIDR, or single addresses), IPv4 or
 	// IPv6, from limiting and from counting: health checkers, monitoring,
 	// office networks. Their packets are counted as allowlisted only.
+	// Default: none.
 	Allow []string `json:"allow,omitempty"`
 
 	// VerifyConnectionIDs checks what clients send against what only the
@@ -270,7 +273,7 @@ func (r *RakeLimit) Provision(ctx caddy.Context) error {
 	if err := limiters.metrics.register(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
-	opts, err := r.options()
+	opts, err := r.engineOptions()
 	if err != nil {
 		return err
 	}

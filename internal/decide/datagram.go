@@ -12,103 +12,11 @@
 package decide
 
 import (
-	"fmt"
 	"net/netip"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
 )
-
-// Config is the whole decision's configuration.
-type Config struct {
-	// Limiter configures the limiter: the opening class limits
-	// connection-opening packets (or every datagram when Classify is off),
-	// the established class packets of established connections, the
-	// unverified class unverified short headers (only with VerifyIDs).
-	Limiter sketch.Config
-	// Classify sorts datagrams into QUIC classes. Off, every datagram is
-	// counted alike, in the opening class: nothing is invalid.
-	Classify bool
-	// VerifyIDs, when classifying, verifies datagrams against the
-	// connection IDs the server issued and the addresses it sends to
-	// (LearnServerID, LearnPeer; see package quicclass): short headers
-	// with neither go to the unverified class (quicclass.Unverified),
-	// Initials and Handshakes that answer a server ID to the established
-	// class (quicclass.Established), Handshakes with another ID are
-	// invalid, and long headers' lengths are checked. Off, the classes are
-	// exactly those without verification, and nothing learned is looked
-	// up: keep it off until something learns.
-	VerifyIDs bool
-	// BlockedPorts are source ports whose datagrams are invalid (nil:
-	// none). Used only when classifying.
-	BlockedPorts *quicclass.Ports
-	// Negotiation is how many datagrams with an unknown QUIC version (and
-	// so a Version Negotiation reply) pass per second, for the whole
-	// socket, with a burst of as many; 0 drops them all.
-	Negotiation uint32
-	// DryRun delivers every datagram: drops are counted, not applied.
-	DryRun bool
-	// Allow exempts source prefixes from the limiter (datagrams of its
-	// classes are only counted, as Stats.Allowed), not from validity:
-	// their invalid datagrams (blocked source ports among them) are
-	// dropped and their unknown versions paced, as anyone's, since a
-	// spoofer can send from an allowlisted address.
-	Allow []netip.Prefix
-	// AdaptiveTotal lets the engine move the opening class's total (its
-	// last level limit, which the configuration gives as the starting
-	// value) with the socket's receive queue (package backlog), and
-	// AdaptiveEstablished the established class's (lifted at the start,
-	// whatever its level limit). The decision itself only sees the level
-	// limits in force.
-	AdaptiveTotal, AdaptiveEstablished bool
-}
-
-// MaxNegotiation bounds Config.Negotiation: a Version Negotiation reply
-// is for the rare client with a version quic-go lacks.
-const MaxNegotiation = 1_000_000
-
-// Validate reports the first thing wrong with c: it is the whole
-// validation of a decision configuration, the kernel filter's and the
-// userspace limiter's alike. Its errors name values as the filter knows
-// them ("version negotiation", "window"); a caller that reads them from
-// fields of its own checks each as it reads it (CheckNegotiation,
-// CheckAllowCapacity and package sketch's checks) and names it as written.
-func (c *Config) Validate() error {
-	if err := c.validateOwn(); err != nil {
-		return err
-	}
-	return c.Limiter.WithDefaults().Validate()
-}
-
-// validateOwn checks what Validate checks besides the limiter's
-// configuration, which sketch.Compile checks as it compiles it.
-func (c *Config) validateOwn() error {
-	if err := CheckNegotiation(c.Negotiation); err != nil {
-		return fmt.Errorf("version negotiation %d %w", c.Negotiation, err)
-	}
-	if err := CheckAllowCapacity(c.Allow); err != nil {
-		return fmt.Errorf("allow: %w", err)
-	}
-	return nil
-}
-
-// Compile validates c, as Validate does, and compiles its limiter's
-// configuration: each value is checked once on the way.
-func (c *Config) Compile() (*sketch.Params, error) {
-	if err := c.validateOwn(); err != nil {
-		return nil, err
-	}
-	return sketch.Compile(c.Limiter)
-}
-
-// CheckNegotiation reports why n datagrams per second is not a Version
-// Negotiation cap the filter takes, or nil.
-func CheckNegotiation(n uint32) error {
-	if n > MaxNegotiation {
-		return fmt.Errorf("out of range [0, %d] datagrams per second", MaxNegotiation)
-	}
-	return nil
-}
 
 // Datagram is what the filter reads of a datagram.
 type Datagram struct {

@@ -1,13 +1,16 @@
 package engine
 
 import (
+	"reflect"
 	"strconv"
+	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
-	"github.com/rakelimit/caddy-rakelimit/internal/decide/sketch"
+	"github.com/rakelimit/caddy-rakelimit/internal/engine/report"
 )
 
 // LimiterClasses are the classes with limiters, as the counters index them.
@@ -22,41 +25,30 @@ func ClassName(c decide.Config, class quicclass.Class) string {
 	return class.String()
 }
 
-// LevelLimit is the limit in packets per second of a level of a class under
-// c, or 0 when the level is unlimited.
-func LevelLimit(c decide.Config, class, level int) uint32 {
-	lims := c.Limiter.Class(class)
-	lim := lims.Limit
-	if l, ok := lims.LevelLimits[level]; ok {
-		lim = l
-	}
-	if lim == sketch.Unlimited {
-		return 0
-	}
-	return lim
-}
-
-// SettingsFields are the log fields that describe c.
+// SettingsFields are the log fields that describe c: the fields of its
+// report (report.ConfigOf), named as there, a level's limit 0 written off.
 func SettingsFields(c decide.Config) []zap.Field {
-	lc := c.Limiter.WithDefaults()
-	levels := func(class int) []string {
-		out := make([]string, lc.Levels())
-		for lvl := range out {
-			if lim := LevelLimit(c, class, lvl); lim == 0 {
-				out[lvl] = "off"
-			} else {
-				out[lvl] = strconv.FormatUint(uint64(lim), 10)
+	v := reflect.ValueOf(report.ConfigOf(c))
+	var fields []zap.Field
+	for i := range v.NumField() {
+		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+		switch f := v.Field(i).Interface().(type) {
+		case []uint32: // level limits
+			levels := make([]string, len(f))
+			for lvl, lim := range f {
+				levels[lvl] = "off"
+				if lim != 0 {
+					levels[lvl] = strconv.FormatUint(uint64(lim), 10)
+				}
 			}
+			fields = append(fields, zap.Strings(name, levels))
+		case report.Duration:
+			fields = append(fields, zap.Duration(name, time.Duration(f)))
+		default:
+			fields = append(fields, zap.Any(name, f))
 		}
-		return out
 	}
-	fields := []zap.Field{zap.Uint32("limit", lc.Limit), zap.Duration("window", lc.Window),
-		zap.Strings("level_limits", levels(0)), zap.Bool("classify", c.Classify)}
-	if c.Classify {
-		fields = append(fields, zap.Strings("established_level_limits", levels(1)),
-			zap.Uint32("version_negotiation", c.Negotiation))
-	}
-	return append(fields, zap.Bool("dry_run", c.DryRun), zap.Int("allowlisted_prefixes", len(c.Allow)))
+	return fields
 }
 
 // Describe names a tracked stream as an operator reads it, with its rate in
@@ -80,7 +72,7 @@ func (l *Limiter) streamFields(c decide.Config, st decide.Stream, listeners []st
 	// "lattice_level", not "level": Caddy's JSON log keeps its severity
 	// under "level".
 	return append(fields, zap.Int("lattice_level", st.Level), zap.Float64("rate_pps", rate),
-		zap.Uint32("limit_pps", LevelLimit(c, int(st.Class), st.Level)))
+		zap.Uint32("limit_pps", c.LevelLimit(int(st.Class), st.Level)))
 }
 
 // streamKind names a stream's class, and for invalid datagrams the reason,

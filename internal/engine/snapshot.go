@@ -29,26 +29,13 @@ func (l *Limiter) Report() (report.Limiter, error) {
 	c := set.Limiter.WithDefaults()
 	eng := l.Engine()
 	r := report.Limiter{
-		Name:      l.Name(),
-		Mode:      eng.Mode(),
-		Listeners: listeners,
-		Config: report.Config{
-			Limit: c.Limit, Window: report.Duration(c.Window), Classify: set.Classify,
-			IPv4Prefixes: ints(c.IPv4Prefixes), IPv6Prefixes: ints(c.IPv6Prefixes), PerDestinationPort: c.PerDstPort,
-			BlockSourcePorts: portRanges(set.BlockedPorts), VersionNegotiation: set.Negotiation,
-			DryRun: set.DryRun, Allow: []string{},
-		},
+		Name:           l.Name(),
+		Mode:           eng.Mode(),
+		Listeners:      listeners,
+		Config:         report.ConfigOf(set),
 		Counters:       map[string]report.Counters{},
 		LimitedStreams: []report.Stream{},
 		AttachErrors:   l.AttachErrors(),
-	}
-	for lvl := range c.Levels() {
-		r.Config.LevelLimits = append(r.Config.LevelLimits, LevelLimit(set, int(quicclass.Opening), lvl))
-		r.Config.EstablishedLevelLimits = append(r.Config.EstablishedLevelLimits, LevelLimit(set, int(quicclass.Established), lvl))
-		r.Config.UnverifiedLevelLimits = append(r.Config.UnverifiedLevelLimits, LevelLimit(set, int(quicclass.Unverified), lvl))
-	}
-	for _, p := range set.Allow {
-		r.Config.Allow = append(r.Config.Allow, p.String())
 	}
 	learned := l.Learned()
 	r.Verification = report.Verification{On: set.VerifyIDs && !l.VerificationOff(), ServerIDs: learned.IDs,
@@ -90,7 +77,7 @@ func (l *Limiter) Report() (report.Limiter, error) {
 		if s.Class == quicclass.Invalid {
 			rs.Reason, rs.Level = s.Reason.String(), -1
 		} else {
-			rs.LimitPPS = LevelLimit(set, int(s.Class), s.Level)
+			rs.LimitPPS = set.LevelLimit(int(s.Class), s.Level)
 		}
 		r.LimitedStreams = append(r.LimitedStreams, rs)
 	}
@@ -137,39 +124,6 @@ func prefilterReport(set decide.Config, ps prefilter.Stats) *report.Prefilter {
 		rp.StreamDroppedEstimated[ClassName(set, class)] = ps.StreamDropped[class]
 	}
 	return rp
-}
-
-// portRanges lists a port set as ranges, "0-1023", "1900".
-func portRanges(ports *quicclass.Ports) []string {
-	out := []string{}
-	if ports == nil {
-		return out
-	}
-	for p := 0; p < 65536; p++ {
-		if !ports.Has(uint16(p)) {
-			continue
-		}
-		q := p
-		for q+1 < 65536 && ports.Has(uint16(q+1)) {
-			q++
-		}
-		if q == p {
-			out = append(out, strconv.Itoa(p))
-		} else {
-			out = append(out, strconv.Itoa(p)+"-"+strconv.Itoa(q))
-		}
-		p = q
-	}
-	return out
-}
-
-// ints widens prefix lengths for JSON, which would encode []uint8 as base64.
-func ints(b []uint8) []int {
-	out := make([]int, len(b))
-	for i, v := range b {
-		out[i] = int(v)
-	}
-	return out
 }
 
 // reportTotal is a class's total as the report gives it.

@@ -60,7 +60,7 @@ func (l *Limiter) total(class quicclass.Class) Total {
 	if ctl := l.totals[class]; ctl != nil {
 		return Total{Adaptive: true, Cap: ctl.Cap(), Last: ctl.Last()}
 	}
-	return Total{Cap: LevelLimit(c, int(class), c.Limiter.WithDefaults().Levels()-1)}
+	return Total{Cap: c.LevelLimit(int(class), c.Limiter.WithDefaults().Levels()-1)}
 }
 
 // withTotal returns c with class's total at cap (backlog.Unlimited:

@@ -1,13 +1,14 @@
 // Package report is the snapshot of running limiters that every view
 // renders: the admin API serves it as JSON (GET /rakelimit/), the Prometheus
 // collector builds its metrics from it, and the console decodes the admin
-// JSON back into it. Package engine fills it (Limiter.Report). It holds only
-// the types, with the standard library beneath them, so that the console
-// reads the schema without the engines' dependencies (BPF, quic-go).
+// JSON back into it. Package engine fills it (Limiter.Report); ConfigOf
+// reads a decision configuration as every view shows it. It holds only the
+// types and that conversion, with the standard library and the decision's
+// packages (pure Go) beneath them, so that the console reads the schema
+// without the engines' dependencies (BPF, quic-go).
 package report
 
 import (
-	"fmt"
 	"time"
 )
 
@@ -172,51 +173,6 @@ type Total struct {
 	PassedPPS float64 `json:"passed_pps,omitempty"`
 }
 
-// Config is a limiter's configuration in force.
-type Config struct {
-	Limit    uint32   `json:"limit"`
-	Window   Duration `json:"window"`
-	Classify bool     `json:"classify"`
-	// LevelLimits gives each level's limit of connection-opening packets
-	// (of every datagram without classify), EstablishedLevelLimits that of
-	// established connections, UnverifiedLevelLimits that of unverified
-	// short headers; 0 is unlimited.
-	LevelLimits            []uint32 `json:"level_limits"`
-	EstablishedLevelLimits []uint32 `json:"established_level_limits"`
-	UnverifiedLevelLimits  []uint32 `json:"unverified_level_limits"`
-	IPv4Prefixes           []int    `json:"ipv4_prefixes"`
-	IPv6Prefixes           []int    `json:"ipv6_prefixes"`
-	PerDestinationPort     bool     `json:"per_destination_port"`
-	// BlockSourcePorts lists the blocked source ports as ranges.
-	BlockSourcePorts   []string `json:"block_source_ports"`
-	VersionNegotiation uint32   `json:"version_negotiation"`
-	DryRun             bool     `json:"dry_run"`
-	Allow              []string `json:"allow"`
-}
-
-// OpeningClass names the class of connection-opening packets as the
-// counters do: ClassOpening, or ClassAll without classify.
-func (c Config) OpeningClass() string {
-	if !c.Classify {
-		return ClassAll
-	}
-	return ClassOpening
-}
-
-// ClassLimits are one limiter class's limits by level; 0 is unlimited.
-type ClassLimits struct {
-	Class  string
-	Levels []uint32
-}
-
-// Limits are the limits of each limiter class, named as the counters name
-// the classes, in the order of the classes: opening (or all), established,
-// unverified.
-func (c Config) Limits() []ClassLimits {
-	return []ClassLimits{{c.OpeningClass(), c.LevelLimits}, {ClassEstablished, c.EstablishedLevelLimits},
-		{ClassUnverified, c.UnverifiedLevelLimits}}
-}
-
 // Counters are one family's datagram counts.
 type Counters struct {
 	// Classes are the counts of the limiter classes: "opening",
@@ -267,29 +223,6 @@ type Stream struct {
 	// Dropped estimates the packets dropped since Since (sampled).
 	Dropped uint64 `json:"dropped"`
 	DryRun  bool   `json:"dry_run"`
-}
-
-// Duration is a time.Duration that JSON holds as its string: "1s",
-// "1m30s".
-type Duration time.Duration
-
-// String is the duration as time.Duration writes it.
-func (d Duration) String() string { return time.Duration(d).String() }
-
-// Seconds is the duration in seconds.
-func (d Duration) Seconds() float64 { return time.Duration(d).Seconds() }
-
-// MarshalText writes the duration as its string.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
-
-// UnmarshalText reads a duration that String wrote.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	if err != nil {
-		return fmt.Errorf("reading a duration: %w", err)
-	}
-	*d = Duration(v)
-	return nil
 }
 
 // LearnedSets names the learned sets in Verification.Held, indexed as
