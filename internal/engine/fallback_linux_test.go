@@ -68,7 +68,7 @@ func TestFallBackKeepsLearned(t *testing.T) {
 			}
 			defer u.Close()
 			u.AdoptLearned(k.Learned())
-			ul := u.(*userEngine).Limiter
+			ul := u.(*userEngine).Decider
 			for _, d := range datagrams {
 				b := quicclasstest.ShortPacket(d.id, 100)
 				dg := decide.Datagram{Key: sketch.KeyFrom(netip.AddrPortFrom(d.from, 50000), 443), Length: len(b), Probe: b}

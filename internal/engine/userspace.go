@@ -17,7 +17,7 @@ import (
 // userEngine is the userspace limiter, with the packet conns it filters and
 // the kernel pre-filter on their sockets (package prefilter).
 type userEngine struct {
-	*userspace.Limiter
+	*userspace.Decider
 
 	mu    sync.Mutex
 	conns map[*net.UDPConn]userspaceReads
@@ -41,7 +41,7 @@ func OpenUserspace(c decide.Config, o Options) (Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &userEngine{Limiter: l, conns: map[*net.UDPConn]userspaceReads{}, pre: prefilter.NewEnforcer(),
+	e := &userEngine{Decider: l, conns: map[*net.UDPConn]userspaceReads{}, pre: prefilter.NewEnforcer(),
 		shedder: backlog.NewShedder(backlog.DefaultShedLaw), stop: make(chan struct{}), done: make(chan struct{})}
 	go e.enforce()
 	return e, nil
@@ -49,11 +49,11 @@ func OpenUserspace(c decide.Config, o Options) (Engine, error) {
 
 func (e *userEngine) Mode() string { return ModeUserspace }
 
-func (e *userEngine) Events() (EventReader, error) { return e.Limiter.Events() }
+func (e *userEngine) Events() (EventReader, error) { return e.Decider.Events() }
 
 // Configure puts c in force, then on the pre-filter.
 func (e *userEngine) Configure(c decide.Config) error {
-	if err := e.Limiter.Configure(c); err != nil {
+	if err := e.Decider.Configure(c); err != nil {
 		return err
 	}
 	e.updatePrefilter()
@@ -86,8 +86,8 @@ func (e *userEngine) Protect(conn *net.UDPConn, read ReadConn) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.conns[conn] = ur
-	ur.SetDecider(e.Limiter)
-	if err := e.pre.Attach(conn, e.Limiter.Config()); err != nil {
+	ur.SetDecider(e.Decider)
+	if err := e.pre.Attach(conn, e.Decider.Config()); err != nil {
 		e.preErr = fmt.Errorf("socket %v: %w", conn.LocalAddr(), err)
 	}
 	return nil
@@ -119,7 +119,7 @@ func (e *userEngine) KernelDropped(st decide.Stats) uint64 {
 // the pre-filter. A dry run, or a configuration that does not classify
 // (the program cannot tell a long header), sheds nothing.
 func (e *userEngine) Shed(s backlog.Sample, st decide.Stats) (backlog.ShedReading, bool) {
-	c := e.Limiter.Config()
+	c := e.Decider.Config()
 	e.mu.Lock()
 	if c.DryRun || !c.Classify {
 		e.shedder = backlog.NewShedder(backlog.DefaultShedLaw)
@@ -148,7 +148,7 @@ func (e *userEngine) enforce() {
 		select {
 		case <-e.stop:
 			return
-		case <-e.Limiter.Tracked():
+		case <-e.Decider.Tracked():
 			if !o.tracked(time.Now()) {
 				continue
 			}
@@ -194,11 +194,11 @@ func (o *onset) period(now time.Time) time.Duration {
 // updatePrefilter compiles the configuration and the limited streams into
 // the pre-filter.
 func (e *userEngine) updatePrefilter() {
-	streams, _ := e.Limiter.Streams()
-	st, _ := e.Limiter.Stats()
-	fair := e.Limiter.FairStreams()
-	if err := e.pre.Update(e.Limiter.Config(), e.Limiter.Params(), streams, fair, e.Limiter.Returning(),
-		e.Limiter.Rate, st, time.Now()); err != nil {
+	streams, _ := e.Decider.Streams()
+	st, _ := e.Decider.Stats()
+	fair := e.Decider.FairStreams()
+	if err := e.pre.Update(e.Decider.Config(), e.Decider.Params(), streams, fair, e.Decider.Returning(),
+		e.Decider.Rate, st, time.Now()); err != nil {
 		e.mu.Lock()
 		e.preErr = err
 		e.mu.Unlock()
@@ -228,7 +228,7 @@ func (e *userEngine) Unprotect(conn *net.UDPConn) (bool, error) {
 func (e *userEngine) Close() error {
 	e.once.Do(func() { close(e.stop) })
 	<-e.done
-	return e.Limiter.Close()
+	return e.Decider.Close()
 }
 
 // IsClosed reports whether conn's socket has been closed.

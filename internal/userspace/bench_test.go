@@ -59,7 +59,7 @@ func BenchmarkDecide(b *testing.B) {
 			if bc.limit != 0 {
 				cfg = testutil.QUICLimits(bc.limit, 100_000)
 			}
-			l := newTestLimiter(b, cfg, nil, -1)
+			l := newTestDecider(b, cfg, nil, -1)
 			ds := make([]decide.Datagram, 8)
 			drop := make([]bool, 8)
 			var sink int
@@ -133,9 +133,9 @@ func benchReadBatch(b *testing.B, withLimiter, fixed bool, limit uint32) {
 	cfg := testutil.QUICLimits(limit, 100_000)
 	cfg.Limiter.LevelLimits = map[int]uint32{3: limit}
 	cfg.Allow = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
-	var l *Limiter
+	var l *Decider
 	if withLimiter {
-		l = newTestLimiter(b, cfg, nil, -1)
+		l = newTestDecider(b, cfg, nil, -1)
 	}
 	c := wrap(b, conn, l)
 	// The flood comes from 127.0.0.2 (or any 127/8 address), the sentinel

@@ -16,7 +16,7 @@ import (
 // options. Each must reach the socket itself.
 func TestSocketOptionsThroughConn(t *testing.T) {
 	conn := testutil.Listen(t, "udp", "[::]:0")
-	c := wrap(t, conn, newTestLimiter(t, testutil.Limits(100), nil, -1))
+	c := wrap(t, conn, newTestDecider(t, testutil.Limits(100), nil, -1))
 	rc, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)

@@ -82,7 +82,7 @@ func TestEveryReadFilters(t *testing.T) {
 	}
 	for _, m := range readMethods {
 		t.Run(m.name, func(t *testing.T) {
-			l := newTestLimiter(t, testutil.QUICLimits(100, 1000), nil, -1)
+			l := newTestDecider(t, testutil.QUICLimits(100, 1000), nil, -1)
 			c := wrap(t, testutil.Listen(t, "udp4", "127.0.0.1:0"), l)
 			s := sender(t, "127.0.0.1:0")
 			dst := loopbackTo("127.0.0.1:0", testutil.PortOf(c.UDPConn))
@@ -116,7 +116,7 @@ func TestEveryReadFilters(t *testing.T) {
 // TestSetLimiter: without a limiter every datagram passes; with one again,
 // the drops resume.
 func TestSetLimiter(t *testing.T) {
-	l := newTestLimiter(t, testutil.QUICLimits(100, 1000), nil, -1)
+	l := newTestDecider(t, testutil.QUICLimits(100, 1000), nil, -1)
 	c := wrap(t, testutil.Listen(t, "udp4", "127.0.0.1:0"), l)
 	s := sender(t, "127.0.0.1:0")
 	dst := loopbackTo("127.0.0.1:0", testutil.PortOf(c.UDPConn))
@@ -144,7 +144,7 @@ func TestSetLimiter(t *testing.T) {
 func TestDroppingReadsBlock(t *testing.T) {
 	for _, m := range readMethods {
 		t.Run(m.name, func(t *testing.T) {
-			l := newTestLimiter(t, testutil.QUICLimits(100, 1000), nil, -1)
+			l := newTestDecider(t, testutil.QUICLimits(100, 1000), nil, -1)
 			conn := testutil.Listen(t, "udp4", "127.0.0.1:0")
 			c := wrap(t, conn, l)
 			s := sender(t, "127.0.0.1:0")
@@ -195,7 +195,7 @@ func TestDroppingReadsBlock(t *testing.T) {
 // control message (the destination address, of its own family).
 func TestReadBatchPairs(t *testing.T) {
 	const rounds = 20
-	l := newTestLimiter(t, testutil.QUICLimits(10_000, 10_000), nil, -1)
+	l := newTestDecider(t, testutil.QUICLimits(10_000, 10_000), nil, -1)
 	conn := testutil.Listen(t, "udp", "[::]:0")
 	linux := runtime.GOOS == "linux"
 	if linux {
@@ -282,7 +282,7 @@ func TestConnFlood(t *testing.T) {
 	blocked := *cfg.BlockedPorts
 	blocked.Add(testutil.PortOf(blockedS), testutil.PortOf(blockedS))
 	cfg.BlockedPorts = &blocked
-	l := newTestLimiter(t, cfg, nil, -1)
+	l := newTestDecider(t, cfg, nil, -1)
 	c := wrap(t, conn, l)
 	// Here the limiter decides as quic-go reads, not as the flood is
 	// sent: a reader that a loaded machine held back decides a backlog
@@ -367,7 +367,7 @@ func TestConnFlood(t *testing.T) {
 // allocates nothing (and packetconn.TestFilterBatchAllocatesNothing:
 // compacting it around the drops neither).
 func TestDecideBatchAllocatesNothing(t *testing.T) {
-	l := newTestLimiter(t, testutil.QUICLimits(100, 100_000), nil, 0)
+	l := newTestDecider(t, testutil.QUICLimits(100, 100_000), nil, 0)
 	// A flood of Initials from 192.0.2.1, dropped, between short-header
 	// packets from 192.0.2.0.
 	payloads := [][]byte{quicclasstest.ShortHeader(100), quicclasstest.Initial()}

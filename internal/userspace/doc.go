@@ -18,11 +18,11 @@
 // reaches quic-go: it builds no connection for a flood of Initials, sends no
 // Version Negotiation reply past the cap, and parses no junk.
 //
-// The Limiter decides what quic-go reads through the conn of every mode
+// The Decider decides what quic-go reads through the conn of every mode
 // (package packetconn), as its Decider: quic-go keeps its whole fast path
 // through that conn (batched reads, ECN, GSO, path MTU discovery; see
 // package packetconn). TestQUICGoKeepsFastPath runs quic-go with its debug
-// log on through the conn with a Limiter and checks;
+// log on through the conn with a Decider and checks;
 // TestSocketOptionsThroughConn makes quic-go's socket option calls through
 // it; TestWithoutPrivileges runs the socket and quic-go tests again
 // without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN.
@@ -32,7 +32,7 @@
 // The kernel filter drops a flood before it is queued; here every datagram
 // is received first, and decided on the goroutine that reads the socket
 // (bench_test.go measures reading through the conn's ReadBatch with a
-// Limiter against a wrapper that only passes datagrams through; the
+// Decider against a wrapper that only passes datagrams through; the
 // figures are in the lab's notebook, "The userspace conn's cost per
 // datagram"). So, against the kernel mode:
 //
@@ -52,7 +52,7 @@
 //
 // # Concurrency
 //
-// A Limiter is safe for concurrent use: quic-go's reader, the metrics
+// A Decider is safe for concurrent use: quic-go's reader, the metrics
 // collector, the admin API, reloads and stream expiry may call it at once.
 // The read path takes its mutex once per batch and reads the clock once per
 // batch; it allocates nothing.

@@ -21,7 +21,7 @@ func TestFairStreams(t *testing.T) {
 	c.Limiter.LevelLimits = map[int]uint32{0: sketch.Unlimited, 1: sketch.Unlimited, 2: sketch.Unlimited, 3: 2000}
 	clk := &testutil.Clock{}
 	clk.Advance(time.Hour)
-	l := newTestLimiter(t, c, clk, 0)
+	l := newTestDecider(t, c, clk, 0)
 	p := l.Params()
 	if p.FairNode < 0 || p.FairSource < 0 {
 		t.Fatalf("no fair total in %+v", p.Nodes)

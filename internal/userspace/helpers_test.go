@@ -21,9 +21,9 @@ import (
 // ::1, which every system has), and every flood is bounded in count and
 // time.
 
-// newTestLimiter returns a limiter with a fixed hash key and seed, on clk
+// newTestDecider returns a limiter with a fixed hash key and seed, on clk
 // when it is not nil, tracking one drop in 2^shift (shift < 0: the default).
-func newTestLimiter(t testing.TB, c decide.Config, clk *testutil.Clock, shift int) *Limiter {
+func newTestDecider(t testing.TB, c decide.Config, clk *testutil.Clock, shift int) *Decider {
 	t.Helper()
 	hk := sketch.SeededHashKey(1)
 	o := options{hashKey: &hk, seed: 0x9e3779b97f4a7c15}
@@ -54,7 +54,7 @@ func junk() []byte { return make([]byte, 50) }
 
 // wrap wraps conn in the conn quic-go reads through, its reads decided by
 // l (nil: every datagram passes), for a test.
-func wrap(t testing.TB, conn *net.UDPConn, l *Limiter) *packetconn.Conn {
+func wrap(t testing.TB, conn *net.UDPConn, l *Decider) *packetconn.Conn {
 	t.Helper()
 	c, err := packetconn.New(conn)
 	if err != nil {

@@ -81,9 +81,9 @@ func TestQUICGoTeachesThroughLimiter(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var lim *Limiter
+			var lim *Decider
 			wrapLearning := func(t testing.TB, conn *net.UDPConn, l *learn.Learner) net.PacketConn {
-				lim = newTestLimiter(t, testutil.QUICLimits(1000, 100_000), nil, -1)
+				lim = newTestDecider(t, testutil.QUICLimits(1000, 100_000), nil, -1)
 				c := wrap(t, conn, lim)
 				c.SetLearner(l)
 				return c

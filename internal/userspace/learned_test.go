@@ -28,7 +28,7 @@ func TestLearnVerifies(t *testing.T) {
 	c := verifyingLimits()
 	clk := &testutil.Clock{}
 	clk.Advance(time.Hour)
-	l := newTestLimiter(t, c, clk, -1)
+	l := newTestDecider(t, c, clk, -1)
 	twin, err := decide.New(c, sketch.SeededHashKey(1))
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +109,7 @@ func TestLearnVerifies(t *testing.T) {
 func TestLearnConcurrent(t *testing.T) {
 	c := verifyingLimits()
 	c.Limiter.Established.Limit = 1_000_000
-	l := newTestLimiter(t, c, nil, -1)
+	l := newTestDecider(t, c, nil, -1)
 	var ids []decide.ServerID
 	for i := range 64 {
 		ids = append(ids, decide.ServerID{0xee, 0, 0, byte(i)})

@@ -21,5 +21,5 @@ type learner interface {
 
 var (
 	_ learner = (*kernel.Filter)(nil)
-	_ learner = (*Limiter)(nil)
+	_ learner = (*Decider)(nil)
 )

@@ -116,7 +116,7 @@ func quicChild(t *testing.T, mode string) {
 	var cc *countingConn
 	switch mode {
 	case "wrapped":
-		cc = &countingConn{Conn: wrap(t, conn, newTestLimiter(t, testutil.QUICLimits(1000, 100_000), nil, -1))}
+		cc = &countingConn{Conn: wrap(t, conn, newTestDecider(t, testutil.QUICLimits(1000, 100_000), nil, -1))}
 		pc = cc
 	case "plain":
 		pc = struct{ net.PacketConn }{conn}
@@ -144,7 +144,7 @@ func TestQUICGoUnderFlood(t *testing.T) {
 	serverTLS, clientTLS := learntest.TLSConfigs(t)
 	conn := testutil.Listen(t, "udp", "[::]:0")
 	port := testutil.PortOf(conn)
-	l := newTestLimiter(t, testutil.QUICLimits(limit, 100_000), nil, -1)
+	l := newTestDecider(t, testutil.QUICLimits(limit, 100_000), nil, -1)
 	cc := &countingConn{Conn: wrap(t, conn, l)}
 	learntest.Serve(t, &quic.Transport{Conn: cc}, serverTLS, &quic.Config{})
 

@@ -14,7 +14,7 @@ import (
 // the rate it arrives, decaying once it stops; an invalid stream has none.
 func TestRate(t *testing.T) {
 	var clk testutil.Clock
-	l := newTestLimiter(t, testutil.QUICLimits(100, 1000), &clk, 0)
+	l := newTestDecider(t, testutil.QUICLimits(100, 1000), &clk, 0)
 	// 1,000 Initials a second for 3 s, and junk, from two sources.
 	for range 3000 {
 		clk.Advance(time.Millisecond)

@@ -41,7 +41,7 @@ func trusted(v quicclass.Verification) bool {
 // now, when it was trusted: every returning user's opening, and a sample of
 // the rest, by bits of rnd the tracking sample (the low bits) does not
 // use. l.mu must be held.
-func (l *Limiter) noteReturning(k *sketch.Key, out *decide.Outcome, now int64, rnd uint32) {
+func (l *Decider) noteReturning(k *sketch.Key, out *decide.Outcome, now int64, rnd uint32) {
 	if !trusted(out.Verified) {
 		return
 	}
@@ -57,7 +57,7 @@ func (l *Limiter) noteReturning(k *sketch.Key, out *decide.Outcome, now int64, r
 
 // Returning lists the sources of the returning users seen within
 // ReturningTTL, the most recent first, and forgets the older ones.
-func (l *Limiter) Returning() []netip.Addr {
+func (l *Decider) Returning() []netip.Addr {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.clock.now()

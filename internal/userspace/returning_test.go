@@ -22,7 +22,7 @@ func TestReturningSources(t *testing.T) {
 	c := verifyingLimits()
 	clk := &testutil.Clock{}
 	clk.Advance(time.Hour)
-	l := newTestLimiter(t, c, clk, -1)
+	l := newTestDecider(t, c, clk, -1)
 	sid := decide.ServerID{0xa1, 0xb2, 0xc3, 0xd4}
 	answered, kept, stranger, spent := netip.MustParseAddr("127.132.0.3"), netip.MustParseAddr("127.132.0.7"),
 		netip.MustParseAddr("127.132.0.9"), netip.MustParseAddr("127.132.0.11")

@@ -129,7 +129,7 @@ func streamKeyOf(p *sketch.Params, k *sketch.Key, n sketch.Node, class quicclass
 
 // track records a drop of the stream that node out.Verdict.Node saw (track()
 // in internal/kernel/c/stream.h).
-func (l *Limiter) track(k *sketch.Key, out *decide.Outcome, now int64) {
+func (l *Decider) track(k *sketch.Key, out *decide.Outcome, now int64) {
 	sk := streamKeyOf(l.f.Limiter().Params(), k, out.Verdict.Node, out.Class)
 	st := streamState{first: now, last: now, sampled: 1, estimate: out.Verdict.Estimate, level: out.Verdict.Level,
 		dryRun: l.cfg.DryRun}
@@ -146,7 +146,7 @@ const MaxFairNetworks = 1024
 // filter has no such record: it is what the classic BPF pre-filter needs to
 // drop the networks that flood in the kernel, since the total's own stream
 // (every source) cannot tell them from a quiet one.
-func (l *Limiter) trackFair(k *sketch.Key, out *decide.Outcome, now int64) {
+func (l *Decider) trackFair(k *sketch.Key, out *decide.Outcome, now int64) {
 	p := l.f.Limiter().Params()
 	if p.FairNode < 0 || p.FairSource < 0 || out.Verdict.Node != p.Nodes[p.FairNode] {
 		return
@@ -164,7 +164,7 @@ func (l *Limiter) trackFair(k *sketch.Key, out *decide.Outcome, now int64) {
 // recently (sampled as tracked streams are, forgotten as they are by
 // ExpireStreams): streams of the node below the total that counts networks,
 // with the class of the packets dropped.
-func (l *Limiter) FairStreams() []decide.Stream {
+func (l *Decider) FairStreams() []decide.Stream {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []decide.Stream
@@ -178,7 +178,7 @@ func (l *Limiter) FairStreams() []decide.Stream {
 
 // trackInvalid records an invalid datagram from k's source address
 // (track_invalid() in internal/kernel/c/stream.h).
-func (l *Limiter) trackInvalid(k *sketch.Key, reason quicclass.Reason, now int64) {
+func (l *Decider) trackInvalid(k *sketch.Key, reason quicclass.Reason, now int64) {
 	sk := streamKey{family: k.Family, node: decide.InvalidNode, class: quicclass.Invalid, dport: k.DstPort, words: k.Words}
 	st := streamState{first: now, last: now, sampled: 1, reason: reason, dryRun: l.cfg.DryRun}
 	l.record(&sk, &st)
@@ -188,7 +188,7 @@ func (l *Limiter) trackInvalid(k *sketch.Key, reason quicclass.Reason, now int64
 // new stream to the event reader; when the queue is full the report is
 // lost, as when the kernel's ring buffer is. New streams are paced
 // (decide.TrackPacing); a sampled drop the pacer refuses is counted.
-func (l *Limiter) record(sk *streamKey, st *streamState) {
+func (l *Decider) record(sk *streamKey, st *streamState) {
 	if l.tab.update(sk, st) {
 		return
 	}
@@ -206,7 +206,7 @@ func (l *Limiter) record(sk *streamKey, st *streamState) {
 }
 
 // signalTracked tells the receiver of Tracked, if it is not told already.
-func (l *Limiter) signalTracked() {
+func (l *Decider) signalTracked() {
 	select {
 	case l.tracked <- struct{}{}:
 	default:
@@ -217,10 +217,10 @@ func (l *Limiter) signalTracked() {
 // network (FairStreams), once for any number since the last receive, so
 // that the owner of the kernel pre-filter can put a new flood in it without
 // waiting for its next period.
-func (l *Limiter) Tracked() <-chan struct{} { return l.tracked }
+func (l *Decider) Tracked() <-chan struct{} { return l.tracked }
 
 // stream converts a record (as bpf.Filter.stream converts the kernel's).
-func (l *Limiter) stream(k *streamKey, st *streamState) decide.Stream {
+func (l *Decider) stream(k *streamKey, st *streamState) decide.Stream {
 	s := decide.Stream{
 		Class:    k.class,
 		Node:     sketch.Node(k.node),
@@ -239,7 +239,7 @@ func (l *Limiter) stream(k *streamKey, st *streamState) decide.Stream {
 }
 
 // Streams returns the streams tracked now. The error is always nil.
-func (l *Limiter) Streams() ([]decide.Stream, error) {
+func (l *Decider) Streams() ([]decide.Stream, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []decide.Stream
@@ -254,7 +254,7 @@ func (l *Limiter) Streams() ([]decide.Stream, error) {
 // Untracked estimates the drops of streams not tracked because new streams
 // came faster than decide.TrackPacing allows: the sampled ones, scaled
 // by the sampling. The error is always nil.
-func (l *Limiter) Untracked() (uint64, error) {
+func (l *Decider) Untracked() (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.untracked << l.shift, nil
@@ -262,7 +262,7 @@ func (l *Limiter) Untracked() (uint64, error) {
 
 // ExpireStreams forgets the streams without a sampled drop for idle and
 // returns them: they are no longer limited. The error is always nil.
-func (l *Limiter) ExpireStreams(idle time.Duration) ([]decide.Stream, error) {
+func (l *Decider) ExpireStreams(idle time.Duration) ([]decide.Stream, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	cutoff := l.clock.now() - int64(idle)
@@ -284,7 +284,7 @@ func (l *Limiter) ExpireStreams(idle time.Duration) ([]decide.Stream, error) {
 // EventReader reads the reports of newly limited streams, one per stream
 // the limiter starts tracking.
 type EventReader struct {
-	l      *Limiter
+	l      *Decider
 	closed chan struct{}
 	once   sync.Once
 }
@@ -294,7 +294,7 @@ var errReaderOpen = errors.New("opening the limited-stream reader: one is alread
 
 // Events opens the reader of newly limited streams. There is one queue per
 // limiter: open one reader at a time.
-func (l *Limiter) Events() (*EventReader, error) {
+func (l *Decider) Events() (*EventReader, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	select {
@@ -348,7 +348,7 @@ func (e *EventReader) Close() error {
 // which is the estimate at the stream's latest sampled drop), as of now and
 // over both budgets of the node's cells. It is 0 for a stream of invalid
 // datagrams, or a node the configuration no longer has.
-func (l *Limiter) Rate(s *decide.Stream) uint64 {
+func (l *Decider) Rate(s *decide.Stream) uint64 {
 	if s.Class >= quicclass.LimiterClasses {
 		return 0
 	}

@@ -196,11 +196,11 @@ func newLearner(sink Sink, o Options, now func() int64) (*Learner, error) {
 		o.Lifetime = DefaultLifetime
 	}
 	if o.Lifetime < PeerInterval {
-		return nil, fmt.Errorf("egress learner: lifetime %v is shorter than the peer interval %v", o.Lifetime, PeerInterval)
+		return nil, fmt.Errorf("learner: lifetime %v is shorter than the peer interval %v", o.Lifetime, PeerInterval)
 	}
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
-		return nil, fmt.Errorf("egress learner: seeding the shard hash: %w", err)
+		return nil, fmt.Errorf("learner: seeding the shard hash: %w", err)
 	}
 	l := &Learner{
 		lifetime: int64(o.Lifetime),

@@ -33,7 +33,7 @@ import (
 )
 
 // alpn is the application protocol of the test exchange.
-const alpn = "rakelimit-egress-test"
+const alpn = "rakelimit-learn-test"
 
 // Sink records what a Learner teaches it. It is safe for concurrent use.
 type Sink struct {

@@ -19,11 +19,11 @@ import (
 // are lost, as when the kernel's ring buffer is full.
 const eventQueue = 512
 
-// Limiter is a decide.Filter that is safe for concurrent use, with its own
+// Decider is a decide.Filter that is safe for concurrent use, with its own
 // monotonic clock and random numbers, and tracks the streams it drops
-// packets of the way the kernel filter does. Its methods mirror bpf.Filter's,
+// packets of the way the kernel filter does. Its methods mirror kernel.Filter's,
 // so that one interface can drive either.
-type Limiter struct {
+type Decider struct {
 	mu    sync.Mutex
 	f     *decide.Filter
 	cfg   decide.Config
@@ -82,14 +82,14 @@ type options struct {
 // (a limiter that takes over what another engine learned, AdoptLearned,
 // must hash with that engine's key). It refuses exactly the configurations
 // the kernel filter refuses.
-func New(c decide.Config, hk *sketch.HashKey) (*Limiter, error) {
+func New(c decide.Config, hk *sketch.HashKey) (*Decider, error) {
 	return newLimiter(c, options{hashKey: hk})
 }
 
 // HashKey returns the limiter's hash key.
-func (l *Limiter) HashKey() sketch.HashKey { return l.f.HashKey() }
+func (l *Decider) HashKey() sketch.HashKey { return l.f.HashKey() }
 
-func newLimiter(c decide.Config, o options) (*Limiter, error) {
+func newLimiter(c decide.Config, o options) (*Decider, error) {
 	c = cloneConfig(c)
 	var hk sketch.HashKey
 	var err error
@@ -102,7 +102,7 @@ func newLimiter(c decide.Config, o options) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Limiter{
+	l := &Decider{
 		f:           f,
 		cfg:         c,
 		rng:         o.seed,
@@ -149,7 +149,7 @@ func cloneConfig(c decide.Config) decide.Config {
 // Configure replaces the configuration, all or nothing: on an error the
 // limiter is left as it was. The sketches, counters and tracked streams are
 // kept. The lattice (prefix count and PerDstPort) cannot change.
-func (l *Limiter) Configure(c decide.Config) error {
+func (l *Decider) Configure(c decide.Config) error {
 	c = cloneConfig(c)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -161,14 +161,14 @@ func (l *Limiter) Configure(c decide.Config) error {
 }
 
 // Config returns the configuration in force.
-func (l *Limiter) Config() decide.Config {
+func (l *Decider) Config() decide.Config {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return cloneConfig(l.cfg)
 }
 
 // Params returns the compiled configuration in force.
-func (l *Limiter) Params() *sketch.Params {
+func (l *Decider) Params() *sketch.Params {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f.Limiter().Params()
@@ -176,7 +176,7 @@ func (l *Limiter) Params() *sketch.Params {
 
 // Stats returns the datagram counters. The error is always nil; it is there
 // to match bpf.Filter.
-func (l *Limiter) Stats() (decide.Stats, error) {
+func (l *Decider) Stats() (decide.Stats, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f.Stats(), nil
@@ -185,7 +185,7 @@ func (l *Limiter) Stats() (decide.Stats, error) {
 // Sweep resets the sketch cells idle for so long that their 32-bit epoch
 // could wrap (sketch.Limiter.Sweep); the owner runs it at least daily. It
 // returns how many cells it reset; the error is always nil.
-func (l *Limiter) Sweep() (int, error) {
+func (l *Decider) Sweep() (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f.Limiter().Sweep(l.clock.now()), nil
@@ -195,7 +195,7 @@ func (l *Limiter) Sweep() (int, error) {
 // header's source connection ID, to to, the address it was sent to, now:
 // with VerifyIDs, datagrams from to carrying it are verified from now on.
 // It refuses an invalid address.
-func (l *Limiter) LearnServerID(id decide.ServerID, to netip.Addr) error {
+func (l *Decider) LearnServerID(id decide.ServerID, to netip.Addr) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f.LearnServerID(id, to, l.clock.now())
@@ -203,7 +203,7 @@ func (l *Limiter) LearnServerID(id decide.ServerID, to netip.Addr) error {
 
 // LearnPeer records that the server sent a connection's packet to addr,
 // now (decide.Learned.LearnPeer). It refuses an invalid address.
-func (l *Limiter) LearnPeer(addr netip.Addr) error {
+func (l *Decider) LearnPeer(addr netip.Addr) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f.LearnPeer(addr, l.clock.now())
@@ -212,25 +212,25 @@ func (l *Limiter) LearnPeer(addr netip.Addr) error {
 // Grant adds credits to addr, an answered peer (decide.Learned.Grant). It
 // takes no lock: the credits are written with atomic operations, as the
 // datagrams that spend them are.
-func (l *Limiter) Grant(addr netip.Addr, credits int) error {
+func (l *Decider) Grant(addr netip.Addr, credits int) error {
 	return l.f.Grant(addr, credits)
 }
 
 // ExpireLearned forgets the keys of each learned set neither learned nor
 // used for lifetime, and returns how many of each. The error is always
 // nil; it is there to match the kernel engine.
-func (l *Limiter) ExpireLearned(lifetime time.Duration) ([decide.NumLearned]int, error) {
+func (l *Decider) ExpireLearned(lifetime time.Duration) ([decide.NumLearned]int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f.ExpireLearned(l.clock.now(), lifetime.Nanoseconds()), nil
 }
 
 // Learned returns the limiter's learned sets.
-func (l *Limiter) Learned() decide.Learned { return l.f.Learned() }
+func (l *Decider) Learned() decide.Learned { return l.f.Learned() }
 
 // AdoptLearned takes over the keys of another engine's learned sets, each
 // stamped now (the other engine's clock is not this one's).
-func (l *Limiter) AdoptLearned(from decide.Learned) {
+func (l *Decider) AdoptLearned(from decide.Learned) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.f.Learned().CopyFrom(from, decide.Stamp(l.clock.now()))
@@ -238,7 +238,7 @@ func (l *Limiter) AdoptLearned(from decide.Learned) {
 
 // Decide decides the fate of one datagram now, counts it and tracks its
 // stream if it is dropped.
-func (l *Limiter) Decide(d *decide.Datagram) decide.Outcome {
+func (l *Decider) Decide(d *decide.Datagram) decide.Outcome {
 	l.mu.Lock()
 	out := l.decide(d, l.clock.now())
 	l.mu.Unlock()
@@ -248,7 +248,7 @@ func (l *Limiter) Decide(d *decide.Datagram) decide.Outcome {
 // DecideBatch decides every datagram of ds with one acquisition of the lock
 // and one reading of the clock, and sets drop[i] for those to drop (never
 // in a dry run). drop must be at least as long as ds.
-func (l *Limiter) DecideBatch(ds []decide.Datagram, drop []bool) {
+func (l *Decider) DecideBatch(ds []decide.Datagram, drop []bool) {
 	drop = drop[:len(ds)]
 	l.mu.Lock()
 	now := l.clock.now()
@@ -263,7 +263,7 @@ func (l *Limiter) DecideBatch(ds []decide.Datagram, drop []bool) {
 // samples drops (its low bits): a drop of the limiter's classes (applied or
 // not) and an invalid datagram are tracked when it has none of the sampling
 // bits set.
-func (l *Limiter) decide(d *decide.Datagram, now int64) decide.Outcome {
+func (l *Decider) decide(d *decide.Datagram, now int64) decide.Outcome {
 	rnd := l.random()
 	out := l.f.Decide(d, now, rnd)
 	l.noteReturning(&d.Key, &out, now, rnd)
@@ -284,7 +284,7 @@ func (l *Limiter) decide(d *decide.Datagram, now int64) decide.Outcome {
 // random is xorshift64* (Vigna), the kernel filter's generator: it only
 // dithers thresholds and samples drops, so speed matters more than
 // unpredictability.
-func (l *Limiter) random() uint32 {
+func (l *Decider) random() uint32 {
 	x := l.rng
 	x ^= x >> 12
 	x ^= x << 25
@@ -297,7 +297,7 @@ func (l *Limiter) random() uint32 {
 // makes Events fail. Datagrams are still decided: a Conn that uses the
 // limiter stays protected, as a socket keeps the kernel filter attached
 // after bpf.Filter.Close.
-func (l *Limiter) Close() error {
+func (l *Decider) Close() error {
 	l.once.Do(func() { close(l.closed) })
 	return nil
 }

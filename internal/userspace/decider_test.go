@@ -28,17 +28,17 @@ func (x *xorshift) next() uint32 {
 	return uint32((x.s * 0x2545F4914F6CDD1D) >> 32)
 }
 
-// TestLimiterIsTheFilter runs a mixed trace through the Limiter and through
+// TestDeciderIsTheFilter runs a mixed trace through the Decider and through
 // a bare decide.Filter given the same times and random numbers (the twin
 // replays the kernel's order: one number per datagram, for the decision and
 // the sampling alike): every outcome, counter and sketch cell must be the
 // same, before and after a reconfiguration to a dry run.
-func TestLimiterIsTheFilter(t *testing.T) {
+func TestDeciderIsTheFilter(t *testing.T) {
 	c := testutil.QUICLimits(100, 1000)
 	c.Allow = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}
 	clk := &testutil.Clock{}
 	clk.Advance(time.Hour)
-	l := newTestLimiter(t, c, clk, -1)
+	l := newTestDecider(t, c, clk, -1)
 	hk := sketch.SeededHashKey(1)
 	twin, err := decide.New(c, hk)
 	if err != nil {
@@ -171,7 +171,7 @@ func TestStreamTracking(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := &testutil.Clock{}
 			clk.Advance(time.Hour)
-			l := newTestLimiter(t, topUnlimited(tt.cfg), clk, 0)
+			l := newTestDecider(t, topUnlimited(tt.cfg), clk, 0)
 			events, err := l.Events()
 			if err != nil {
 				t.Fatal(err)
@@ -278,7 +278,7 @@ func slicesSort(s []string) {
 // drops: about 1,000 samples, 4 standard deviations).
 func TestStreamSampling(t *testing.T) {
 	clk := &testutil.Clock{}
-	l := newTestLimiter(t, testutil.Limits(100), clk, -1)
+	l := newTestDecider(t, testutil.Limits(100), clk, -1)
 	for range 16_200 {
 		clk.Advance(100 * time.Microsecond)
 		d := dgram("192.0.2.1:40000", []byte("x"))
@@ -302,7 +302,7 @@ func TestStreamSampling(t *testing.T) {
 // forgotten; one still dropped stays.
 func TestExpireStreams(t *testing.T) {
 	clk := &testutil.Clock{}
-	l := newTestLimiter(t, topUnlimited(testutil.Limits(100)), clk, 0)
+	l := newTestDecider(t, topUnlimited(testutil.Limits(100)), clk, 0)
 	flood := func(src string, d time.Duration) {
 		for end := clk.Now() + int64(d); clk.Now() < end; clk.Advance(time.Millisecond) {
 			for range 10 {
@@ -332,7 +332,7 @@ func TestExpireStreams(t *testing.T) {
 // that saw no drop lately, never those still dropped.
 func TestStreamTableFull(t *testing.T) {
 	clk := &testutil.Clock{}
-	l := newTestLimiter(t, testutil.QUICLimits(100, 100), clk, 0)
+	l := newTestDecider(t, testutil.QUICLimits(100, 100), clk, 0)
 	send := func(i int) {
 		d := dgram(fmt.Sprintf("10.%d.%d.1:40000", i/256, i%256), junk())
 		l.Decide(&d)
@@ -377,7 +377,7 @@ func TestStreamTableFull(t *testing.T) {
 // are counted as untracked, and a tracked stream's drops are always recorded.
 func TestTrackingPaced(t *testing.T) {
 	clk := &testutil.Clock{}
-	l := newTestLimiter(t, testutil.QUICLimits(1000, 1000), clk, 0)
+	l := newTestDecider(t, testutil.QUICLimits(1000, 1000), clk, 0)
 	source := 0
 	flood := func(n int) {
 		for range n {
@@ -449,7 +449,7 @@ func TestConfigure(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := newTestLimiter(t, base, nil, -1)
+			l := newTestDecider(t, base, nil, -1)
 			d := dgram("192.0.2.1:40000", quicclasstest.Initial())
 			l.Decide(&d)
 			before, params := l.Config(), l.Params()
@@ -468,7 +468,7 @@ func TestConfigure(t *testing.T) {
 		})
 	}
 	t.Run("valid", func(t *testing.T) {
-		l := newTestLimiter(t, base, nil, -1)
+		l := newTestDecider(t, base, nil, -1)
 		for range 50 {
 			d := dgram("192.0.2.1:40000", quicclasstest.Initial())
 			l.Decide(&d)
@@ -498,7 +498,7 @@ func TestConfigure(t *testing.T) {
 // TestConfigIsCopied: the limiter keeps its own copy of the configuration.
 func TestConfigIsCopied(t *testing.T) {
 	c := testutil.QUICLimits(100, 1000)
-	l := newTestLimiter(t, c, nil, -1)
+	l := newTestDecider(t, c, nil, -1)
 	c.BlockedPorts.Add(40000, 40000)
 	c.Limiter.Limit = 1
 	d := dgram("192.0.2.1:40000", quicclasstest.Initial())
@@ -516,7 +516,7 @@ func TestConfigIsCopied(t *testing.T) {
 // TestEvents: Read blocks until an event, one reader at a time, and Close
 // (of the reader or the limiter) ends a blocked Read with os.ErrClosed.
 func TestEvents(t *testing.T) {
-	l := newTestLimiter(t, testutil.Limits(10), nil, 0)
+	l := newTestDecider(t, testutil.Limits(10), nil, 0)
 	r, err := l.Events()
 	if err != nil {
 		t.Fatal(err)
@@ -586,7 +586,7 @@ func TestEvents(t *testing.T) {
 func TestSweep(t *testing.T) {
 	clk := &testutil.Clock{}
 	clk.Advance(time.Hour)
-	l := newTestLimiter(t, testutil.Limits(100), clk, -1)
+	l := newTestDecider(t, testutil.Limits(100), clk, -1)
 	d := dgram("192.0.2.1:40000", []byte("x"))
 	l.Decide(&d)
 	if n, _ := l.Sweep(); n != 0 {
@@ -604,7 +604,7 @@ func TestSweep(t *testing.T) {
 // counted once.
 func TestLimiterConcurrent(t *testing.T) {
 	c := testutil.QUICLimits(200, 2000)
-	l := newTestLimiter(t, c, nil, -1)
+	l := newTestDecider(t, c, nil, -1)
 	events, err := l.Events()
 	if err != nil {
 		t.Fatal(err)
