@@ -6,17 +6,18 @@
 // # What it keeps
 //
 // Every datagram is decided exactly as the kernel filter decides it
-// (package decide, the Go twin of internal/kernel/rakelimit.c): the allowlist, the QUIC
-// classes verified against the server IDs and peers learned
-// (LearnServerID, LearnPeer, ExpireLearned; bounded and expired as the
-// kernel's maps are), the version negotiation cap and the hierarchical
-// fair-share limiter, with the same counters (datagram.Stats), the same limited-stream
-// records (datagram.Stream: sampled one drop in 2^datagram.DefaultTrackShift, keyed
-// by the dropping node, one event per new stream, at most
-// datagram.MaxTrackedStreams) and the same all-or-nothing reconfiguration, which
-// refuses exactly what the kernel filter refuses. A dropped datagram never
-// reaches quic-go: it builds no connection for a flood of Initials, sends no
-// Version Negotiation reply past the cap, and parses no junk.
+// (package decide, the Go twin of internal/kernel/rakelimit.c): the
+// allowlist, the QUIC classes verified against the server IDs and peers
+// learned (LearnServerID, LearnPeer, ExpireLearned; bounded and expired as
+// the kernel's maps are), the version negotiation cap and the hierarchical
+// fair-share limiter, with the same counters (decide.Stats), the same
+// limited-stream records (decide.Stream: sampled one drop in
+// 2^decide.DefaultTrackShift, keyed by the dropping node, one event per new
+// stream, at most decide.MaxTrackedStreams) and the same all-or-nothing
+// reconfiguration, which refuses exactly what the kernel filter refuses. A
+// dropped datagram never reaches quic-go: it builds no connection for a
+// flood of Initials, sends no Version Negotiation reply past the cap, and
+// parses no junk.
 //
 // The Decider decides what quic-go reads through the conn of every mode
 // (package packetconn), as its Decider: quic-go keeps its whole fast path
