@@ -12,20 +12,22 @@ import (
 	"github.com/rakelimit/caddy-rakelimit/internal/decide"
 )
 
-// BenchOptions are the load-time switches of a filter loaded for a
-// benchmark through BPF_PROG_TEST_RUN (LoadBench).
+// BenchOptions choose what a filter loaded for a benchmark through
+// BPF_PROG_TEST_RUN (LoadBench) loads.
 type BenchOptions struct {
-	// RandomSource gives every packet a new random source address (the
-	// program's bench_random_source switch), so that one packet repeated
-	// by BPF_PROG_TEST_RUN is a packet from a new source every time.
+	// RandomSource gives every packet a new random source address, so
+	// that one packet repeated by BPF_PROG_TEST_RUN is a packet from a new
+	// source every time: the filter loads the object's benchmark entries
+	// (rakelimit_bench_random, rakelimit_xdp_bench_random; see
+	// c/pkt.h) in place of the production ones, which it loads otherwise.
 	RandomSource bool
 	// XDP loads the XDP program too (XDPProgram).
 	XDP bool
 }
 
-// LoadBench loads the filter as Load does, with the benchmark switches of
-// o. A filter loaded with RandomSource must never be attached to a socket:
-// it limits no one.
+// LoadBench loads the filter as Load does, with the programs o chooses. A
+// filter loaded with RandomSource must never be attached to a socket: it
+// limits no one.
 func LoadBench(c decide.Config, o BenchOptions) (*Filter, error) {
 	return load(c, loadOptions{benchRandomSource: o.RandomSource, xdp: o.XDP})
 }
@@ -46,7 +48,8 @@ func (f *Filter) ProveForBench(addr netip.Addr) error {
 	return nil
 }
 
-// Program returns the filter's socket filter program, for
+// Program returns the filter's socket filter program (the benchmark entry
+// for a filter that LoadBench loaded with RandomSource), for
 // BPF_PROG_TEST_RUN. It stays owned by the filter: Close closes it.
 func (f *Filter) Program() *ebpf.Program {
 	return f.objs.Rakelimit

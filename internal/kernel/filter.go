@@ -83,10 +83,14 @@ type Filter struct {
 
 // loadOptions are switches for tests; the zero value is production.
 type loadOptions struct {
-	// testMode takes time and randomness from skb->cb and records the
-	// verdict in the test_verdict map (see c/maps.h).
+	// testMode loads the test entries (rakelimit_test, rakelimit_xdp_test;
+	// see c/pkt.h) in place of the production ones: they take the time
+	// and the random number from the test (skb->cb, the XDP metadata) and
+	// record the verdict in the test_verdict map.
 	testMode bool
-	// benchRandomSource gives every packet a random source address.
+	// benchRandomSource loads the benchmark entries
+	// (rakelimit_bench_random, rakelimit_xdp_bench_random) in place of the
+	// production ones: they give every packet a random source address.
 	benchRandomSource bool
 	// hashKey replaces the random hash key.
 	hashKey *sketch.HashKey
@@ -154,14 +158,14 @@ func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
 			return nil, fmt.Errorf("the BPF object's %s holds %d entries, internal/decide says %d", m, n, want)
 		}
 	}
-	for name, on := range map[string]bool{
-		rakelimitVarTestMode:          o.testMode,
-		rakelimitVarBenchRandomSource: o.benchRandomSource,
-	} {
-		if err := spec.Variables[name].Set(boolByte(on)); err != nil {
-			return nil, fmt.Errorf("setting %s: %w", name, err)
-		}
+	socket, xdp, err := o.entries()
+	if err != nil {
+		return nil, err
 	}
+	// The filter knows its programs by the production entries' names
+	// (loadObjects): a test's entries are loaded in their place.
+	spec.Programs[rakelimitProgRakelimit] = spec.Programs[socket]
+	spec.Programs[rakelimitProgRakelimitXdp] = spec.Programs[xdp]
 	caps := loadCaps
 	if o.xdp {
 		caps = loadXDPCaps
@@ -194,27 +198,57 @@ func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
 	return f, nil
 }
 
+// entries returns the names of the programs o loads as the socket filter
+// and the XDP program: the production entries, or a test's or a
+// benchmark's (c/pkt.h).
+func (o loadOptions) entries() (socket, xdp string, err error) {
+	switch {
+	case o.testMode && o.benchRandomSource:
+		return "", "", fmt.Errorf("a filter loads the test entries or the benchmark entries, not both")
+	case o.testMode:
+		return rakelimitProgRakelimitTest, rakelimitProgRakelimitXdpTest, nil
+	case o.benchRandomSource:
+		return rakelimitProgRakelimitBenchRandom, rakelimitProgRakelimitXdpBenchRandom, nil
+	}
+	return rakelimitProgRakelimit, rakelimitProgRakelimitXdp, nil
+}
+
+// socketObjects are the objects of a filter without its XDP program: the
+// maps, the variables and the socket filter.
+type socketObjects struct {
+	rakelimitMaps
+	rakelimitVariables
+	Rakelimit *ebpf.Program `ebpf:"rakelimit"`
+}
+
 // loadObjects loads the maps, the variables and the socket filter of spec,
 // and with xdp the XDP program: a program left out of the objects assigned
-// is not loaded. Its system calls (map creation, program load and
+// is not loaded (neither is any entry of the object but the two, the test
+// and benchmark entries among them, so that their verification costs a
+// filter's start nothing). Its system calls (map creation, program load and
 // verification) are the only ones of a filter's life that need CAP_BPF
 // and CAP_PERFMON (and with xdp CAP_NET_ADMIN): load runs it with them
 // raised (withCapabilities). What follows, the maps' writes, reads and
 // mappings through their file descriptors and SO_ATTACH_BPF on a socket of
 // the process, needs none.
 func (f *Filter) loadObjects(spec *ebpf.CollectionSpec, xdp bool) error {
-	if xdp {
-		return spec.LoadAndAssign(&f.objs, nil)
+	if !xdp {
+		var objs socketObjects
+		if err := spec.LoadAndAssign(&objs, nil); err != nil {
+			return err
+		}
+		f.objs.rakelimitMaps, f.objs.rakelimitVariables, f.objs.Rakelimit = objs.rakelimitMaps, objs.rakelimitVariables, objs.Rakelimit
+		return nil
 	}
 	var objs struct {
-		rakelimitMaps
-		rakelimitVariables
-		Rakelimit *ebpf.Program `ebpf:"rakelimit"`
+		socketObjects
+		RakelimitXdp *ebpf.Program `ebpf:"rakelimit_xdp"`
 	}
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return err
 	}
-	f.objs.rakelimitMaps, f.objs.rakelimitVariables, f.objs.Rakelimit = objs.rakelimitMaps, objs.rakelimitVariables, objs.Rakelimit
+	f.objs.rakelimitMaps, f.objs.rakelimitVariables = objs.rakelimitMaps, objs.rakelimitVariables
+	f.objs.Rakelimit, f.objs.RakelimitXdp = objs.Rakelimit, objs.RakelimitXdp
 	return nil
 }
 

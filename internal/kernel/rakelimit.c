@@ -3,7 +3,9 @@
 // rakelimit.c: the hierarchical fair-share rate limiter as a BPF socket filter,
 // for the UDP socket of an HTTP/3 server, and as an XDP program, for the
 // interfaces that carry its traffic: one decision, two entries, one object
-// whose maps both share.
+// whose maps both share. Each entry has test and benchmark twins, compiled
+// from the same inline functions with flags that leave the production
+// entries free of their code (c/pkt.h).
 //
 // The program performs, operation for operation, what Filter.Decide in
 // internal/decide does: the QUIC class of the datagram (internal/decide/quicclass),
@@ -104,15 +106,16 @@ static __always_inline __u64 tick_clock(const struct config *cfg, struct cpu_sta
 	return t;
 }
 
-// clock is the time of the packet: the kernel's monotonic clock, or in test
-// mode the time the test gave it (pkt_test_now). The precise clock costs
-// more than the rest of a drop (it reads the TSC and scales it); the coarse
-// one, which the timer tick advances, costs a load and a comparison
-// (tick_clock), and userspace picks it when the window is at least 100
-// ticks long, so that a packet's time is off by at most 1% of the window.
-static __always_inline __u64 clock(const struct config *cfg, struct cpu_state *cs, pkt_ctx *ctx)
+// clock is the time of the packet: the kernel's monotonic clock, or in a
+// test entry (TEST_INPUT in flags, c/pkt.h) the time the test gave it
+// (pkt_test_now). The precise clock costs more than the rest of a drop (it
+// reads the TSC and scales it); the coarse one, which the timer tick
+// advances, costs a load and a comparison (tick_clock), and userspace picks
+// it when the window is at least 100 ticks long, so that a packet's time is
+// off by at most 1% of the window.
+static __always_inline __u64 clock(const struct config *cfg, struct cpu_state *cs, pkt_ctx *ctx, int flags)
 {
-	if (test_mode)
+	if (flags & TEST_INPUT)
 		return pkt_test_now(ctx);
 	if (cfg->coarse_clock)
 		return tick_clock(cfg, cs);
@@ -125,10 +128,20 @@ static __always_inline int family_slot(__u8 family)
 	return family == FAMILY_IPV4 ? 1 : family == FAMILY_IPV6 ? 2 : 0;
 }
 
+// record_verdict writes v to test_verdict in a test entry (TEST_VERDICT in
+// flags), for the test to read.
+static __always_inline void record_verdict(const struct verdict *v, int flags)
+{
+	__u32 zero = 0;
+
+	if (flags & TEST_VERDICT)
+		bpf_map_update_elem(&test_verdict, &zero, v, BPF_ANY);
+}
+
 // decide_datagram decides the datagram of ctx, whose key parse filled (k),
-// and returns the hook's verdict: Filter.Decide in internal/decide. Both
-// entries inline it.
-static __always_inline int decide_datagram(pkt_ctx *ctx, struct key *k)
+// and returns the hook's verdict: Filter.Decide in internal/decide. Every
+// entry inlines it, with its flags (c/pkt.h), a constant.
+static __always_inline int decide_datagram(pkt_ctx *ctx, struct key *k, int flags)
 {
 	__u32 zero = 0;
 	__u32 *sel = bpf_map_lookup_elem(&active_config, &zero);
@@ -162,7 +175,7 @@ static __always_inline int decide_datagram(pkt_ctx *ctx, struct key *k)
 	// verifier's 512 bytes, and the clock costs a load and a comparison
 	// within a tick (see tick_clock).
 	if (check != CHECK_NONE) {
-		int r = verify(cfg, k, check | (has_id ? HDR_HAS_ID : 0), clock(cfg, cs, ctx), st);
+		int r = verify(cfg, k, check | (has_id ? HDR_HAS_ID : 0), clock(cfg, cs, ctx, flags), st);
 		class = r & HDR_FIELD_MASK;
 		v.reason = r >> HDR_REASON_SHIFT;
 		v.verified = r >> HDR_VERIFIED_SHIFT;
@@ -180,7 +193,7 @@ static __always_inline int decide_datagram(pkt_ctx *ctx, struct key *k)
 	}
 	// One random number dithers the limiter (its top bits) and samples
 	// drops for tracking (its low bits).
-	__u32 rnd = test_mode ? pkt_test_random(ctx) : next_random(&cs->rng);
+	__u32 rnd = flags & TEST_INPUT ? pkt_test_random(ctx) : next_random(&cs->rng);
 	int sampled = (rnd & cfg->track_mask) == 0;
 	int dry = cfg->dry_run != 0;
 	if (class == CLASS_INVALID) {
@@ -195,20 +208,18 @@ static __always_inline int decide_datagram(pkt_ctx *ctx, struct key *k)
 			reason = REASON_UNPARSED;
 		st->invalid[dry][family_slot(k->family)][reason]++;
 		if (sampled)
-			track_invalid(cfg, k, reason, clock(cfg, cs, ctx));
+			track_invalid(cfg, k, reason, clock(cfg, cs, ctx, flags));
 		v.drop = 1;
-		if (test_mode)
-			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
+		record_verdict(&v, flags);
 		return dry ? pkt_pass(ctx) : pkt_drop(ctx);
 	}
-	__u64 now = clock(cfg, cs, ctx);
+	__u64 now = clock(cfg, cs, ctx, flags);
 	if (class == CLASS_NEGOTIATION) {
 		v.paced = pace(cfg, now);
 		int neg = v.paced ? NEG_PASSED : dry ? NEG_WOULD_DROP : NEG_DROPPED;
 		st->negotiation[family_slot(k->family)][neg]++;
 		v.drop = !v.paced;
-		if (test_mode)
-			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
+		record_verdict(&v, flags);
 		return neg == NEG_DROPPED ? pkt_drop(ctx) : pkt_pass(ctx);
 	}
 	// The allowlist exempts from the limits, not from validity: an
@@ -217,14 +228,12 @@ static __always_inline int decide_datagram(pkt_ctx *ctx, struct key *k)
 	// spoofer can send from an allowlisted address.
 	if (cfg->allow_any && allow_candidate(cfg, k) && allowlisted(k)) {
 		st->allowed[family_slot(k->family)]++;
-		if (test_mode) {
-			v.allowlisted = 1;
-			bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
-		}
+		v.allowlisted = 1;
+		record_verdict(&v, flags);
 		return pkt_pass(ctx);
 	}
 	k->returning = returning(v.verified);
-	if (bench_random_source) {
+	if (flags & BENCH_RANDOM_SOURCE) {
 		__u32 r = next_random(&cs->rng);
 
 		k->words[0] ^= r;
@@ -244,8 +253,7 @@ static __always_inline int decide_datagram(pkt_ctx *ctx, struct key *k)
 	__u32 lvl = v.level;
 	if (lvl >= MAX_LEVELS) // cannot happen; bounds the index for the verifier
 		lvl = MAX_LEVELS - 1;
-	if (test_mode)
-		bpf_map_update_elem(&test_verdict, &zero, &v, BPF_ANY);
+	record_verdict(&v, flags);
 	if (drop) {
 		if (sampled)
 			track(cfg, class, k, &v, now);
@@ -262,32 +270,31 @@ static __always_inline int decide_datagram(pkt_ctx *ctx, struct key *k)
 	return pkt_pass(ctx);
 }
 
-// rakelimit: the socket filter, on every socket the limiter protects. It
-// leaves alone, uncounted, what the XDP program passed (passed_at_xdp).
-SEC("socket")
-int rakelimit(struct __sk_buff *skb)
+// socket_entry is the socket filter with flags (c/pkt.h), a constant in
+// each of its entries. It leaves alone, uncounted, what the XDP program
+// passed (passed_at_xdp).
+static __always_inline int socket_entry(struct __sk_buff *skb, int flags)
 {
 	pkt_ctx p = {};
 	struct key k = {};
 
-	skb_packet(&p, skb);
+	skb_packet(&p, skb, flags);
 	parse(&p, &k);
 	if (passed_at_xdp(&k))
 		return pkt_pass(&p);
-	return decide_datagram(&p, &k);
+	return decide_datagram(&p, &k, flags);
 }
 
-// rakelimit_xdp: the XDP program, on the interfaces that carry the
-// listeners' traffic in mode xdp. It decides the datagrams to a listener,
-// records those it passed for the socket filter, and passes everything
-// else untouched (c/listen.h).
-SEC("xdp")
-int rakelimit_xdp(struct xdp_md *xdp)
+// xdp_entry is the XDP program with flags (c/pkt.h), a constant in each of
+// its entries. It decides the datagrams to a listener, records those it
+// passed for the socket filter, and passes everything else untouched
+// (c/listen.h).
+static __always_inline int xdp_entry(struct xdp_md *xdp, int flags)
 {
 	pkt_ctx p = {};
 	struct key k = {};
 
-	if (!xdp_packet(&p, xdp))
+	if (!xdp_packet(&p, xdp, flags))
 		return XDP_PASS;
 	parse(&p, &k);
 	if (!listened(&p, &k))
@@ -300,9 +307,9 @@ int rakelimit_xdp(struct xdp_md *xdp)
 		if (slot && xdp_seen(slot, mark))
 			return XDP_PASS;
 	}
-	int ret = decide_datagram(&p, &k);
+	int ret = decide_datagram(&p, &k, flags);
 	// Only a datagram passed is marked: a drop costs nothing more. The
-	// decision changed the key only in a benchmark (bench_random_source,
+	// decision changed the key only in a benchmark (BENCH_RANDOM_SOURCE,
 	// which has no socket to read the record).
 	if (ret == XDP_PASS) {
 		__u64 mark = passed_mark(&k);
@@ -311,4 +318,49 @@ int rakelimit_xdp(struct xdp_md *xdp)
 			xdp_record(slot, mark);
 	}
 	return ret;
+}
+
+// rakelimit: the socket filter, on every socket the limiter protects.
+SEC("socket")
+int rakelimit(struct __sk_buff *skb)
+{
+	return socket_entry(skb, 0);
+}
+
+// rakelimit_xdp: the XDP program, on the interfaces that carry the
+// listeners' traffic in mode xdp.
+SEC("xdp")
+int rakelimit_xdp(struct xdp_md *xdp)
+{
+	return xdp_entry(xdp, 0);
+}
+
+// The entries that tests load in place of the production ones (loadOptions
+// in filter.go), never attached: rakelimit_test and rakelimit_xdp_test
+// decide at the time and with the random number the test gives, and write
+// the verdict to test_verdict; rakelimit_bench_random and
+// rakelimit_xdp_bench_random give every datagram a random source, for the
+// benchmarks (LoadBench).
+SEC("socket")
+int rakelimit_test(struct __sk_buff *skb)
+{
+	return socket_entry(skb, TEST_INPUT | TEST_VERDICT);
+}
+
+SEC("xdp")
+int rakelimit_xdp_test(struct xdp_md *xdp)
+{
+	return xdp_entry(xdp, TEST_INPUT | TEST_VERDICT);
+}
+
+SEC("socket")
+int rakelimit_bench_random(struct __sk_buff *skb)
+{
+	return socket_entry(skb, BENCH_RANDOM_SOURCE);
+}
+
+SEC("xdp")
+int rakelimit_xdp_bench_random(struct xdp_md *xdp)
+{
+	return xdp_entry(xdp, BENCH_RANDOM_SOURCE);
 }

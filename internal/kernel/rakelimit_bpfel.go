@@ -237,35 +237,37 @@ type rakelimitXdpPassed struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	rakelimitMapActiveConfig      = "active_config"
-	rakelimitMapAllow4            = "allow4"
-	rakelimitMapAllow6            = "allow6"
-	rakelimitMapAnsweredCredit    = "answered_credit"
-	rakelimitMapAnsweredPeers     = "answered_peers"
-	rakelimitMapCells             = "cells"
-	rakelimitMapConfigs           = "configs"
-	rakelimitMapCounters          = "counters"
-	rakelimitMapCpuState          = "cpu_state"
-	rakelimitMapEvents            = "events"
-	rakelimitMapFairShares        = "fair_shares"
-	rakelimitMapListenAddrs       = "listen_addrs"
-	rakelimitMapListenPorts       = "listen_ports"
-	rakelimitMapNodeScratch       = "node_scratch"
-	rakelimitMapPacer             = "pacer"
-	rakelimitMapProvenPeers       = "proven_peers"
-	rakelimitMapQuick             = "quick"
-	rakelimitMapServerIds         = "server_ids"
-	rakelimitMapStreams           = "streams"
-	rakelimitMapTestVerdict       = "test_verdict"
-	rakelimitMapTotals            = "totals"
-	rakelimitMapUntracked         = "untracked"
-	rakelimitMapXdpPassed         = "xdp_passed"
-	rakelimitProgRakelimit        = "rakelimit"
-	rakelimitProgRakelimitXdp     = "rakelimit_xdp"
-	rakelimitVarBenchRandomSource = "bench_random_source"
-	rakelimitVarTestMode          = "test_mode"
-	rakelimitVarXdpInterfaces     = "xdp_interfaces"
-	rakelimitVarXdpStacked        = "xdp_stacked"
+	rakelimitMapActiveConfig             = "active_config"
+	rakelimitMapAllow4                   = "allow4"
+	rakelimitMapAllow6                   = "allow6"
+	rakelimitMapAnsweredCredit           = "answered_credit"
+	rakelimitMapAnsweredPeers            = "answered_peers"
+	rakelimitMapCells                    = "cells"
+	rakelimitMapConfigs                  = "configs"
+	rakelimitMapCounters                 = "counters"
+	rakelimitMapCpuState                 = "cpu_state"
+	rakelimitMapEvents                   = "events"
+	rakelimitMapFairShares               = "fair_shares"
+	rakelimitMapListenAddrs              = "listen_addrs"
+	rakelimitMapListenPorts              = "listen_ports"
+	rakelimitMapNodeScratch              = "node_scratch"
+	rakelimitMapPacer                    = "pacer"
+	rakelimitMapProvenPeers              = "proven_peers"
+	rakelimitMapQuick                    = "quick"
+	rakelimitMapServerIds                = "server_ids"
+	rakelimitMapStreams                  = "streams"
+	rakelimitMapTestVerdict              = "test_verdict"
+	rakelimitMapTotals                   = "totals"
+	rakelimitMapUntracked                = "untracked"
+	rakelimitMapXdpPassed                = "xdp_passed"
+	rakelimitProgRakelimit               = "rakelimit"
+	rakelimitProgRakelimitBenchRandom    = "rakelimit_bench_random"
+	rakelimitProgRakelimitTest           = "rakelimit_test"
+	rakelimitProgRakelimitXdp            = "rakelimit_xdp"
+	rakelimitProgRakelimitXdpBenchRandom = "rakelimit_xdp_bench_random"
+	rakelimitProgRakelimitXdpTest        = "rakelimit_xdp_test"
+	rakelimitVarXdpInterfaces            = "xdp_interfaces"
+	rakelimitVarXdpStacked               = "xdp_stacked"
 )
 
 // loadRakelimit returns the embedded CollectionSpec for rakelimit.
@@ -310,8 +312,12 @@ type rakelimitSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type rakelimitProgramSpecs struct {
-	Rakelimit    *ebpf.ProgramSpec `ebpf:"rakelimit"`
-	RakelimitXdp *ebpf.ProgramSpec `ebpf:"rakelimit_xdp"`
+	Rakelimit               *ebpf.ProgramSpec `ebpf:"rakelimit"`
+	RakelimitBenchRandom    *ebpf.ProgramSpec `ebpf:"rakelimit_bench_random"`
+	RakelimitTest           *ebpf.ProgramSpec `ebpf:"rakelimit_test"`
+	RakelimitXdp            *ebpf.ProgramSpec `ebpf:"rakelimit_xdp"`
+	RakelimitXdpBenchRandom *ebpf.ProgramSpec `ebpf:"rakelimit_xdp_bench_random"`
+	RakelimitXdpTest        *ebpf.ProgramSpec `ebpf:"rakelimit_xdp_test"`
 }
 
 // rakelimitMapSpecs contains maps before they are loaded into the kernel.
@@ -347,10 +353,8 @@ type rakelimitMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type rakelimitVariableSpecs struct {
-	BenchRandomSource *ebpf.VariableSpec `ebpf:"bench_random_source"`
-	TestMode          *ebpf.VariableSpec `ebpf:"test_mode"`
-	XdpInterfaces     *ebpf.VariableSpec `ebpf:"xdp_interfaces"`
-	XdpStacked        *ebpf.VariableSpec `ebpf:"xdp_stacked"`
+	XdpInterfaces *ebpf.VariableSpec `ebpf:"xdp_interfaces"`
+	XdpStacked    *ebpf.VariableSpec `ebpf:"xdp_stacked"`
 }
 
 // rakelimitObjects contains all objects after they have been loaded into the kernel.
@@ -430,24 +434,30 @@ func (m *rakelimitMaps) Close() error {
 //
 // It can be passed to loadRakelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type rakelimitVariables struct {
-	BenchRandomSource *ebpf.Variable `ebpf:"bench_random_source"`
-	TestMode          *ebpf.Variable `ebpf:"test_mode"`
-	XdpInterfaces     *ebpf.Variable `ebpf:"xdp_interfaces"`
-	XdpStacked        *ebpf.Variable `ebpf:"xdp_stacked"`
+	XdpInterfaces *ebpf.Variable `ebpf:"xdp_interfaces"`
+	XdpStacked    *ebpf.Variable `ebpf:"xdp_stacked"`
 }
 
 // rakelimitPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadRakelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type rakelimitPrograms struct {
-	Rakelimit    *ebpf.Program `ebpf:"rakelimit"`
-	RakelimitXdp *ebpf.Program `ebpf:"rakelimit_xdp"`
+	Rakelimit               *ebpf.Program `ebpf:"rakelimit"`
+	RakelimitBenchRandom    *ebpf.Program `ebpf:"rakelimit_bench_random"`
+	RakelimitTest           *ebpf.Program `ebpf:"rakelimit_test"`
+	RakelimitXdp            *ebpf.Program `ebpf:"rakelimit_xdp"`
+	RakelimitXdpBenchRandom *ebpf.Program `ebpf:"rakelimit_xdp_bench_random"`
+	RakelimitXdpTest        *ebpf.Program `ebpf:"rakelimit_xdp_test"`
 }
 
 func (p *rakelimitPrograms) Close() error {
 	return _RakelimitClose(
 		p.Rakelimit,
+		p.RakelimitBenchRandom,
+		p.RakelimitTest,
 		p.RakelimitXdp,
+		p.RakelimitXdpBenchRandom,
+		p.RakelimitXdpTest,
 	)
 }
 

@@ -36,8 +36,8 @@ const (
 )
 
 // XDPProgram returns the filter's XDP program (nil unless LoadXDP or
-// LoadBench with XDP loaded it), for BPF_PROG_TEST_RUN. It stays owned by
-// the filter: Close closes it.
+// LoadBench with XDP loaded it; the benchmark entry with RandomSource),
+// for BPF_PROG_TEST_RUN. It stays owned by the filter: Close closes it.
 func (f *Filter) XDPProgram() *ebpf.Program {
 	return f.objs.RakelimitXdp
 }

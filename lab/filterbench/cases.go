@@ -75,9 +75,10 @@ type caseSpec struct {
 	// learn the source as a proven peer too.
 	ours         decide.Config
 	learn, prove bool
-	// randomSource runs this filter with its bench_random_source switch:
-	// one frame repeated, a new source on every run. Cloudflare's has no
-	// such switch, and is not run.
+	// randomSource runs this filter's benchmark entry in place of its
+	// production one (kernel.BenchOptions.RandomSource): one frame
+	// repeated, a new source on every run. Cloudflare's has no such
+	// entry, and is not run.
 	randomSource bool
 	// randomPort gives the once case's frames a random source port too;
 	// without, they keep the frame's, so that every packet shares the

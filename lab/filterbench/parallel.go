@@ -15,7 +15,7 @@ import (
 
 // DefaultParallel are the cases timed on all CPUs by default: the two
 // whose every packet touches the same cells, a new source on every run
-// dropped at the socket's total (this filter's bench switch) and one
+// dropped at the socket's total (this filter's benchmark entry) and one
 // source dropped at the first node over its limit.
 var DefaultParallel = []string{"ipv4-random-switch", "ipv4-over"}
 

@@ -220,8 +220,8 @@ struct allow6_key {
 	__u8 addr[16];
 };
 
-// The last verdict, written in test mode only. drop is the decision before a
-// dry run delivers the datagram anyway.
+// The last verdict, which only the test entries write (test_verdict). drop
+// is the decision before a dry run delivers the datagram anyway.
 struct verdict {
 	__u8 drop;
 	__u8 limited;
@@ -485,6 +485,9 @@ struct {
 	__uint(max_entries, 1);
 } xdp_passed SEC(".maps");
 
+// test_verdict: the verdict of the datagram last decided, which only the
+// test entries write (TEST_VERDICT, c/pkt.h): the production entries never
+// refer to it.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
@@ -500,18 +503,5 @@ volatile __u32 xdp_interfaces = 0;
 // where a datagram may meet it twice: only then does it look for a record
 // of its datagram before deciding (c/listen.h).
 volatile __u32 xdp_stacked = 0;
-
-// Load-time switches. The verifier knows their values and removes the
-// branches they disable, so production pays nothing for them.
-//
-// test_mode: time and the random number come from the test
-// (pkt_test_now, pkt_test_random: skb->cb under BPF_PROG_TEST_RUN), and the
-// verdict is written to test_verdict.
-const volatile __u8 test_mode = 0;
-// bench_random_source: XOR the source address and port with a random
-// number, so that a benchmark repeating one packet sees a new source every
-// time, as a spoofed flood sends (a fixed port would make the all-sources
-// node of that port a cell every packet writes).
-const volatile __u8 bench_random_source = 0;
 
 #endif

@@ -25,7 +25,7 @@
 //                                     every byte asked for
 //   pkt_pass(ctx), pkt_drop(ctx)      the program's verdicts
 //   pkt_test_now(ctx),                the time and the random number a test
-//   pkt_test_random(ctx)              gives the program (test_mode)
+//   pkt_test_random(ctx)              gives a test entry (TEST_INPUT)
 //
 // A hook implements each as skb_<name> (pkt_skb.h) or xdp_<name>
 // (pkt_xdp.h); pkt_<name> picks the hook's by ctx->xdp, which each entry
@@ -33,11 +33,38 @@
 // compiler removes the other hook's code from each program, and the
 // verifier never sees an XDP helper in the socket filter or the other way
 // round (llvm-objdump -d shows it).
+//
+// Each hook has a production entry (rakelimit, rakelimit_xdp) and, over the
+// same inline functions, entries for the tests and the benchmarks, which
+// they load in its place (loadOptions in filter.go): rakelimit_test and
+// rakelimit_xdp_test (TEST_INPUT | TEST_VERDICT), rakelimit_bench_random
+// and rakelimit_xdp_bench_random (BENCH_RANDOM_SOURCE). An entry passes its
+// flags below, a constant, to the functions that test them (skb_packet and
+// xdp_packet, which keep what the hook's functions need in ctx as they keep
+// xdp; rakelimit.c's decide_datagram and clock), so that the compiler
+// removes the code of the flags an entry lacks: the production entries,
+// which pass none, hold no test or benchmark code at all.
+//
+//   TEST_INPUT           the time and the random number come from the test
+//                        (pkt_test_now, pkt_test_random), and the socket
+//                        filter's packet starts at the network header however
+//                        short the frame (BPF_PROG_TEST_RUN; skb_payload_at)
+//   TEST_VERDICT         the verdict is written to the test_verdict map
+//   BENCH_RANDOM_SOURCE  the source address and port are XORed with a random
+//                        number, so that a benchmark repeating one packet
+//                        sees a new source every time, as a spoofed flood
+//                        sends (a fixed port would make the all-sources node
+//                        of that port a cell every packet writes)
 #ifndef RAKELIMIT_PKT_H
 #define RAKELIMIT_PKT_H
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
+
+// An entry's flags (see above).
+#define TEST_INPUT 1
+#define TEST_VERDICT 2
+#define BENCH_RANDOM_SOURCE 4
 
 // A packet as a hook gives it to the program.
 struct pkt {
@@ -46,13 +73,16 @@ struct pkt {
 	// XDP: the network header and the end of the frame (data_end).
 	void *net;
 	void *end;
-	// test_mode: the time and the random number the test gave.
+	// TEST_INPUT: the time and the random number the test gave.
 	__u64 test_now;
 	__u32 test_random;
 	// XDP: the Ethernet header's protocol, in network byte order.
 	__u16 proto;
 	// 1 in the XDP program, 0 in the socket filter: a constant in each.
 	__u8 xdp;
+	// 1 in a test entry (TEST_INPUT), which BPF_PROG_TEST_RUN runs, 0 in
+	// the others: a constant in each, as xdp is.
+	__u8 test_run;
 };
 typedef struct pkt pkt_ctx;
 

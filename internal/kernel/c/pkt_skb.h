@@ -51,11 +51,11 @@ static __always_inline long skb_load(const struct pkt *p, __u32 off, void *dst, 
 
 // skb_payload_at: skb->data is the UDP header on a socket, whose skb->len
 // is the UDP datagram, shorter than the IP datagram of ip_len bytes; it is
-// the network header under BPF_PROG_TEST_RUN, whose frames (test mode
-// aside, which may cut them short) are whole.
+// the network header under BPF_PROG_TEST_RUN, whose frames (a test entry's
+// aside, which a test may cut short: p->test_run) are whole.
 static __always_inline __u32 skb_payload_at(const struct pkt *p, __u32 off, __u32 ip_len)
 {
-	return test_mode || skb_of(p)->len >= ip_len ? off + UDP_HDR_LEN : UDP_HDR_LEN;
+	return p->test_run || skb_of(p)->len >= ip_len ? off + UDP_HDR_LEN : UDP_HDR_LEN;
 }
 
 // skb_loaded: the helper's return value is the load's bounds check.
@@ -75,14 +75,15 @@ static __always_inline int skb_drop(const struct pkt *p)
 	return 0;
 }
 
-// skb_packet fills p for the socket filter. In test mode,
-// BPF_PROG_TEST_RUN puts the time in skb->cb (cb[0] its low and cb[1] its
-// high half) and the random number in cb[2].
-static __always_inline void skb_packet(struct pkt *p, struct __sk_buff *skb)
+// skb_packet fills p for the socket filter entry of flags (pkt.h). For a
+// test entry (TEST_INPUT), BPF_PROG_TEST_RUN puts the time in skb->cb
+// (cb[0] its low and cb[1] its high half) and the random number in cb[2].
+static __always_inline void skb_packet(struct pkt *p, struct __sk_buff *skb, int flags)
 {
 	p->ctx = skb;
 	p->xdp = 0;
-	if (test_mode) {
+	p->test_run = (flags & TEST_INPUT) != 0;
+	if (flags & TEST_INPUT) {
 		p->test_now = (__u64)skb->cb[1] << 32 | skb->cb[0];
 		p->test_random = skb->cb[2];
 	}

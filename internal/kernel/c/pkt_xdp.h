@@ -147,10 +147,11 @@ static __always_inline int xdp_drop(const struct pkt *p)
 	return XDP_DROP;
 }
 
-// xdp_packet fills p for the XDP program; 0 when the frame has no whole
-// Ethernet header. In test mode the time and the random number come from
-// the metadata (struct xdp_test_meta), or are 0 without it.
-static __always_inline int xdp_packet(struct pkt *p, struct xdp_md *xdp)
+// xdp_packet fills p for the XDP program entry of flags (pkt.h); 0 when
+// the frame has no whole Ethernet header. For a test entry (TEST_INPUT)
+// the time and the random number come from the metadata (struct
+// xdp_test_meta), or are 0 without it.
+static __always_inline int xdp_packet(struct pkt *p, struct xdp_md *xdp, int flags)
 {
 	void *data = (void *)(long)xdp->data;
 	void *end = (void *)(long)xdp->data_end;
@@ -165,7 +166,8 @@ static __always_inline int xdp_packet(struct pkt *p, struct xdp_md *xdp)
 	// byte at a time (see xdp_copy).
 	p->proto = *(const __u16 *)((const __u8 *)data + offsetof(struct ethhdr, h_proto));
 	p->xdp = 1;
-	if (test_mode) {
+	p->test_run = (flags & TEST_INPUT) != 0;
+	if (flags & TEST_INPUT) {
 		struct xdp_test_meta *m = (void *)(long)xdp->data_meta;
 
 		if ((void *)(m + 1) <= data) {
