@@ -965,7 +965,7 @@ func TestReloadSwitchesConfigurationOnce(t *testing.T) {
 
 // kernelOf returns the limiter's BPF filter; the test fails if it runs in
 // userspace.
-func kernelOf(t *testing.T, l *engine.Limiter) *kernel.Filter {
+func kernelOf(t *testing.T, l *engine.Limiter) *kernel.Program {
 	t.Helper()
 	k, ok := engine.Kernel(l.Engine())
 	if !ok {

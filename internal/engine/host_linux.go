@@ -127,7 +127,7 @@ func procAddrPort(s string) (netip.AddrPort, error) {
 }
 
 // xdpTable is what the XDP program is told of the listeners
-// (kernel.Filter.SetListeners): addresses and ports, wildcards among them,
+// (kernel.Program.SetListeners): addresses and ports, wildcards among them,
 // and the host's addresses a wildcard stands for.
 type xdpTable struct {
 	addrs []netip.AddrPort

@@ -12,7 +12,7 @@ import (
 )
 
 // kernelEngine is the BPF socket filter.
-type kernelEngine struct{ *kernel.Filter }
+type kernelEngine struct{ *kernel.Program }
 
 // OpenKernel loads the BPF socket filter for c.
 func OpenKernel(c decide.Config, o Options) (Engine, error) {
@@ -24,19 +24,19 @@ func OpenKernel(c decide.Config, o Options) (Engine, error) {
 }
 
 // Kernel returns the BPF filter e runs on, if it is one (mode bpf or xdp).
-func Kernel(e Engine) (*kernel.Filter, bool) {
+func Kernel(e Engine) (*kernel.Program, bool) {
 	switch k := e.(type) {
 	case kernelEngine:
-		return k.Filter, true
+		return k.Program, true
 	case *xdpEngine:
-		return k.Filter, true
+		return k.Program, true
 	}
 	return nil, false
 }
 
 func (kernelEngine) Mode() string { return ModeBPF }
 
-func (k kernelEngine) Events() (EventReader, error) { return k.Filter.Events() }
+func (k kernelEngine) Events() (EventReader, error) { return k.Program.Events() }
 
 // Protect attaches the filter to the socket; read, the conn quic-go reads
 // through, passes every datagram, since the kernel has decided them.

@@ -345,7 +345,7 @@ func (e *xdpEngine) setListeners() {
 }
 
 // setStacked tells the program whether it runs on two interfaces of which
-// one is stacked on another or a port of one (kernel.Filter.SetXDPStacked):
+// one is stacked on another or a port of one (kernel.Program.SetXDPStacked):
 // never with the interfaces chosen by default, which leave those out; e.mu
 // must be held. A failure leaves it as it was: off, a datagram that meets
 // the program twice is decided twice, never not at all.

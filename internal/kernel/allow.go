@@ -48,7 +48,7 @@ func (e allowEntry) prefix() netip.Prefix {
 	return netip.PrefixFrom(a, int(e.bits))
 }
 
-func (f *Filter) allowAdd(e allowEntry) error {
+func (f *Program) allowAdd(e allowEntry) error {
 	if e.v6 {
 		return f.objs.Allow6.Update(rakelimitAllow6Key{Prefixlen: e.bits, Addr: e.addr}, uint8(1), ebpf.UpdateAny)
 	}
@@ -57,7 +57,7 @@ func (f *Filter) allowAdd(e allowEntry) error {
 	return f.objs.Allow4.Update(rakelimitAllow4Key{Prefixlen: e.bits, Addr: a}, uint8(1), ebpf.UpdateAny)
 }
 
-func (f *Filter) allowDelete(e allowEntry) error {
+func (f *Program) allowDelete(e allowEntry) error {
 	var err error
 	if e.v6 {
 		err = f.objs.Allow6.Delete(rakelimitAllow6Key{Prefixlen: e.bits, Addr: e.addr})

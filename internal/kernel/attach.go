@@ -13,7 +13,7 @@ import (
 
 // Attach attaches the filter to a socket, replacing any filter it had. The
 // kernel keeps the program alive while the socket lives, even after Close.
-func (f *Filter) Attach(conn syscall.Conn) error {
+func (f *Program) Attach(conn syscall.Conn) error {
 	if err := link.AttachSocketFilter(conn, f.objs.Rakelimit); err != nil {
 		if errors.Is(err, unix.ENOMEM) {
 			return fmt.Errorf("attaching the rakelimit socket filter: %w: the socket's option memory is exhausted; "+

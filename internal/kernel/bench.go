@@ -28,7 +28,7 @@ type BenchOptions struct {
 // LoadBench loads the filter as Load does, with the programs o chooses. A
 // filter loaded with RandomSource must never be attached to a socket: it
 // limits no one.
-func LoadBench(c decide.Config, o BenchOptions) (*Filter, error) {
+func LoadBench(c decide.Config, o BenchOptions) (*Program, error) {
 	return load(c, loadOptions{benchRandomSource: o.RandomSource, xdp: o.XDP})
 }
 
@@ -36,7 +36,7 @@ func LoadBench(c decide.Config, o BenchOptions) (*Filter, error) {
 // program makes an answered peer that sends back a server ID bound to it
 // (and as a benchmark's first datagram through BPF_PROG_TEST_RUN would,
 // were it a Handshake packet). Only for a filter loaded with LoadBench.
-func (f *Filter) ProveForBench(addr netip.Addr) error {
+func (f *Program) ProveForBench(addr netip.Addr) error {
 	if err := f.LearnPeer(addr); err != nil {
 		return err
 	}
@@ -51,7 +51,7 @@ func (f *Filter) ProveForBench(addr netip.Addr) error {
 // Program returns the filter's socket filter program (the benchmark entry
 // for a filter that LoadBench loaded with RandomSource), for
 // BPF_PROG_TEST_RUN. It stays owned by the filter: Close closes it.
-func (f *Filter) Program() *ebpf.Program {
+func (f *Program) Program() *ebpf.Program {
 	return f.objs.Rakelimit
 }
 

@@ -79,7 +79,7 @@ func newBenchFrames() benchFrames {
 // o.xdp the frames' listener is set for the XDP program: a wildcard on
 // port 443 of a host whose addresses are the frames' destinations (the
 // engine lists a wildcard so).
-func (bf benchFrames) load(b *testing.B, c decide.Config, o loadOptions, peer bool) *Filter {
+func (bf benchFrames) load(b *testing.B, c decide.Config, o loadOptions, peer bool) *Program {
 	b.Helper()
 	f := loadTest(b, c, o)
 	if err := f.LearnServerID(bf.sid, bf.src); err != nil {

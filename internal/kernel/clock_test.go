@@ -26,7 +26,7 @@ func coarseNow(t *testing.T) uint64 {
 
 // latestEpoch is the latest epoch of any cell: the epoch of the last
 // datagram counted.
-func (f *Filter) latestEpoch(t *testing.T) uint32 {
+func (f *Program) latestEpoch(t *testing.T) uint32 {
 	t.Helper()
 	var latest uint32
 	for _, l := range f.lines(t) {

@@ -30,7 +30,7 @@ const (
 // packet, and the sketches and counters are kept. On an error the filter is
 // left as it was. The lattice (prefix count and PerDstPort) cannot change,
 // since the sketches are laid out for it.
-func (f *Filter) Configure(c decide.Config) error {
+func (f *Program) Configure(c decide.Config) error {
 	p, err := c.Compile()
 	if err != nil {
 		return err
@@ -51,7 +51,7 @@ func (f *Filter) Configure(c decide.Config) error {
 // limited in between; when a trie cannot hold both lists, its old-only
 // entries go first: their sources are then limited a moment early, never
 // exempted late.
-func (f *Filter) configure(c decide.Config, p *sketch.Params) (err error) {
+func (f *Program) configure(c decide.Config, p *sketch.Params) (err error) {
 	next := newAllowSet(c.Allow)
 	var add, drop []allowEntry
 	var total [2]int
@@ -139,7 +139,7 @@ func (f *Filter) configure(c decide.Config, p *sketch.Params) (err error) {
 
 // ActiveSlot returns the configuration slot in force (0 or 1), as the
 // kernel reads it.
-func (f *Filter) ActiveSlot() (uint32, error) {
+func (f *Program) ActiveSlot() (uint32, error) {
 	var slot uint32
 	if err := f.objs.ActiveConfig.Lookup(uint32(0), &slot); err != nil {
 		return 0, fmt.Errorf("reading the active configuration slot: %w", err)
@@ -148,7 +148,7 @@ func (f *Filter) ActiveSlot() (uint32, error) {
 }
 
 // AllowEntries counts the prefixes in the kernel's allowlists.
-func (f *Filter) AllowEntries() (int, error) {
+func (f *Program) AllowEntries() (int, error) {
 	n := 0
 	var k4 rakelimitAllow4Key
 	var k6 rakelimitAllow6Key
@@ -171,7 +171,7 @@ func (f *Filter) AllowEntries() (int, error) {
 }
 
 // compiled is the kernel's configuration for c, p and the allowlist next.
-func (f *Filter) compiled(c decide.Config, p *sketch.Params, next allowSet) *rakelimitConfig {
+func (f *Program) compiled(c decide.Config, p *sketch.Params, next allowSet) *rakelimitConfig {
 	var k rakelimitConfig
 	k.Thresh, k.Over, k.Lines, k.Base = p.Thresh, p.Over, p.Lines, p.Base
 	k.G, k.W, k.Ginv = p.G, p.W, p.GInv
@@ -245,14 +245,14 @@ func nodeIndex(i int) uint8 {
 }
 
 // Config returns the configuration in force.
-func (f *Filter) Config() decide.Config {
+func (f *Program) Config() decide.Config {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.cfg
 }
 
 // Params returns the configuration in force.
-func (f *Filter) Params() *sketch.Params {
+func (f *Program) Params() *sketch.Params {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.params

@@ -28,7 +28,7 @@ type kernelState struct {
 	allow  allowSet
 }
 
-func readKernelState(t *testing.T, f *Filter) kernelState {
+func readKernelState(t *testing.T, f *Program) kernelState {
 	t.Helper()
 	var ks kernelState
 	var err error

@@ -24,7 +24,7 @@ const fuzzMaxFrame = 1500
 
 // tryRun is run for fuzzing: it reports the kernel's refusal of a frame
 // (err) instead of failing, and the verdict.
-func (f *Filter) tryRun(frame []byte, now int64, rnd uint32) (rakelimitVerdict, uint32, error) {
+func (f *Program) tryRun(frame []byte, now int64, rnd uint32) (rakelimitVerdict, uint32, error) {
 	ctx := skbContext{CB: [5]uint32{uint32(now), uint32(uint64(now) >> 32), rnd}}
 	ret, err := runOnTestCPU(f.objs.Rakelimit, &ebpf.RunOptions{Data: frame, Context: ctx})
 	if err != nil {

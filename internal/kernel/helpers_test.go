@@ -23,7 +23,7 @@ import (
 
 // loadTest loads a filter for a test and closes it when the test ends. It
 // skips (or, in CI, fails) when the process may not load BPF.
-func loadTest(t testing.TB, c decide.Config, o loadOptions) *Filter {
+func loadTest(t testing.TB, c decide.Config, o loadOptions) *Program {
 	t.Helper()
 	if o.hashKey == nil {
 		hk := sketch.SeededHashKey(1)
@@ -64,7 +64,7 @@ type skbContext struct {
 
 // run feeds one frame to a test-mode filter at time now with random number
 // rnd and returns the program's verdict.
-func (f *Filter) run(t testing.TB, frame []byte, now int64, rnd uint32) rakelimitVerdict {
+func (f *Program) run(t testing.TB, frame []byte, now int64, rnd uint32) rakelimitVerdict {
 	t.Helper()
 	ctx := skbContext{CB: [5]uint32{uint32(now), uint32(uint64(now) >> 32), rnd}}
 	ret, err := runOnTestCPU(f.objs.Rakelimit, &ebpf.RunOptions{Data: frame, Context: ctx})
@@ -95,7 +95,7 @@ type xdpTestMeta struct {
 
 // xdpRun runs a test-mode filter's XDP program once on frame at time now
 // with random number rnd, and returns what the program returned.
-func (f *Filter) xdpRun(frame []byte, now int64, rnd uint32) (uint32, error) {
+func (f *Program) xdpRun(frame []byte, now int64, rnd uint32) (uint32, error) {
 	meta := xdpTestMeta{NowLo: uint32(now), NowHi: uint32(uint64(now) >> 32), Random: rnd}
 	data := binary.NativeEndian.AppendUint32(nil, meta.NowLo)
 	data = binary.NativeEndian.AppendUint32(data, meta.NowHi)
@@ -112,14 +112,14 @@ var unwritten = rakelimitVerdict{Pad: [7]uint8{0xee}}
 
 // resetVerdict writes unwritten to test_verdict; verdict reads it back, and
 // whether the program wrote it.
-func (f *Filter) resetVerdict(t testing.TB) {
+func (f *Program) resetVerdict(t testing.TB) {
 	t.Helper()
 	if err := f.objs.TestVerdict.Put(uint32(0), unwritten); err != nil {
 		t.Fatalf("resetting the verdict: %v", err)
 	}
 }
 
-func (f *Filter) verdict(t testing.TB) (rakelimitVerdict, bool) {
+func (f *Program) verdict(t testing.TB) (rakelimitVerdict, bool) {
 	t.Helper()
 	var v rakelimitVerdict
 	if err := f.objs.TestVerdict.Lookup(uint32(0), &v); err != nil {
@@ -144,7 +144,7 @@ const loopbackIndex = 1
 // that runPath is the path of a datagram in mode xdp. A datagram to any
 // other address (a fuzzed one) is the path's too: the XDP program passes
 // it undecided, and the socket filter decides it.
-func listenEverywhere(t testing.TB, f *Filter) {
+func listenEverywhere(t testing.TB, f *Program) {
 	t.Helper()
 	var table rakelimitListenTable
 	var keys []rakelimitListenKey
@@ -175,7 +175,7 @@ type pathVerdict struct {
 // XDP program runs on (listenEverywhere). It fails the test unless exactly
 // one of them decided the datagram, each returned what it recorded, and the
 // socket filter passed what the XDP program decided.
-func (f *Filter) runPath(t testing.TB, frame []byte, now int64, rnd uint32) pathVerdict {
+func (f *Program) runPath(t testing.TB, frame []byte, now int64, rnd uint32) pathVerdict {
 	t.Helper()
 	f.resetVerdict(t)
 	ret, err := f.xdpRun(frame, now, rnd)
@@ -262,7 +262,7 @@ func runOnCPU(prog *ebpf.Program, opts *ebpf.RunOptions, cpu int) (uint32, error
 
 // pending reads the socket total's pending counts of testCPU, as the Go
 // twin's sketch.Limiter.Pending gives them.
-func (f *Filter) pending(t testing.TB) [sketch.NumClasses]sketch.Cell {
+func (f *Program) pending(t testing.TB) [sketch.NumClasses]sketch.Cell {
 	t.Helper()
 	cpu, err := testCPU()
 	if err != nil {
@@ -272,7 +272,7 @@ func (f *Filter) pending(t testing.TB) [sketch.NumClasses]sketch.Cell {
 }
 
 // pendingOf reads CPU cpu's pending counts of the socket's total.
-func (f *Filter) pendingOf(t testing.TB, cpu int) [sketch.NumClasses]sketch.Cell {
+func (f *Program) pendingOf(t testing.TB, cpu int) [sketch.NumClasses]sketch.Cell {
 	t.Helper()
 	var all []rakelimitPending
 	if err := f.objs.Totals.Lookup(uint32(0), &all); err != nil {
@@ -290,7 +290,7 @@ func (f *Filter) pendingOf(t testing.TB, cpu int) [sketch.NumClasses]sketch.Cell
 }
 
 // fairShares reads testCPU's fair shares.
-func (f *Filter) fairShares(t testing.TB) [sketch.NumClasses][2]uint64 {
+func (f *Program) fairShares(t testing.TB) [sketch.NumClasses][2]uint64 {
 	t.Helper()
 	cpu, err := testCPU()
 	if err != nil {
@@ -304,7 +304,7 @@ func (f *Filter) fairShares(t testing.TB) [sketch.NumClasses][2]uint64 {
 }
 
 // lines reads the whole sketch map.
-func (f *Filter) lines(t testing.TB) []sketch.Line {
+func (f *Program) lines(t testing.TB) []sketch.Line {
 	t.Helper()
 	n := int(f.objs.Cells.MaxEntries())
 	keys := make([]uint32, n)
@@ -345,7 +345,7 @@ const start = int64(5000 * time.Second)
 
 // proveForTest makes addr an answered peer of f, and a proven one, as the
 // program makes one that sends back a server ID bound to it.
-func proveForTest(tb testing.TB, f *Filter, addr netip.Addr) {
+func proveForTest(tb testing.TB, f *Program, addr netip.Addr) {
 	tb.Helper()
 	if err := f.ProveForBench(addr); err != nil {
 		tb.Fatal(err)

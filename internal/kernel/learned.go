@@ -52,7 +52,7 @@ func words(mem []byte) []uint64 {
 }
 
 // mapLearned maps the three learned sets and their quick-reject filters.
-func (f *Filter) mapLearned() error {
+func (f *Program) mapLearned() error {
 	quick, err := mapArray(f.objs.Quick, "quick", decide.NumLearned, quickBytes)
 	if err != nil {
 		return err
@@ -94,29 +94,29 @@ func (f *Filter) mapLearned() error {
 // header's source connection ID, to to, the address the server sent it
 // to, at the kernel's monotonic time: with VerifyIDs, datagrams from to
 // carrying it are verified from now on. Safe for concurrent use.
-func (f *Filter) LearnServerID(id decide.ServerID, to netip.Addr) error {
+func (f *Program) LearnServerID(id decide.ServerID, to netip.Addr) error {
 	return f.learned.LearnServerID(&f.hk, id, to, int64(monoNow()))
 }
 
 // LearnPeer records that the server sent a connection's packet to addr,
 // at the kernel's monotonic time (decide.Learned.LearnPeer). Safe for
 // concurrent use.
-func (f *Filter) LearnPeer(addr netip.Addr) error {
+func (f *Program) LearnPeer(addr netip.Addr) error {
 	return f.learned.LearnPeer(&f.hk, addr, int64(monoNow()))
 }
 
 // Grant adds credits to addr, an answered peer (decide.Learned.Grant).
 // Safe for concurrent use.
-func (f *Filter) Grant(addr netip.Addr, credits int) error {
+func (f *Program) Grant(addr netip.Addr, credits int) error {
 	return f.learned.Grant(&f.hk, addr, credits)
 }
 
 // Learned returns the filter's learned sets, in the kernel's memory.
-func (f *Filter) Learned() decide.Learned { return f.learned }
+func (f *Program) Learned() decide.Learned { return f.learned }
 
 // AdoptLearned takes over the keys of another engine's learned sets, each
 // stamped now (the other engine's clock is not the kernel's).
-func (f *Filter) AdoptLearned(from decide.Learned) {
+func (f *Program) AdoptLearned(from decide.Learned) {
 	f.learned.CopyFrom(from, decide.Stamp(int64(monoNow())))
 }
 
@@ -126,7 +126,7 @@ func (f *Filter) AdoptLearned(from decide.Learned) {
 // error is always nil). A key
 // that a datagram refreshes between the read of its slot and its clearing
 // is kept (the compare-and-swap fails).
-func (f *Filter) ExpireLearned(lifetime time.Duration) ([decide.NumLearned]int, error) {
+func (f *Program) ExpireLearned(lifetime time.Duration) ([decide.NumLearned]int, error) {
 	return f.learned.Expire(int64(monoNow()), decide.LifetimeStamps(lifetime.Nanoseconds())), nil
 }
 

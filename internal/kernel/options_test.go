@@ -28,7 +28,7 @@ func sum(levels [sketch.MaxLevels]uint64) (n uint64) {
 
 // attached loads a filter with cfg, attaches it to a fresh IPv4 (or
 // dual-stack) loopback socket and returns both, with the socket's port.
-func attached(t *testing.T, cfg decide.Config, network string) (*Filter, *net.UDPConn, uint16) {
+func attached(t *testing.T, cfg decide.Config, network string) (*Program, *net.UDPConn, uint16) {
 	t.Helper()
 	f := loadTest(t, cfg, loadOptions{})
 	addr := "127.0.0.1:0"

@@ -12,14 +12,14 @@ import (
 )
 
 // Stats reads the datagram counters, summed over CPUs.
-func (f *Filter) Stats() (decide.Stats, error) {
+func (f *Program) Stats() (decide.Stats, error) {
 	var per []rakelimitStats
 	if err := f.objs.Counters.Lookup(uint32(0), &per); err != nil {
 		return decide.Stats{}, fmt.Errorf("reading the filter counters: %w", err)
 	}
 	var s decide.Stats
 	for i := range per {
-		// The layouts are the same: the size check in filter.go, and the
+		// The layouts are the same: the size check in program.go, and the
 		// differential tests compare every counter.
 		s.Add((*decide.Stats)(unsafe.Pointer(&per[i])))
 	}
@@ -42,7 +42,7 @@ type Info struct {
 }
 
 // Info reports the program's instruction count and map memory.
-func (f *Filter) Info() (Info, error) {
+func (f *Program) Info() (Info, error) {
 	pi, err := f.objs.Rakelimit.Info()
 	if err != nil {
 		return Info{}, fmt.Errorf("reading program info: %w", err)

@@ -20,7 +20,7 @@ import (
 )
 
 // stream converts the kernel's record.
-func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono monoClock) decide.Stream {
+func (f *Program) stream(k rakelimitStreamKey, st rakelimitStreamState, mono monoClock) decide.Stream {
 	s := decide.Stream{
 		Class:    quicclass.Class(k.Class),
 		Node:     sketch.Node(k.Node),
@@ -39,7 +39,7 @@ func (f *Filter) stream(k rakelimitStreamKey, st rakelimitStreamState, mono mono
 }
 
 // Streams returns the streams the kernel tracks.
-func (f *Filter) Streams() ([]decide.Stream, error) {
+func (f *Program) Streams() ([]decide.Stream, error) {
 	mono := newMonoClock()
 	var out []decide.Stream
 	var k rakelimitStreamKey
@@ -57,7 +57,7 @@ func (f *Filter) Streams() ([]decide.Stream, error) {
 // Untracked estimates the drops of streams the kernel did not track
 // because new streams came faster than decide.TrackPacing allows: the
 // sampled ones, scaled by the sampling.
-func (f *Filter) Untracked() (uint64, error) {
+func (f *Program) Untracked() (uint64, error) {
 	var per []uint64
 	if err := f.objs.Untracked.Lookup(uint32(0), &per); err != nil {
 		return 0, fmt.Errorf("reading the untracked drops: %w", err)
@@ -71,7 +71,7 @@ func (f *Filter) Untracked() (uint64, error) {
 
 // ExpireStreams forgets the streams without a sampled drop for idle and
 // returns them: they are no longer limited.
-func (f *Filter) ExpireStreams(idle time.Duration) ([]decide.Stream, error) {
+func (f *Program) ExpireStreams(idle time.Duration) ([]decide.Stream, error) {
 	mono := newMonoClock()
 	var cutoff uint64
 	if d := uint64(idle.Nanoseconds()); d < mono.now {
@@ -101,14 +101,14 @@ func (f *Filter) ExpireStreams(idle time.Duration) ([]decide.Stream, error) {
 
 // EventReader reads the kernel's reports of newly limited streams.
 type EventReader struct {
-	f    *Filter
+	f    *Program
 	r    *ringbuf.Reader
 	mono monoClock
 }
 
 // Events opens a reader of newly limited streams. There is one ring buffer
 // per filter: open one reader.
-func (f *Filter) Events() (*EventReader, error) {
+func (f *Program) Events() (*EventReader, error) {
 	r, err := ringbuf.NewReader(f.objs.Events)
 	if err != nil {
 		return nil, fmt.Errorf("opening the event ring buffer: %w", err)

@@ -16,11 +16,11 @@ import (
 // Sweep resets the sketch cells idle for so long that their 32-bit epoch
 // could wrap (see sketch.Limiter.Sweep); the filter's owner runs it at least
 // daily. It returns how many cells it reset.
-func (f *Filter) Sweep() (int, error) {
+func (f *Program) Sweep() (int, error) {
 	return f.sweep(uint32(newMonoClock().now >> sketch.EpochShift))
 }
 
-func (f *Filter) sweep(epoch uint32) (int, error) {
+func (f *Program) sweep(epoch uint32) (int, error) {
 	lines := int(f.objs.Cells.MaxEntries())
 	page := unix.Getpagesize()
 	size := (lines*sketch.LineBytes + page - 1) / page * page
@@ -62,7 +62,7 @@ func (f *Filter) sweep(epoch uint32) (int, error) {
 // written whole: a CPU that counted in its pending cell between the read
 // and the write loses those packets' counts (at most the packets of that
 // moment, once a day, and only when some CPU has a stale one).
-func (f *Filter) sweepPending(epoch uint32) error {
+func (f *Program) sweepPending(epoch uint32) error {
 	var all []rakelimitPending
 	if err := f.objs.Totals.Lookup(uint32(0), &all); err != nil {
 		return fmt.Errorf("reading the pending totals: %w", err)

@@ -38,7 +38,7 @@ const (
 // XDPProgram returns the filter's XDP program (nil unless LoadXDP or
 // LoadBench with XDP loaded it; the benchmark entry with RandomSource),
 // for BPF_PROG_TEST_RUN. It stays owned by the filter: Close closes it.
-func (f *Filter) XDPProgram() *ebpf.Program {
+func (f *Program) XDPProgram() *ebpf.Program {
 	return f.objs.RakelimitXdp
 }
 
@@ -49,7 +49,7 @@ func (f *Filter) XDPProgram() *ebpf.Program {
 // rest refused); an IPv4-mapped address for the IPv4 address. New
 // addresses are listed before the ports that send the program to them,
 // and old ones removed after.
-func (f *Filter) SetListeners(addrs []netip.AddrPort, host []netip.Addr) error {
+func (f *Program) SetListeners(addrs []netip.AddrPort, host []netip.Addr) error {
 	var table rakelimitListenTable
 	for _, h := range host {
 		h = h.Unmap()
@@ -131,7 +131,7 @@ func listenKey(a netip.Addr, port uint16) rakelimitListenKey {
 // link: the kernel detaches it when the link's last file descriptor
 // closes, at Close or when the process exits, however it exits.
 type XDPLink struct {
-	f       *Filter
+	f       *Program
 	link    link.Link
 	ifindex int
 }
@@ -143,7 +143,7 @@ type XDPLink struct {
 // datagrams the XDP program passed there (c/listen.h). The link is
 // created with CAP_NET_ADMIN raised (withCapabilities); closing it, and
 // the listener tables the program reads, need no capability.
-func (f *Filter) AttachXDP(ifindex int, name string, generic bool) (*XDPLink, error) {
+func (f *Program) AttachXDP(ifindex int, name string, generic bool) (*XDPLink, error) {
 	if f.objs.RakelimitXdp == nil {
 		return nil, errors.New("the filter was loaded without its XDP program (LoadXDP loads it)")
 	}
@@ -184,7 +184,7 @@ func (x *XDPLink) Close() error {
 // the socket filter (xdp_interfaces: without any, it does not look for the
 // program's records). An interface is counted before the program runs
 // there and after it stopped, so that no record goes unread.
-func (f *Filter) markXDP(ifindex uint32, on bool) error {
+func (f *Program) markXDP(ifindex uint32, on bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.xdpOn == nil {
@@ -205,7 +205,7 @@ func (f *Filter) markXDP(ifindex uint32, on bool) error {
 // one path (a bridge and its port, a VLAN and its parent), where a datagram
 // may meet it twice: it then passes undecided a datagram it finds a record
 // of (c/listen.h). Off, a run looks for no record.
-func (f *Filter) SetXDPStacked(on bool) error {
+func (f *Program) SetXDPStacked(on bool) error {
 	v := uint32(0)
 	if on {
 		v = 1

@@ -21,7 +21,7 @@ const eventQueue = 512
 
 // Decider is a decide.Filter that is safe for concurrent use, with its own
 // monotonic clock and random numbers, and tracks the streams it drops
-// packets of the way the kernel filter does. Its methods mirror kernel.Filter's,
+// packets of the way the kernel filter does. Its methods mirror kernel.Program's,
 // so that one interface can drive either.
 type Decider struct {
 	mu    sync.Mutex

@@ -20,6 +20,6 @@ type learner interface {
 }
 
 var (
-	_ learner = (*kernel.Filter)(nil)
+	_ learner = (*kernel.Program)(nil)
 	_ learner = (*Decider)(nil)
 )

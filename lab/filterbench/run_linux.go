@@ -32,7 +32,7 @@ var progNames = [numProgs]string{"this filter", "Cloudflare's", "the floor progr
 // running is a case during a run: its programs and samples.
 type running struct {
 	caseSpec
-	ours  *kernel.Filter
+	ours  *kernel.Program
 	cf    *cloudflareProgram
 	frame []byte
 	// progs are the programs timed, nil for one not run.

@@ -265,7 +265,7 @@ struct {
 	__type(value, struct line);
 	__uint(max_entries, 1);
 	// Mapped into userspace, which resets stale cells one at a time with
-	// atomic operations (Filter.Sweep): a write of a whole line through
+	// atomic operations (Program.Sweep): a write of a whole line through
 	// the map would undo what packets counted in its live cells meanwhile.
 	__uint(map_flags, BPF_F_MMAPABLE);
 } cells SEC(".maps");

@@ -53,10 +53,11 @@ var (
 	_ [1]struct{} = [unsafe.Sizeof(rakelimitStats{}) - unsafe.Sizeof(decide.Stats{}) + 1]struct{}{}
 )
 
-// Filter is one loaded instance of the program with its own sketches, hash
-// key and configuration. It may be attached to any number of sockets, which
-// then share its limits.
-type Filter struct {
+// Program is one loaded instance of the BPF program: its socket filter and,
+// loaded with LoadXDP, its XDP program, over one set of maps with its own
+// sketches, hash key and configuration. It may be attached to any number of
+// sockets (and interfaces), which then share its limits.
+type Program struct {
 	objs       rakelimitObjects
 	hk         sketch.HashKey
 	trackShift uint8
@@ -109,7 +110,7 @@ const testListenAddrs = 1 << 18
 // the configuration. The filter does nothing until it is attached. hk is
 // its hash key, nil for a fresh random one: a filter that takes over what
 // another engine learned (AdoptLearned) must hash with that engine's key.
-func Load(c decide.Config, hk *sketch.HashKey) (*Filter, error) {
+func Load(c decide.Config, hk *sketch.HashKey) (*Program, error) {
 	return load(c, loadOptions{hashKey: hk})
 }
 
@@ -117,19 +118,19 @@ func Load(c decide.Config, hk *sketch.HashKey) (*Filter, error) {
 // which shares its maps. The XDP program is left out of Load: it needs
 // Linux 5.18 (bpf_xdp_load_bytes), and its verification costs the start
 // of a limiter that never attaches it another second or more.
-func LoadXDP(c decide.Config, hk *sketch.HashKey) (*Filter, error) {
+func LoadXDP(c decide.Config, hk *sketch.HashKey) (*Program, error) {
 	return load(c, loadOptions{xdp: true, hashKey: hk})
 }
 
 // HashKey returns the filter's hash key.
-func (f *Filter) HashKey() sketch.HashKey { return f.hk }
+func (f *Program) HashKey() sketch.HashKey { return f.hk }
 
-func load(c decide.Config, o loadOptions) (_ *Filter, err error) {
+func load(c decide.Config, o loadOptions) (_ *Program, err error) {
 	p, err := c.Compile()
 	if err != nil {
 		return nil, err
 	}
-	f := &Filter{trackShift: decide.DefaultTrackShift}
+	f := &Program{trackShift: decide.DefaultTrackShift}
 	if o.trackShift != nil {
 		f.trackShift = *o.trackShift
 	}
@@ -231,7 +232,7 @@ type socketObjects struct {
 // raised (withCapabilities). What follows, the maps' writes, reads and
 // mappings through their file descriptors and SO_ATTACH_BPF on a socket of
 // the process, needs none.
-func (f *Filter) loadObjects(spec *ebpf.CollectionSpec, xdp bool) error {
+func (f *Program) loadObjects(spec *ebpf.CollectionSpec, xdp bool) error {
 	if !xdp {
 		var objs socketObjects
 		if err := spec.LoadAndAssign(&objs, nil); err != nil {
@@ -264,7 +265,7 @@ func unboundedShares() rakelimitFair {
 
 // initFairShares sets every CPU's fair shares (a per-CPU map: each CPU
 // finds the share from its own packets) to unbounded.
-func (f *Filter) initFairShares() error {
+func (f *Program) initFairShares() error {
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
 		return fmt.Errorf("counting CPUs: %w", err)
@@ -281,7 +282,7 @@ func (f *Filter) initFairShares() error {
 
 // seedPRNG gives every CPU's xorshift generator a random non-zero state (and
 // its clock no reading yet).
-func (f *Filter) seedPRNG() error {
+func (f *Program) seedPRNG() error {
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
 		return fmt.Errorf("counting CPUs: %w", err)
@@ -311,7 +312,7 @@ func boolByte(b bool) uint8 {
 
 // Close releases the filter's file descriptors. Sockets it is attached to
 // keep the program and maps alive until they close or detach it.
-func (f *Filter) Close() error {
+func (f *Program) Close() error {
 	f.learned = decide.Learned{}
 	for _, mem := range f.mapped {
 		if err := unix.Munmap(mem); err != nil {

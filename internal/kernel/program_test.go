@@ -33,7 +33,7 @@ import (
 // families. Both must agree with the Go twin, and so with each other.
 type twin struct {
 	t      testing.TB
-	f, x   *Filter
+	f, x   *Program
 	d      *decide.Filter
 	packet int
 }
@@ -54,11 +54,11 @@ func newTwin(t testing.TB, c decide.Config) *twin {
 // filters are the twin's two filters, with the names of what they run.
 func (w *twin) filters() []struct {
 	name string
-	f    *Filter
+	f    *Program
 } {
 	return []struct {
 		name string
-		f    *Filter
+		f    *Program
 	}{{"the socket filter", w.f}, {"XDP and the socket filter", w.x}}
 }
 
@@ -212,7 +212,7 @@ func (w *twin) compareState() {
 }
 
 // compareFilter checks the state of one filter against the Go twin's.
-func (w *twin) compareFilter(name string, f *Filter) {
+func (w *twin) compareFilter(name string, f *Program) {
 	w.t.Helper()
 	got, want := f.lines(w.t), w.d.Limiter().Lines()
 	if len(got) != len(want) {
@@ -682,7 +682,7 @@ func TestConfigureErrors(t *testing.T) {
 }
 
 // countAllow counts the entries of both allowlist tries.
-func countAllow(t *testing.T, f *Filter) int {
+func countAllow(t *testing.T, f *Program) int {
 	t.Helper()
 	n := 0
 	var k4 rakelimitAllow4Key
