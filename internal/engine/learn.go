@@ -21,7 +21,7 @@ const IDLifetime = learn.DefaultLifetime
 const expireLearnedEvery = 5
 
 // Learned returns what the limiter's learner has seen and taught.
-func (l *Limiter) Learned() learn.Stats { return l.learner.Stats() }
+func (l *Limiter) Learned() learn.Counts { return l.learner.Counts() }
 
 // VerificationOff reports whether the server's connection IDs cannot be
 // verified (it sent IDs of another length than quic-go's default).

@@ -93,7 +93,7 @@ func settle(t *testing.T, ln *net.UDPConn, pc net.PacketConn, done <-chan struct
 // watchPeak reads a figure of the pre-filter's stats (of) once a period for
 // `periods` periods; the function it returns waits for the last reading and
 // gives the largest.
-func watchPeak[N int | float64](pf Prefiltered, periods int, of func(prefilter.Stats) N) func() N {
+func watchPeak[N int | float64](pf Prefiltered, periods int, of func(prefilter.Status) N) func() N {
 	var peak N
 	done := make(chan struct{})
 	go func() {
@@ -111,7 +111,7 @@ func watchPeak[N int | float64](pf Prefiltered, periods int, of func(prefilter.S
 
 // watchRules watches the pre-filter's number of rules (watchPeak).
 func watchRules(pf Prefiltered, periods int) func() int {
-	return watchPeak(pf, periods, func(s prefilter.Stats) int { return s.Rules })
+	return watchPeak(pf, periods, func(s prefilter.Status) int { return s.Rules })
 }
 
 // TestPrefilterDropsInKernel runs the userspace limiter on a real socket,
@@ -272,7 +272,7 @@ func TestPrefilterDropsNegotiation(t *testing.T) {
 	// The probability is read while the flood lasts: one read after it
 	// ends may fall on an update that measured the flood over part of its
 	// period only, and lowered the probability for the rate it saw.
-	peakP := watchPeak(pf, 4*seconds-1, func(s prefilter.Stats) float64 { return s.Negotiation })
+	peakP := watchPeak(pf, 4*seconds-1, func(s prefilter.Status) float64 { return s.Negotiation })
 	sent, err := testutil.Flood{From: []*net.UDPConn{flooder}, To: dst, Rate: rate, Count: rate * seconds,
 		For: seconds * time.Second, Next: func() []byte { return unknown }}.Send()
 	if err != nil {

@@ -111,7 +111,7 @@ func countersReport(set decide.Config, st decide.Stats, fam, levels int) report.
 }
 
 // prefilterReport is the report of a userspace limiter's kernel pre-filter.
-func prefilterReport(set decide.Config, ps prefilter.Stats) *report.Prefilter {
+func prefilterReport(set decide.Config, ps prefilter.Status) *report.Prefilter {
 	rp := &report.Prefilter{Sockets: ps.Sockets, Instructions: ps.Instructions, Streams: ps.Rules, Invalid: ps.Stateless,
 		InvalidDroppedEstimated: map[string]uint64{}, StreamDroppedEstimated: map[string]uint64{},
 		NegotiationDroppedEstimated: ps.NegotiationDropped, Negotiation: ps.Negotiation,

@@ -104,13 +104,13 @@ func (e *userEngine) PrefilterError() error {
 }
 
 // Prefilter says what the pre-filter does.
-func (e *userEngine) Prefilter() prefilter.Stats { return e.pre.Stats() }
+func (e *userEngine) Prefilter() prefilter.Status { return e.pre.Status() }
 
 // KernelDropped estimates what the pre-filter dropped, its shed brought up
 // to st, the limiter's counters now.
 func (e *userEngine) KernelDropped(st decide.Stats) uint64 {
 	e.pre.Account(st)
-	return e.pre.Stats().Dropped()
+	return e.pre.Status().Dropped()
 }
 
 // Shed steps the shedder with s, a sample of the sockets whose Overflows
@@ -243,7 +243,7 @@ func IsClosed(conn *net.UDPConn) bool {
 // Prefiltered is an engine with a kernel pre-filter (the userspace one).
 type Prefiltered interface {
 	// Prefilter says what the pre-filter does.
-	Prefilter() prefilter.Stats
+	Prefilter() prefilter.Status
 	// PrefilterError returns, once, the latest failure to attach or
 	// update it.
 	PrefilterError() error

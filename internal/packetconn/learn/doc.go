@@ -26,7 +26,7 @@
 //     destination (QUIC v1 and v2, RFC 9000 section 17.2, RFC 9369).
 //     quic-go's default generator, which Caddy keeps, makes them
 //     ServerIDLen (4) random bytes. A Handshake or Retry packet with an ID
-//     of another length is counted (Stats.OddIDs) and reported once
+//     of another length is counted (Counts.OddIDs) and reported once
 //     (Options.OnOddID): verification by ID cannot work then. quic-go's
 //     refusals of a connection (CONNECTION_REFUSED, and INVALID_TOKEN for a
 //     Retry token from another address) are small lone Initials from the
@@ -110,6 +110,6 @@
 // amd64, TestMemoryBound). The tables hold no pointers, so the garbage
 // collector does not scan them. When a shard is
 // full, it forgets the entries past their time and, if that frees less
-// than an eighth of it, all of them (Stats.Overflows): the cost is a report
+// than an eighth of it, all of them (Counts.Overflows): the cost is a report
 // again, never a refused write.
 package learn

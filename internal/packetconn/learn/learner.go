@@ -73,12 +73,12 @@ type Options struct {
 	// connection ID is not ServerIDLen bytes long (its length is the
 	// argument). Verification by server ID cannot work with such IDs (a
 	// connection ID generator other than quic-go's default): the caller
-	// turns it off and logs. Stats counts every such packet.
+	// turns it off and logs. Counts counts every such packet.
 	OnOddID func(length int)
 }
 
-// Stats are a Learner's counters since it was made.
-type Stats struct {
+// Counts are a Learner's counters since it was made.
+type Counts struct {
 	// IDs counts server IDs reported to a sink that accepted them: new
 	// ones, refreshes and those taught again to a new sink.
 	IDs uint64
@@ -215,9 +215,9 @@ func newLearner(sink Sink, o Options, now func() int64) (*Learner, error) {
 	return l, nil
 }
 
-// Stats returns the Learner's counters.
-func (l *Learner) Stats() Stats {
-	return Stats{
+// Counts returns the Learner's counters.
+func (l *Learner) Counts() Counts {
+	return Counts{
 		IDs:       l.nIDs.Load(),
 		Peers:     l.nPeers.Load(),
 		Grants:    l.nGrants.Load(),

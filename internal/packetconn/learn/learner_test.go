@@ -168,7 +168,7 @@ func TestLearnDedupes(t *testing.T) {
 			t.Fatalf("step %d: taught the ID %d times and the peer %d times, want %d and %d", i, ids, peers, s.ids, s.peers)
 		}
 	}
-	if st := l.Stats(); st.IDs != 2 || st.Peers != 4 || st.Errors != 0 {
+	if st := l.Counts(); st.IDs != 2 || st.Peers != 4 || st.Errors != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -222,7 +222,7 @@ func TestSinkErrors(t *testing.T) {
 	if ids, _ := sink.counts(idA, peerA.Addr()); ids != 3 {
 		t.Fatalf("accepted at the third try: tried %d times", ids)
 	}
-	if st := l.Stats(); st.Errors != 3 || st.IDs != 1 || st.Peers != 0 {
+	if st := l.Counts(); st.Errors != 3 || st.IDs != 1 || st.Peers != 0 {
 		t.Fatalf("stats %+v, want 3 errors, 1 ID", st)
 	}
 }
@@ -256,7 +256,7 @@ func TestSetSink(t *testing.T) {
 	if third.ids[id] != 0 || third.ids[idB] != 1 || len(third.peers) != 0 {
 		t.Fatalf("after a time without a sink, the new one was taught %v and %v", third.ids, third.peers)
 	}
-	if st := l.Stats(); st.IDs != 4 {
+	if st := l.Counts(); st.IDs != 4 {
 		t.Fatalf("stats %+v, want 4 IDs taught (A, B, B again, B again)", st)
 	}
 }
@@ -269,7 +269,7 @@ func TestOddIDs(t *testing.T) {
 	odd := quicclasstest.AppendLongPacket(nil, v1, typeHandshake, client[:4], client, nil, 100)
 	l.Learn(odd, nil, peerA)
 	l.Learn(cat(quicclasstest.AppendLongPacket(nil, v1, typeInitial, client[:4], client, nil, 100), odd), nil, peerA)
-	if st := l.Stats(); st.OddIDs != 2 || len(calls) != 1 || calls[0] != len(client) {
+	if st := l.Counts(); st.OddIDs != 2 || len(calls) != 1 || calls[0] != len(client) {
 		t.Fatalf("odd IDs %d, callback calls %v; want 2, [%d]", st.OddIDs, calls, len(client))
 	}
 }
@@ -492,7 +492,7 @@ func TestMemoryBound(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	held := after.HeapAlloc - before.HeapAlloc
-	t.Logf("%d IDs and %d peers hold %.1f MiB; %d overflows", MaxIDs, MaxPeers, float64(held)/(1<<20), l.Stats().Overflows)
+	t.Logf("%d IDs and %d peers hold %.1f MiB; %d overflows", MaxIDs, MaxPeers, float64(held)/(1<<20), l.Counts().Overflows)
 	if held > 16<<20 {
 		t.Errorf("both tables full hold %d bytes, over the 16 MiB of the package doc", held)
 	}
@@ -502,17 +502,17 @@ func TestMemoryBound(t *testing.T) {
 	for i := range MaxPeers {
 		l.learnPeer(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), clk.Now(), &peerSeen{peer: true})
 	}
-	if l.Stats().Overflows == 0 {
+	if l.Counts().Overflows == 0 {
 		t.Error("twice MaxPeers peers in one instant overflowed no shard")
 	}
 	// A second later the old peers are past their time: swept, no
 	// overflow.
-	over := l.Stats().Overflows
+	over := l.Counts().Overflows
 	clk.Advance(PeerInterval)
 	for i := range MaxPeers {
 		l.learnPeer(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), clk.Now(), &peerSeen{peer: true})
 	}
-	if got := l.Stats().Overflows; got != over {
+	if got := l.Counts().Overflows; got != over {
 		t.Errorf("peers a second old were not swept first: %d more overflows", got-over)
 	}
 	for i := range l.peers {
@@ -527,13 +527,13 @@ func TestMemoryBound(t *testing.T) {
 	}
 }
 
-// Example of a sink's error surfacing in Stats only: Learn never fails a
+// Example of a sink's error surfacing in Counts only: Learn never fails a
 // write.
-func ExampleLearner_Stats() {
+func ExampleLearner_Counts() {
 	sink := newRecSink()
 	sink.peerErr = errors.New("no room")
 	l, _ := NewLearner(sink, Options{})
 	l.Learn(quicclasstest.ShortHeader(100), nil, netip.MustParseAddrPort("127.0.0.1:443"))
-	fmt.Printf("%+v\n", l.Stats())
+	fmt.Printf("%+v\n", l.Counts())
 	// Output: {IDs:0 Peers:0 Grants:64 Errors:1 OddIDs:0 Overflows:0}
 }

@@ -147,7 +147,7 @@ func TestStatelessRepliesTeachNoPeer(t *testing.T) {
 			ids, _ := sink.Counts()
 			if got := sink.KnowsPeer(victim); got != tt.wantPeer || tt.retry && (ids != 0 || sink.Credit(victim) != 0) {
 				t.Errorf("after %d replies the spoofed source is a peer: %v, want %v (%d IDs taught, credit %d, %+v)",
-					len(replies), got, tt.wantPeer, ids, sink.Credit(victim), l.Stats())
+					len(replies), got, tt.wantPeer, ids, sink.Credit(victim), l.Counts())
 			}
 			t.Logf("%d replies to the spoofed source; %d IDs taught, credit %d", len(replies), ids, sink.Credit(victim))
 		})
@@ -289,8 +289,8 @@ func TestRefusalsTeachNothing(t *testing.T) {
 					t.Errorf("the refusal taught ID %x bound to %v", b.ID, tt.from)
 				}
 			}
-			if sink.KnowsPeer(tt.from) || l.Stats().OddIDs != 0 {
-				t.Errorf("the refusal taught %v as a peer: %v; stats %+v", tt.from, sink.KnowsPeer(tt.from), l.Stats())
+			if sink.KnowsPeer(tt.from) || l.Counts().OddIDs != 0 {
+				t.Errorf("the refusal taught %v as a peer: %v; stats %+v", tt.from, sink.KnowsPeer(tt.from), l.Counts())
 			}
 			t.Logf("%d refusals of %d bytes to %v taught nothing", len(replies), len(replies[0]), tt.from)
 		})

@@ -36,9 +36,9 @@ const (
 	MinDrop = 0.05
 )
 
-// Stats says what the pre-filter does. The kernel drops are estimated:
+// Status says what the pre-filter does. The kernel drops are estimated:
 // classic BPF cannot count.
-type Stats struct {
+type Status struct {
 	// Sockets is how many sockets carry the program.
 	Sockets int
 	// Instructions is the program's length; Rules how many limited
@@ -90,7 +90,7 @@ type Enforcer struct {
 	prog  *Program
 	// state is every rule's, in force or being phased out.
 	state map[ruleKey]*ruleState
-	stats Stats
+	stats Status
 	last  time.Time
 	// invalid is the userspace limiter's count of invalid datagrams at
 	// the last update.
@@ -240,7 +240,7 @@ func (e *Enforcer) SetShed(p float64, st decide.Stats) bool {
 }
 
 // Account brings the estimate of the kernel's shed drops up to st, the
-// userspace limiter's counters now, so that Stats counts every drop the
+// userspace limiter's counters now, so that Status counts every drop the
 // socket did.
 func (e *Enforcer) Account(st decide.Stats) {
 	e.mu.Lock()
@@ -248,8 +248,8 @@ func (e *Enforcer) Account(st decide.Stats) {
 	e.countShed(st)
 }
 
-// Stats returns what the pre-filter does.
-func (e *Enforcer) Stats() Stats {
+// Status returns what the pre-filter does.
+func (e *Enforcer) Status() Status {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.stats
@@ -262,7 +262,7 @@ func (e *Enforcer) Stats() Stats {
 }
 
 // Dropped is the total of the estimated kernel drops.
-func (s Stats) Dropped() uint64 {
+func (s Status) Dropped() uint64 {
 	var n uint64
 	for _, v := range s.InvalidDropped {
 		n += v

@@ -43,14 +43,14 @@ func TestEstimates(t *testing.T) {
 	if err := e.Update(c, p, streams, nil, nil, rate, st, now); err != nil {
 		t.Fatal(err)
 	}
-	if s := e.Stats(); s.Rules != 1 || s.Sockets != 1 || !s.Stateless {
+	if s := e.Status(); s.Rules != 1 || s.Sockets != 1 || !s.Stateless {
 		t.Fatalf("stats %+v, want one rule on one socket", s)
 	}
 	st.Invalid[0][1][quicclass.FixedBit] = 10
 	if err := e.Update(c, p, streams, nil, nil, rate, st, now.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	s := e.Stats()
+	s := e.Status()
 	if got, want := s.InvalidDropped[quicclass.FixedBit], uint64(10*(1<<DefaultSampleShift-1)); got != want {
 		t.Errorf("invalid drops %d, want %d", got, want)
 	}
@@ -69,7 +69,7 @@ func TestEstimates(t *testing.T) {
 	if err := e.Update(dry, p, streams, nil, nil, rate, st, now.Add(3*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if s := e.Stats(); s.Updates != updates+1 || s.Rules != 0 || s.Stateless || s.Instructions != 1 {
+	if s := e.Status(); s.Updates != updates+1 || s.Rules != 0 || s.Stateless || s.Instructions != 1 {
 		t.Errorf("after a dry run: %+v (updates were %d)", s, updates)
 	}
 	if err := e.Detach(ln); err != nil {
@@ -119,7 +119,7 @@ func TestNegotiationEstimates(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			s := e.Stats()
+			s := e.Status()
 			if !tt.drop {
 				if s.Negotiation != 0 || s.NegotiationDropped != 0 {
 					t.Fatalf("negotiation drop probability %v, %d dropped: want none", s.Negotiation, s.NegotiationDropped)
@@ -138,7 +138,7 @@ func TestNegotiationEstimates(t *testing.T) {
 			if err := e.Update(tt.c, p, nil, nil, nil, rate, st, now.Add(2*time.Second)); err != nil {
 				t.Fatal(err)
 			}
-			s = e.Stats()
+			s = e.Status()
 			if got := float64(s.NegotiationDropped); math.Abs(got-10_000*want) > 100 {
 				t.Errorf("estimated kernel drops %v, want about %v", got, 10_000*want)
 			}
@@ -175,7 +175,7 @@ func TestShedEstimate(t *testing.T) {
 	if err := e.Update(c, p, nil, nil, nil, rate, openings(0), now); err != nil {
 		t.Fatal(err)
 	}
-	if s := e.Stats(); s.Shed != 0.75 || s.ShedDropped != 0 {
+	if s := e.Status(); s.Shed != 0.75 || s.ShedDropped != 0 {
 		t.Fatalf("stats %+v, want shed 0.75 in force and nothing shed yet", s)
 	}
 	for _, step := range []struct {
@@ -186,7 +186,7 @@ func TestShedEstimate(t *testing.T) {
 		{200, 300}, // 100 more under 0.75: 3 shed each
 	} {
 		e.Account(openings(step.seen))
-		if s := e.Stats(); s.ShedDropped != step.want || s.Dropped() != step.want {
+		if s := e.Status(); s.ShedDropped != step.want || s.Dropped() != step.want {
 			t.Errorf("after %d openings read: %d shed (%d dropped), want %d", step.seen, s.ShedDropped, s.Dropped(), step.want)
 		}
 	}
@@ -195,7 +195,7 @@ func TestShedEstimate(t *testing.T) {
 	if err := e.Update(dry, p, nil, nil, nil, rate, openings(200), now.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if s := e.Stats(); s.Shed != 0 {
+	if s := e.Status(); s.Shed != 0 {
 		t.Errorf("a dry run's program sheds %v, want none", s.Shed)
 	}
 }

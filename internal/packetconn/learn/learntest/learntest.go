@@ -228,8 +228,8 @@ type Report struct {
 	// Failures lists the packets to a server-chosen ID that a filter the
 	// sink taught could verify neither way when the client sent them.
 	Failures []string
-	// Stats are the learner's counters at the end.
-	Stats learn.Stats
+	// Counts are the learner's counters at the end.
+	Counts learn.Counts
 }
 
 // Check serves an echo server with quic-go, configured as Caddy configures
@@ -267,7 +267,7 @@ func Check(t *testing.T, wrap Wrap, s Setup) Report {
 	}
 
 	r := rec.report()
-	r.Stats = l.Stats()
+	r.Counts = l.Counts()
 	for _, f := range r.Failures {
 		t.Error(f)
 	}
@@ -290,8 +290,8 @@ func Check(t *testing.T, wrap Wrap, s Setup) Report {
 	if !sink.KnowsPeer(from) {
 		t.Errorf("the client's address %v was not taught as a peer", from)
 	}
-	if r.Stats.OddIDs != 0 || r.Stats.Errors != 0 {
-		t.Errorf("learner stats %+v: odd IDs or sink errors", r.Stats)
+	if r.Counts.OddIDs != 0 || r.Counts.Errors != 0 {
+		t.Errorf("learner counts %+v: odd IDs or sink errors", r.Counts)
 	}
 	return r
 }
