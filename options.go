@@ -110,11 +110,17 @@ type option struct {
 	// parse sets the option called name from its Caddyfile arguments,
 	// checking each value it reads.
 	parse func(r *RakeLimit, d *caddyfile.Dispenser, name string, args []string) error
-	// apply checks the option's value and sets it in the decision
-	// configuration, naming it as in the JSON; nil for an option that is
-	// not the decision's. The table applies them in its order: an option
-	// whose range depends on another's value comes after it.
+	// apply checks the option's value, naming it as in the JSON, and sets
+	// it in the decision configuration when it is the decision's (mode
+	// and xdp_interfaces only check theirs: xdp_interfaces checks
+	// xdp_generic with it, the engine's options); nil for an option it
+	// has nothing to do for. The table applies them in its order, and
+	// the first error is the configuration's.
 	apply func(r *RakeLimit, s *decide.Config) error
+	// after names the options whose applied values apply reads (a range
+	// that depends on the window, the levels that the prefixes make):
+	// they come before it in the table (TestOptionOrder).
+	after []string
 }
 
 // jsonFields are the JSON fields that o sets.
@@ -128,9 +134,6 @@ func (o option) jsonFields() []string {
 // options lists the module's options in the order the syntax shows them
 // and their values are applied. A new option is one more entry.
 func options() []option {
-	on := func(field func(*RakeLimit) **bool) func(*RakeLimit, *caddyfile.Dispenser, string, []string) error {
-		return parseOnOffOption(field)
-	}
 	flag := func(field func(*RakeLimit) *bool) func(*RakeLimit, *caddyfile.Dispenser, string, []string) error {
 		return func(r *RakeLimit, _ *caddyfile.Dispenser, _ string, _ []string) error {
 			*field(r) = true
@@ -141,26 +144,30 @@ func options() []option {
 		{name: "window", syntax: "<duration>", def: strings.TrimSuffix(DefaultWindow.String(), "0s"), example: "window 2s",
 			parse: parseWindowOption, apply: applyWindow},
 		{name: "limit", syntax: "<packets per second>", def: strconv.Itoa(DefaultLimit), example: "limit 500",
-			parse: parseLimitOption, apply: applyLimit},
+			parse: parseLimitOption, apply: applyLimit, after: []string{"window"}},
 		{name: "ipv4_prefixes", syntax: "<length> ...", def: lengths(sketch.DefaultIPv4Prefixes), example: "ipv4_prefixes 32 16 0",
 			parse: parsePrefixesOption, apply: applyIPv4Prefixes},
 		{name: "ipv6_prefixes", syntax: "<length> ...", def: lengths(sketch.DefaultIPv6Prefixes), example: "ipv6_prefixes 64 32 0",
-			parse: parsePrefixesOption, apply: applyIPv6Prefixes},
+			parse: parsePrefixesOption, apply: applyIPv6Prefixes, after: []string{"ipv4_prefixes"}},
 		{name: "per_destination_port", flag: true, def: "off", example: "per_destination_port",
 			parse: flag(func(r *RakeLimit) *bool { return &r.PerDestinationPort }),
 			apply: func(r *RakeLimit, s *decide.Config) error { s.Limiter.PerDstPort = r.PerDestinationPort; return nil }},
 		{name: "level_limit", syntax: "<level> <packets per second>|off", fields: []string{"level_limits", "unlimited_levels"},
-			repeatable: true, example: "level_limit 3 50000", parse: parseLevelLimitOption, apply: applyLevelLimits},
+			repeatable: true, example: "level_limit 3 50000", parse: parseLevelLimitOption, apply: applyLevelLimits,
+			after: []string{"window", "ipv4_prefixes", "ipv6_prefixes", "per_destination_port"}},
 		{name: "established_limit", syntax: "<packets per second>", def: strconv.Itoa(DefaultEstablishedLimit),
-			example: "established_limit 100000", parse: parseEstablishedLimitOption, apply: applyEstablishedLimit},
+			example: "established_limit 100000", parse: parseEstablishedLimitOption, apply: applyEstablishedLimit,
+			after: []string{"window"}},
 		{name: "established_level_limit", syntax: "<level> <packets per second>|off",
 			fields: []string{"established_level_limits", "established_unlimited_levels"}, repeatable: true,
-			example: "established_level_limit 3 off", parse: parseLevelLimitOption, apply: applyEstablishedLevelLimits},
+			example: "established_level_limit 3 off", parse: parseLevelLimitOption, apply: applyEstablishedLevelLimits,
+			after: []string{"window", "ipv4_prefixes", "ipv6_prefixes", "per_destination_port"}},
 		{name: "classify", syntax: "on|off", def: "on", example: "classify off",
-			parse: on(func(r *RakeLimit) **bool { return &r.Classify }),
+			parse: parseOnOffOption(func(r *RakeLimit) **bool { return &r.Classify }),
 			apply: func(r *RakeLimit, s *decide.Config) error { s.Classify = r.classify(); return nil }},
 		{name: "verify_connection_ids", syntax: "on|off", example: "verify_connection_ids off",
-			parse: on(func(r *RakeLimit) **bool { return &r.VerifyConnectionIDs }), apply: applyVerifyIDs},
+			parse: parseOnOffOption(func(r *RakeLimit) **bool { return &r.VerifyConnectionIDs }), apply: applyVerifyIDs,
+			after: []string{"classify"}},
 		{name: "block_source_ports", syntax: "<port|low-high> ...|none", example: "block_source_ports 0-1023 11211",
 			parse: parseBlockSourcePortsOption, apply: func(r *RakeLimit, s *decide.Config) (err error) {
 				s.BlockedPorts, err = blockedPorts(r.BlockSourcePorts)
@@ -185,7 +192,7 @@ func options() []option {
 			parse: parseXDPInterfacesOption, apply: func(r *RakeLimit, _ *decide.Config) error {
 				_, err := r.engineOptions()
 				return err
-			}},
+			}, after: []string{"mode"}},
 		{name: "xdp_generic", flag: true, def: "off", example: "mode xdp\n\txdp_generic",
 			parse: flag(func(r *RakeLimit) *bool { return &r.XDPGeneric })},
 	}

@@ -177,3 +177,24 @@ func TestReportNamesOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestOptionOrder: an option comes after those whose applied values its
+// apply reads, so that each value is checked against the others' and an
+// error names the option at fault.
+func TestOptionOrder(t *testing.T) {
+	place := map[string]int{}
+	for i, o := range options() {
+		place[o.name] = i
+	}
+	for i, o := range options() {
+		for _, before := range o.after {
+			j, ok := place[before]
+			switch {
+			case !ok:
+				t.Errorf("%s comes after %q, which is no option", o.name, before)
+			case j >= i:
+				t.Errorf("%s reads %s's value and must come after it in the table", o.name, before)
+			}
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/rakelimit/caddy-rakelimit/internal/decide/quicclass"
@@ -59,6 +60,19 @@ type Config struct {
 	// whatever its level limit). The decision itself only sees the level
 	// limits in force.
 	AdaptiveTotal, AdaptiveEstablished bool
+}
+
+// Clone returns c with copies of what it refers to, so that the caller may
+// change one without the other (a limiter keeps a clone of the
+// configuration it decides with). A field of reference type is copied here.
+func (c Config) Clone() Config {
+	c.Limiter = c.Limiter.Clone()
+	c.Allow = slices.Clone(c.Allow)
+	if c.BlockedPorts != nil {
+		p := *c.BlockedPorts
+		c.BlockedPorts = &p
+	}
+	return c
 }
 
 // MaxNegotiation bounds Config.Negotiation: a Version Negotiation reply

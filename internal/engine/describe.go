@@ -26,12 +26,17 @@ func ClassName(c decide.Config, class quicclass.Class) string {
 }
 
 // SettingsFields are the log fields that describe c: the fields of its
-// report (report.ConfigOf), named as there, a level's limit 0 written off.
+// report (report.ConfigOf), named as there, a level's limit 0 written off,
+// and a list its log tag says to count (the allowlist) as its length.
 func SettingsFields(c decide.Config) []zap.Field {
 	v := reflect.ValueOf(report.ConfigOf(c))
 	var fields []zap.Field
 	for i := range v.NumField() {
 		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+		if as, count := strings.CutSuffix(v.Type().Field(i).Tag.Get("log"), ",count"); count {
+			fields = append(fields, zap.Int(as, v.Field(i).Len()))
+			continue
+		}
 		switch f := v.Field(i).Interface().(type) {
 		case []uint32: // level limits
 			levels := make([]string, len(f))

@@ -336,7 +336,7 @@ int rakelimit_xdp(struct xdp_md *xdp)
 }
 
 // The entries that tests load in place of the production ones (loadOptions
-// in filter.go), never attached: rakelimit_test and rakelimit_xdp_test
+// in program.go), never attached: rakelimit_test and rakelimit_xdp_test
 // decide at the time and with the random number the test gives, and write
 // the verdict to test_verdict; rakelimit_bench_random and
 // rakelimit_xdp_bench_random give every datagram a random source, for the

@@ -66,7 +66,7 @@ type scratch struct {
 }
 
 // Decider decides the datagrams quic-go reads through a Conn: the
-// userspace limiter (userspace.Limiter) in mode userspace. Its methods must
+// userspace limiter (userspace.Decider) in mode userspace. Its methods must
 // be safe for concurrent use.
 type Decider interface {
 	// Decide decides one datagram.

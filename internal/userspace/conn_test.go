@@ -113,9 +113,9 @@ func TestEveryReadFilters(t *testing.T) {
 	}
 }
 
-// TestSetLimiter: without a limiter every datagram passes; with one again,
+// TestSetDecider: without a decider every datagram passes; with one again,
 // the drops resume.
-func TestSetLimiter(t *testing.T) {
+func TestSetDecider(t *testing.T) {
 	l := newTestDecider(t, testutil.QUICLimits(100, 1000), nil, -1)
 	c := wrap(t, testutil.Listen(t, "udp4", "127.0.0.1:0"), l)
 	s := sender(t, "127.0.0.1:0")

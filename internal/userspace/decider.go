@@ -4,9 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
-	"maps"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
@@ -83,14 +81,14 @@ type options struct {
 // must hash with that engine's key). It refuses exactly the configurations
 // the kernel filter refuses.
 func New(c decide.Config, hk *sketch.HashKey) (*Decider, error) {
-	return newLimiter(c, options{hashKey: hk})
+	return newDecider(c, options{hashKey: hk})
 }
 
 // HashKey returns the limiter's hash key.
 func (l *Decider) HashKey() sketch.HashKey { return l.f.HashKey() }
 
-func newLimiter(c decide.Config, o options) (*Decider, error) {
-	c = cloneConfig(c)
+func newDecider(c decide.Config, o options) (*Decider, error) {
+	c = c.Clone()
 	var hk sketch.HashKey
 	var err error
 	if o.hashKey != nil {
@@ -130,27 +128,11 @@ func newLimiter(c decide.Config, o options) (*Decider, error) {
 	return l, nil
 }
 
-// cloneConfig copies what c refers to, so that the caller may change its
-// values afterwards without racing with the datagrams being decided.
-func cloneConfig(c decide.Config) decide.Config {
-	c.Limiter.LevelLimits = maps.Clone(c.Limiter.LevelLimits)
-	c.Limiter.Established.LevelLimits = maps.Clone(c.Limiter.Established.LevelLimits)
-	c.Limiter.Unverified.LevelLimits = maps.Clone(c.Limiter.Unverified.LevelLimits)
-	c.Limiter.IPv4Prefixes = slices.Clone(c.Limiter.IPv4Prefixes)
-	c.Limiter.IPv6Prefixes = slices.Clone(c.Limiter.IPv6Prefixes)
-	c.Allow = slices.Clone(c.Allow)
-	if c.BlockedPorts != nil {
-		p := *c.BlockedPorts
-		c.BlockedPorts = &p
-	}
-	return c
-}
-
 // Configure replaces the configuration, all or nothing: on an error the
 // limiter is left as it was. The sketches, counters and tracked streams are
 // kept. The lattice (prefix count and PerDstPort) cannot change.
 func (l *Decider) Configure(c decide.Config) error {
-	c = cloneConfig(c)
+	c = c.Clone()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.f.Update(c); err != nil {
@@ -164,7 +146,7 @@ func (l *Decider) Configure(c decide.Config) error {
 func (l *Decider) Config() decide.Config {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return cloneConfig(l.cfg)
+	return l.cfg.Clone()
 }
 
 // Params returns the compiled configuration in force.
@@ -175,7 +157,7 @@ func (l *Decider) Params() *sketch.Params {
 }
 
 // Stats returns the datagram counters. The error is always nil; it is there
-// to match bpf.Filter.
+// to match kernel.Program.
 func (l *Decider) Stats() (decide.Stats, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -296,7 +278,7 @@ func (l *Decider) random() uint32 {
 // Close ends the event reader (a blocked Read returns os.ErrClosed) and
 // makes Events fail. Datagrams are still decided: a Conn that uses the
 // limiter stays protected, as a socket keeps the kernel filter attached
-// after bpf.Filter.Close.
+// after kernel.Program.Close.
 func (l *Decider) Close() error {
 	l.once.Do(func() { close(l.closed) })
 	return nil

@@ -241,7 +241,7 @@ func TestStreamTracking(t *testing.T) {
 // topUnlimited lifts the limit of the socket's total in every class
 // configured, so that a test flood is limited at one level only.
 func topUnlimited(c decide.Config) decide.Config {
-	c = cloneConfig(c)
+	c = c.Clone()
 	top := c.Limiter.WithDefaults().Levels() - 1
 	c.Limiter.LevelLimits = map[int]uint32{top: sketch.Unlimited}
 	if c.Limiter.Established.Limit != 0 {
@@ -453,7 +453,7 @@ func TestConfigure(t *testing.T) {
 			d := dgram("192.0.2.1:40000", quicclasstest.Initial())
 			l.Decide(&d)
 			before, params := l.Config(), l.Params()
-			bad := cloneConfig(base)
+			bad := base.Clone()
 			tt.edit(&bad)
 			err := l.Configure(bad)
 			if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "\n") {
@@ -473,7 +473,7 @@ func TestConfigure(t *testing.T) {
 			d := dgram("192.0.2.1:40000", quicclasstest.Initial())
 			l.Decide(&d)
 		}
-		next := cloneConfig(base)
+		next := base.Clone()
 		next.Limiter.Limit, next.Limiter.IPv4Prefixes, next.Limiter.IPv6Prefixes = 5, []uint8{32, 16, 0}, []uint8{128, 32, 0}
 		if err := l.Configure(next); err != nil {
 			t.Fatal(err)
@@ -643,7 +643,7 @@ func TestLimiterConcurrent(t *testing.T) {
 		func(int) { l.Sweep() },
 		func(int) { l.Params() },
 		func(i int) {
-			next := cloneConfig(c)
+			next := c.Clone()
 			next.DryRun = i%2 == 1
 			if err := l.Configure(next); err != nil {
 				panic(err)

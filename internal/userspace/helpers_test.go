@@ -34,7 +34,7 @@ func newTestDecider(t testing.TB, c decide.Config, clk *testutil.Clock, shift in
 		s := uint8(shift)
 		o.trackShift = &s
 	}
-	l, err := newLimiter(c, o)
+	l, err := newDecider(c, o)
 	if err != nil {
 		t.Fatal(err)
 	}

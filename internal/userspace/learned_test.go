@@ -156,7 +156,7 @@ func TestLearnConcurrent(t *testing.T) {
 		func(int) { _, _ = l.ExpireLearned(time.Hour) },
 		func(int) { l.Stats() },
 		func(i int) {
-			next := cloneConfig(c)
+			next := c.Clone()
 			next.DryRun = i%2 == 1
 			if err := l.Configure(next); err != nil {
 				panic(err)

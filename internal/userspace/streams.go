@@ -219,7 +219,7 @@ func (l *Decider) signalTracked() {
 // waiting for its next period.
 func (l *Decider) Tracked() <-chan struct{} { return l.tracked }
 
-// stream converts a record (as bpf.Filter.stream converts the kernel's).
+// stream converts a record (as kernel.Program.stream converts the kernel's).
 func (l *Decider) stream(k *streamKey, st *streamState) decide.Stream {
 	s := decide.Stream{
 		Class:    k.class,

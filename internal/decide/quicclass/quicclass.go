@@ -243,6 +243,26 @@ func (s *Ports) Add(lo, hi uint16) {
 	}
 }
 
+// Ranges lists the set's ports as ranges, lowest first, each its first and
+// last port; nil for a nil or empty set.
+func (s *Ports) Ranges() [][2]uint16 {
+	if s == nil {
+		return nil
+	}
+	var out [][2]uint16
+	for p := 0; p < 65536; p++ {
+		if !s.Has(uint16(p)) {
+			continue
+		}
+		lo := p
+		for p+1 < 65536 && s.Has(uint16(p+1)) {
+			p++
+		}
+		out = append(out, [2]uint16{uint16(lo), uint16(p)})
+	}
+	return out
+}
+
 // DefaultBlockedPorts are source ports that no QUIC client uses and that
 // reflection attacks come from: every port below 1024 (privileged: a client's
 // ephemeral port is never one, as HAProxy also assumes), and above it the

@@ -3,6 +3,7 @@ package sketch
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/big"
 	"slices"
@@ -187,6 +188,17 @@ func (c Config) WithDefaults() Config {
 	if len(c.IPv6Prefixes) == 0 {
 		c.IPv6Prefixes = slices.Clone(DefaultIPv6Prefixes)
 	}
+	return c
+}
+
+// Clone returns c with copies of what it refers to (its level limits and
+// prefixes), so that the caller may change one without the other.
+func (c Config) Clone() Config {
+	c.LevelLimits = maps.Clone(c.LevelLimits)
+	c.Established.LevelLimits = maps.Clone(c.Established.LevelLimits)
+	c.Unverified.LevelLimits = maps.Clone(c.Unverified.LevelLimits)
+	c.IPv4Prefixes = slices.Clone(c.IPv4Prefixes)
+	c.IPv6Prefixes = slices.Clone(c.IPv6Prefixes)
 	return c
 }
 

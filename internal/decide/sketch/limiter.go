@@ -149,7 +149,7 @@ func (l *Limiter) Estimate(k *Key, class int, n Node, budget int, now int64) uin
 // their counts have decayed to nothing) and moves them to now's epoch, so
 // that no cell idles long enough for its 32-bit epoch to wrap. Run it at
 // least once a day; the BPF filter's owner does the same to the kernel's
-// cells (bpf.Filter.Sweep). It returns the number of cells swept.
+// cells (kernel.Program.Sweep). It returns the number of cells swept.
 func (l *Limiter) Sweep(now int64) int {
 	epoch := uint32(uint64(now) >> EpochShift)
 	n := 0

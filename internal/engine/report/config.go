@@ -31,7 +31,9 @@ type Config struct {
 	BlockSourcePorts   []string `json:"block_source_ports"`
 	VersionNegotiation uint32   `json:"version_negotiation"`
 	DryRun             bool     `json:"dry_run"`
-	Allow              []string `json:"allow"`
+	// Allow lists the allowlisted prefixes; the log line that describes
+	// a limiter gives their count (the tag log: a name and "count").
+	Allow []string `json:"allow" log:"allowlisted_prefixes,count"`
 }
 
 // OpeningClass names the class of connection-opening packets as the
@@ -84,23 +86,12 @@ func ConfigOf(c decide.Config) Config {
 // portRanges lists a port set as ranges, "0-1023", "1900".
 func portRanges(ports *quicclass.Ports) []string {
 	out := []string{}
-	if ports == nil {
-		return out
-	}
-	for p := 0; p < 65536; p++ {
-		if !ports.Has(uint16(p)) {
-			continue
-		}
-		q := p
-		for q+1 < 65536 && ports.Has(uint16(q+1)) {
-			q++
-		}
-		if q == p {
-			out = append(out, strconv.Itoa(p))
+	for _, r := range ports.Ranges() {
+		if r[0] == r[1] {
+			out = append(out, strconv.Itoa(int(r[0])))
 		} else {
-			out = append(out, strconv.Itoa(p)+"-"+strconv.Itoa(q))
+			out = append(out, strconv.Itoa(int(r[0]))+"-"+strconv.Itoa(int(r[1])))
 		}
-		p = q
 	}
 	return out
 }

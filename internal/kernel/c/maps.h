@@ -1,11 +1,11 @@
-// maps.h: the maps, the structures userspace reads and writes through them,
-// and the load-time switches.
+// maps.h: the maps, and the structures userspace reads and writes through
+// them.
 //
 // Go twins: in internal/decide/sketch, config.go (Params, which struct
 // config carries), cells.go (Cell, Line) and limiter.go (the limiter's
 // state: the cells, the fair shares, the pending totals); in
-// internal/decide, datagram.go (Config, Stats), learned.go (the learned
-// sets) and stream.go (Stream). internal/kernel reads and writes the maps
+// internal/decide, config.go (Config), datagram.go (Stats), learned.go
+// (the learned sets) and stream.go (Stream). internal/kernel reads and writes the maps
 // through the types bpf2go generates from these structures.
 #ifndef RAKELIMIT_MAPS_H
 #define RAKELIMIT_MAPS_H

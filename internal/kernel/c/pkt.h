@@ -36,7 +36,7 @@
 //
 // Each hook has a production entry (rakelimit, rakelimit_xdp) and, over the
 // same inline functions, entries for the tests and the benchmarks, which
-// they load in its place (loadOptions in filter.go): rakelimit_test and
+// they load in its place (loadOptions in program.go): rakelimit_test and
 // rakelimit_xdp_test (TEST_INPUT | TEST_VERDICT), rakelimit_bench_random
 // and rakelimit_xdp_bench_random (BENCH_RANDOM_SOURCE). An entry passes its
 // flags below, a constant, to the functions that test them (skb_packet and

@@ -32,7 +32,7 @@
 // userspace limiter would drop of them. A returning user's Initial, which
 // classic BPF cannot tell from a stranger's, is left alone by its network's
 // rules by its source: the userspace limiter lists the sources it verified
-// through their address lately (userspace.Limiter.Returning), and each
+// through their address lately (userspace.Decider.Returning), and each
 // opening rule over a network skips those in it (Spec.Returning, up to
 // MaxReturningPerRule), as the limiter passes their openings through their
 // network's limits; a rule of one address judges its returning user, as the

@@ -172,7 +172,7 @@ func specOf(c decide.Config, rules []Rule) Spec {
 
 // RateFunc returns the current estimate, at its node, of the packets of a
 // stream that reach the userspace limiter: a decayed count per window
-// (userspace.Limiter.Rate).
+// (userspace.Decider.Rate).
 type RateFunc func(*decide.Stream) uint64
 
 // Update compiles c, the streams the userspace limiter tracks and the

@@ -276,7 +276,7 @@ func baseRule(c decide.Config, p *sketch.Params, s *decide.Stream) (Rule, int, b
 }
 
 // FairRulesOf turns the networks the fair total drops packets of
-// (userspace.Limiter.FairStreams: streams of p.FairSource, the node below
+// (userspace.Decider.FairStreams: streams of p.FairSource, the node below
 // the total that counts networks) into rules. The total shares its limit
 // thr among networks max-min fairly: each keeps min(rate, share), and at
 // least the proportional floor thr/total of its rate. The kernel leaves

@@ -25,29 +25,10 @@ const (
 	numLongPacketTypes = 4
 )
 
-// portRanges lists the ranges of a port set.
-func portRanges(s *quicclass.Ports) [][2]uint16 {
-	var out [][2]uint16
-	if s == nil {
-		return nil
-	}
-	for p := 0; p < 65536; p++ {
-		if !s.Has(uint16(p)) {
-			continue
-		}
-		lo := p
-		for p+1 < 65536 && s.Has(uint16(p+1)) {
-			p++
-		}
-		out = append(out, [2]uint16{uint16(lo), uint16(p)})
-	}
-	return out
-}
-
 // ports sends a datagram from a blocked source port to invalidL. A set of
 // more than MaxPortRanges ranges is left to the userspace limiter.
 func (a *asm) ports(s *quicclass.Ports, invalidL label) {
-	rs := portRanges(s)
+	rs := s.Ranges()
 	if len(rs) == 0 || len(rs) > MaxPortRanges {
 		return
 	}
