@@ -67,7 +67,7 @@ var (
 			"or Handshake carrying a server ID bound to its source), handshake_from_peer (from a proven peer), "+
 			"opening_from_peer (an Initial from a proven peer: a returning user), from_answered (a short header or "+
 			"Handshake from an address the server answered, on its credit: established), opening_from_answered (an "+
-			"Initial from such an address, on its credit: a returning user), over_credit (from an answered address "+
+			"Initial from such an address, on its credit: a stranger's), over_credit (from an answered address "+
 			"out of credit: unverified, or a stranger's Initial).",
 		[]string{"limiter", "listener", "family", "how"}, nil)
 	learnedDesc = prometheus.NewDesc("caddy_rakelimit_learned_total",

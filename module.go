@@ -174,9 +174,10 @@ type RakeLimit struct {
 	// an address the server answered is invalid, and so is a long header
 	// whose lengths do not add up (RFC 9000 section 17.2). An Initial that
 	// carries a server ID sent to its source passes at the established
-	// limits, and one from a proven address, or from one the server talks
-	// to on its credit, is a returning user's: past its network's limits,
-	// and first within half of the opening total. Needs classify. Off,
+	// limits, and one from a proven address is a returning user's: past
+	// its network's limits, and first within half of the opening total
+	// (credit, which a spoofer earns for an address it names, makes no
+	// returning user). Needs classify. Off,
 	// short headers are established on their first byte. Default: on.
 	VerifyConnectionIDs *bool `json:"verify_connection_ids,omitempty"`
 

@@ -160,3 +160,75 @@ func TestAnsweredUnderRandomFlood(t *testing.T) {
 	}
 	t.Logf("the client kept %d of %d; the flood passed %d of 400,000", kept, sent, junk)
 }
+
+// TestSpoofedCreditGoesNotFirst: a spoofer has the server answer spoofed
+// ClientHellos "from" 50 addresses of its choosing, one a network, so that
+// each is an answered peer whose credit the answers keep topping up, then
+// sends Initials from all of them, 900 a second each (under every
+// per-address limit), against a fixed opening total of 2,000. Credit
+// verifies what a client sends on a connection the server keeps with it,
+// not who it is: those Initials are a stranger's, shared fairly with
+// everyone's, and the returning part of the total stays a proven peer's,
+// whose Initials (100 a second) all pass.
+func TestSpoofedCreditGoesNotFirst(t *testing.T) {
+	c := verifying()
+	c.Limiter.Limit = 1000
+	c.Limiter.LevelLimits = map[int]uint32{3: 2000}
+	// A seeded key for the limiter too: the zero key of newFilter puts
+	// sources that share a prefix in one cell, and this test's sources
+	// are all over.
+	f, err := New(c, sketch.SeededHashKey(12))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.LearnServerID(serverID, peer, start); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.LearnPeer(peer, start); err != nil {
+		t.Fatal(err)
+	}
+	proof := quicclasstest.LongPacket(quicclass.Version1, 2, serverID[:], clientID, nil, 100)
+	if out := f.Decide(dgram(netip.AddrPortFrom(peer, 40_000).String(), proof), start, 0); out.Verified != quicclass.OpeningByID || f.Stats().Proofs != 1 {
+		t.Fatalf("the peer's proof: %+v", out)
+	}
+	var spoofed []netip.Addr
+	for i := range 50 {
+		a := netip.AddrFrom4([4]byte{10, byte(i), 7, 1})
+		spoofed = append(spoofed, a)
+		if err := f.LearnPeer(a, start); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(4, 4))
+	// A client's Initial: a random 8-byte ID of its own, no token.
+	initial := func() []byte {
+		var id [8]byte
+		binary.BigEndian.PutUint64(id[:], rng.Uint64())
+		return quicclasstest.LongPacket(quicclass.Version1, 0, id[:], clientID, nil, 1200)
+	}
+	peerSent, peerKept, flood := 0, 0, 0
+	for i := range 90_000 { // 2 s of 45,000 Initials a second
+		now := start + int64(i)*int64(time.Second)/45_000
+		src := spoofed[i%len(spoofed)]
+		if i%len(spoofed) == 0 {
+			for _, a := range spoofed { // the server's answers to them
+				if err := f.Grant(a, CreditPerDatagram); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if !f.Decide(dgram(netip.AddrPortFrom(src, uint16(1024+i%50_000)).String(), initial()), now, rng.Uint32()).Drop {
+			flood++
+		}
+		if i%450 == 0 && i >= 45_000 { // the peer, in the second second
+			peerSent++
+			if !f.Decide(dgram(netip.AddrPortFrom(peer, uint16(40_000+i%1000)).String(), initial()), now, rng.Uint32()).Drop {
+				peerKept++
+			}
+		}
+	}
+	if peerKept < peerSent*95/100 {
+		t.Errorf("the proven peer kept %d of its %d Initials: the spoofed answered addresses took the returning part", peerKept, peerSent)
+	}
+	t.Logf("the proven peer kept %d of %d; the spoofed Initials passed %d of 90,000", peerKept, peerSent, flood)
+}

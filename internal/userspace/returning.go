@@ -30,11 +30,17 @@ type returningKey struct {
 	words  [4]uint32
 }
 
-// trusted reports whether a datagram so verified came from a source the
-// server answered or that proved it: by a server ID bound to it, as a
-// proven peer's, or on an answered peer's credit.
+// trusted reports whether a datagram so verified came from a source that
+// receives what the server sends it: by a server ID bound to it, or as a
+// proven peer's. Not on an answered peer's credit, which a spoofer earns
+// for an address it names: such sources would fill the list.
 func trusted(v quicclass.Verification) bool {
-	return v != quicclass.NotVerified && v != quicclass.OverCredit
+	switch v {
+	case quicclass.ShortByID, quicclass.OpeningByID, quicclass.ShortByPeer, quicclass.OpeningFromPeer,
+		quicclass.HandshakeFromPeer:
+		return true
+	}
+	return false
 }
 
 // noteReturning remembers the source of k, whose datagram out decided at
@@ -50,7 +56,15 @@ func (l *Decider) noteReturning(k *sketch.Key, out *decide.Outcome, now int64, r
 	}
 	rk := returningKey{family: k.Family, words: k.Words}
 	if _, ok := l.returning[rk]; !ok && len(l.returning) >= MaxReturning {
-		return
+		// Full: the source seen longest ago makes room, so that a list
+		// filled once keeps the latest.
+		oldest, at := rk, now
+		for k, t := range l.returning {
+			if t < at {
+				oldest, at = k, t
+			}
+		}
+		delete(l.returning, oldest)
 	}
 	l.returning[rk] = now
 }

@@ -367,7 +367,8 @@ const (
 	FromAnswered // C: VERIFIED_FROM_ANSWERED
 	// OpeningFromAnswered: an Initial or 0-RTT packet, with an ID that
 	// verifies nothing, from an answered peer that spent a credit: a
-	// returning user (Returning).
+	// stranger's, not a returning user's, since a spoofer has the server
+	// answer an address it names (spoofed ClientHellos earn it credit).
 	OpeningFromAnswered // C: VERIFIED_OPENING_FROM_ANSWERED
 	// OverCredit: a datagram, with an ID that verifies nothing, from an
 	// answered peer that has no credit left: a short header or a Handshake
@@ -389,8 +390,10 @@ func (v Verification) String() string {
 
 // Returning reports whether a datagram so verified is a returning user's
 // connection-opening packet (returning in the C program; sketch.Key's
-// Returning).
-func (v Verification) Returning() bool { return v == OpeningFromPeer || v == OpeningFromAnswered }
+// Returning): a proven peer's. An answered peer's credit verifies what it
+// sends on a connection the server keeps with it, not who it is: a spoofer
+// earns credit for an address it names.
+func (v Verification) Returning() bool { return v == OpeningFromPeer }
 
 // VerificationNames lists the verifications' names, indexed by
 // Verification.

@@ -244,7 +244,7 @@ func TestResolve(t *testing.T) {
 		{quicclass.CheckShort, false, false, false, false, quicclass.Unverified, quicclass.NotInvalid, quicclass.NotVerified, true, false},
 		{quicclass.CheckOpening, true, false, false, false, quicclass.Established, quicclass.NotInvalid, quicclass.OpeningByID, false, false},
 		{quicclass.CheckOpening, false, true, false, false, quicclass.Opening, quicclass.NotInvalid, quicclass.OpeningFromPeer, true, true},
-		{quicclass.CheckOpening, false, false, true, true, quicclass.Opening, quicclass.NotInvalid, quicclass.OpeningFromAnswered, true, true},
+		{quicclass.CheckOpening, false, false, true, true, quicclass.Opening, quicclass.NotInvalid, quicclass.OpeningFromAnswered, true, false},
 		{quicclass.CheckOpening, false, false, true, false, quicclass.Opening, quicclass.NotInvalid, quicclass.OverCredit, true, false},
 		{quicclass.CheckOpening, false, false, false, false, quicclass.Opening, quicclass.NotInvalid, quicclass.NotVerified, true, false},
 		{quicclass.CheckHandshake, true, false, false, false, quicclass.Established, quicclass.NotInvalid, quicclass.OpeningByID, false, false},

@@ -283,7 +283,7 @@ static __always_inline int attempts(int check, int has_id)
 // returning: quicclass.Verification.Returning.
 static __always_inline int returning(int verified)
 {
-	return verified == VERIFIED_OPENING_FROM_PEER || verified == VERIFIED_OPENING_FROM_ANSWERED;
+	return verified == VERIFIED_OPENING_FROM_PEER;
 }
 
 #endif
