@@ -144,6 +144,9 @@ func load(c decide.Config, o loadOptions) (_ *Program, err error) {
 		return nil, fmt.Errorf("reading the embedded BPF object: %w", err)
 	}
 	spec.Maps[rakelimitMapCells].MaxEntries = uint32(p.TotalLines)
+	if err := setMarkKey(spec); err != nil {
+		return nil, err
+	}
 	if o.testMode && o.xdp {
 		// Room for a test's listener on every port of two addresses
 		// (listenEverywhere in the tests).
@@ -220,6 +223,20 @@ type socketObjects struct {
 	rakelimitMaps
 	rakelimitVariables
 	Rakelimit *ebpf.Program `ebpf:"rakelimit"`
+}
+
+// setMarkKey writes a random key of the passed datagrams' marks into spec
+// (mark_key, c/listen.h): a sender who does not know it cannot build a
+// datagram that the socket filter takes for one the XDP program passed.
+func setMarkKey(spec *ebpf.CollectionSpec) error {
+	var key [2 * passedMarkWords]uint32
+	if err := binary.Read(rand.Reader, binary.LittleEndian, &key); err != nil {
+		return fmt.Errorf("drawing the XDP marks' key: %w", err)
+	}
+	if err := spec.Variables[rakelimitVarMarkKey].Set(key); err != nil {
+		return fmt.Errorf("setting %s: %w", rakelimitVarMarkKey, err)
+	}
+	return nil
 }
 
 // loadObjects loads the maps, the variables and the socket filter of spec,

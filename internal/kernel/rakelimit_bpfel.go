@@ -266,6 +266,7 @@ const (
 	rakelimitProgRakelimitXdp            = "rakelimit_xdp"
 	rakelimitProgRakelimitXdpBenchRandom = "rakelimit_xdp_bench_random"
 	rakelimitProgRakelimitXdpTest        = "rakelimit_xdp_test"
+	rakelimitVarMarkKey                  = "mark_key"
 	rakelimitVarXdpInterfaces            = "xdp_interfaces"
 	rakelimitVarXdpStacked               = "xdp_stacked"
 )
@@ -353,6 +354,7 @@ type rakelimitMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type rakelimitVariableSpecs struct {
+	MarkKey       *ebpf.VariableSpec `ebpf:"mark_key"`
 	XdpInterfaces *ebpf.VariableSpec `ebpf:"xdp_interfaces"`
 	XdpStacked    *ebpf.VariableSpec `ebpf:"xdp_stacked"`
 }
@@ -434,6 +436,7 @@ func (m *rakelimitMaps) Close() error {
 //
 // It can be passed to loadRakelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type rakelimitVariables struct {
+	MarkKey       *ebpf.Variable `ebpf:"mark_key"`
 	XdpInterfaces *ebpf.Variable `ebpf:"xdp_interfaces"`
 	XdpStacked    *ebpf.Variable `ebpf:"xdp_stacked"`
 }

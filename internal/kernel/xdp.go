@@ -35,6 +35,11 @@ const (
 	xdpPassedSlots   = 1024 // C: XDP_PASSED_SLOTS
 )
 
+// passedMarkWords is how many 64-bit words a passed datagram's mark takes
+// (its source address's two, its payload's first three), each with two
+// 32-bit words of the load's mark key (c/listen.h).
+const passedMarkWords = 5 // C: PASSED_MARK_WORDS
+
 // XDPProgram returns the filter's XDP program (nil unless LoadXDP or
 // LoadBench with XDP loaded it; the benchmark entry with RandomSource),
 // for BPF_PROG_TEST_RUN. It stays owned by the filter: Close closes it.

@@ -3,6 +3,7 @@
 package kernel
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net"
 	"net/netip"
@@ -328,6 +329,85 @@ func TestDecidedOnce(t *testing.T) {
 				t.Fatalf("%d decisions of the %d datagrams that reached the socket", decisions, datagrams)
 			}
 		})
+	}
+}
+
+// unkeyedMark is the mark the XDP program gave a datagram before it was
+// keyed (c/listen.h, passed_mark): five 64-bit words of an IPv4 source and
+// the payload's first 24 bytes, each times an odd constant, summed and
+// mixed. Linear: a sender could build any datagram with another's mark.
+func unkeyedMark(src netip.Addr, payload []byte) uint64 {
+	a := src.As4()
+	h := uint64(binary.BigEndian.Uint32(a[:])) * 0x9e3779b97f4a7c15
+	for i, c := range []uint64{0x165667b19e3779f9, 0xd6e8feb86659fd93, 0xff51afd7ed558ccd} {
+		h += binary.LittleEndian.Uint64(payload[8*i:]) * c
+	}
+	return h
+}
+
+// inverse is the multiplicative inverse of an odd c modulo 2^64.
+func inverse(c uint64) uint64 {
+	x := c
+	for range 5 {
+		x *= 2 - c*x
+	}
+	return x
+}
+
+// TestForgedMark: a sender has the XDP program pass a datagram A of its
+// own, then sends a datagram B from another source, of another kind (here
+// junk in place of A's Initial), whose payload it built so that B's mark
+// under the unkeyed function is A's, to a path where the XDP program does
+// not see it (a port redirected to the listener's). The mark is keyed with
+// a secret of each load: B is decided at the socket, and A's record waits
+// for A.
+func TestForgedMark(t *testing.T) {
+	f := loadTest(t, testutil.QUICLimits(1000, 1000), loadOptions{testMode: true, xdp: true})
+	if err := f.SetListeners([]netip.AddrPort{netip.MustParseAddrPort("192.0.2.254:8443")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.markXDP(loopbackIndex, true); err != nil {
+		t.Fatal(err)
+	}
+	a := udp("198.51.100.7", 50000)
+	a.DstPort = 8443
+	a.Data = quicclasstest.LongHeader(quicclass.Version1, 0, 8, 8, 1200)
+	b := udp("203.0.113.9", 50001)
+	b.DstPort = 8443
+	b.Data = bytes.Clone(a.Data)
+	b.Data[0] = 0x40 // a short header: junk where A was an Initial
+	// B's last word makes up for its other source and first byte.
+	diff := unkeyedMark(a.Src, a.Data) - unkeyedMark(b.Src, b.Data)
+	binary.LittleEndian.PutUint64(b.Data[16:], binary.LittleEndian.Uint64(b.Data[16:])+diff*inverse(0xff51afd7ed558ccd))
+	if unkeyedMark(a.Src, a.Data) != unkeyedMark(b.Src, b.Data) {
+		t.Fatal("the forgery does not hold under the unkeyed mark")
+	}
+	now := start
+	run := func(prog *ebpf.Program, p testutil.Frame, xdp bool) bool {
+		t.Helper()
+		now += 1000
+		f.resetVerdict(t)
+		var err error
+		if xdp {
+			_, err = f.xdpRun(p.Bytes(), now, 0)
+		} else {
+			_, err = runOnTestCPU(prog, &ebpf.RunOptions{Data: p.Bytes(),
+				Context: skbContext{CB: [5]uint32{uint32(now), uint32(uint64(now) >> 32), 0}}})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, decided := f.verdict(t)
+		return decided
+	}
+	if !run(nil, a, true) {
+		t.Fatal("the XDP program did not decide A")
+	}
+	if !run(f.objs.Rakelimit, b, false) {
+		t.Fatal("the socket filter left alone B, a datagram built to carry A's mark")
+	}
+	if run(f.objs.Rakelimit, a, false) {
+		t.Fatal("A, which the XDP program passed, was decided again at the socket")
 	}
 }
 

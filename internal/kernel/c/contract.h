@@ -161,5 +161,6 @@
 #define MAX_LISTEN_ADDRS 4096 // kernel.MaxListenAddrs
 #define MAX_XDP_INTERFACES 256 // kernel.MaxXDPInterfaces
 #define XDP_PASSED_SLOTS 1024 // kernel.xdpPassedSlots
+#define PASSED_MARK_WORDS 5 // kernel.passedMarkWords
 
 #endif

@@ -35,11 +35,13 @@
 // marks in one slot while the stack holds both, the table's XDP_PASSED_SLOTS
 // slots against a NAPI poll's 64 frames) does the same.
 //
-// A record proves nothing a sender could not forge: a datagram the XDP
-// program did not decide matches one only by carrying the source address
-// and first bytes of a datagram it passed, and that datagram, finding no
-// record, is decided at the socket. Each decision skipped costs the sender
-// one decided, so a forged mark gains it nothing.
+// A record proves nothing a sender could forge: the mark is keyed with a
+// secret of each load (mark_key), so that a datagram the XDP program did
+// not decide matches one only by carrying the source address and first
+// bytes of a datagram it passed (or, with odds of 2^-32 for each datagram,
+// by chance), and that datagram, finding no record, is decided at the
+// socket. Each decision skipped costs the sender one decided, so a copied
+// mark gains it nothing.
 //
 // Stacked devices (a bridge and its port, a VLAN and its parent, both with
 // the program, one of them generic XDP) run the program twice on one
@@ -124,15 +126,29 @@ static __always_inline int listened(const pkt_ctx *ctx, const struct key *k)
 #define PASSED_SKIPS_SHIFT 8
 #define PASSED_COUNT 0xffULL
 
-// passed_word is the 64-bit word of the two 32-bit ones at p (4-byte
-// aligned in struct key: two loads).
+// passed_word is the 64-bit word of the two 32-bit ones at p, 4-byte
+// aligned in struct key (the address's words, and the probe at offset 24):
+// two loads. Read through a __u32 pointer: memcpy from a pointer of
+// unknown alignment becomes byte loads, whose registers spill onto the
+// entries' frames (verifier workaround: the frames and the deepest call
+// must fit 512 bytes together).
 static __always_inline __u64 passed_word(const void *p)
 {
-	__u32 lo, hi;
+	const __u32 *w = p;
 
-	__builtin_memcpy(&lo, p, 4);
-	__builtin_memcpy(&hi, (const __u8 *)p + 4, 4);
-	return (__u64)hi << 32 | lo;
+	return (__u64)w[1] << 32 | w[0];
+}
+
+// mark_term is the i-th term of passed_mark, of the 64-bit word at p: its
+// two halves, each plus a 32-bit word of the key, multiplied (NH, the
+// universal hash of UMAC: two words that differ collide under a random key
+// with odds of at most 2^-32, and the key is never shown).
+static __always_inline __u64 mark_term(const void *p, int i)
+{
+	__u64 w = passed_word(p);
+	__u32 lo = (__u32)w + mark_key[2 * i], hi = (__u32)(w >> 32) + mark_key[2 * i + 1];
+
+	return (__u64)lo * hi;
 }
 
 // passed_mark is the mark of the datagram of key k: its source address and
@@ -141,18 +157,25 @@ static __always_inline __u64 passed_word(const void *p)
 // source port: netfilter gives an inbound flow another one where the flow's
 // reply would be another flow's (a client's port that reached a port
 // redirected to the listener's, then the listener's port straight), and
-// the datagram would be decided again at the socket. Five 64-bit words,
-// each multiplied by an odd constant, summed and mixed: the multiplications
-// do not wait on each other, and the mark needs spread, not secrecy (see
-// above).
+// the datagram would be decided again at the socket. PASSED_MARK_WORDS
+// 64-bit words, each a keyed term (mark_term), summed and mixed: the
+// multiplications do not wait on each other.
 static __always_inline __u64 passed_mark(const struct key *k)
 {
-	__u64 h = passed_word(&k->words[0]) * 0x9e3779b97f4a7c15ULL;
+	__u64 h = mark_term(&k->words[0], 0);
 
-	h += passed_word(&k->words[2]) * 0xc2b2ae3d27d4eb4fULL;
-	h += passed_word(k->probe) * 0x165667b19e3779f9ULL;
-	h += passed_word(k->probe + 8) * 0xd6e8feb86659fd93ULL;
-	h += passed_word(k->probe + 16) * 0xff51afd7ed558ccdULL;
+	// Verifier workaround: a barrier after each term keeps clang from
+	// interleaving the terms' loads, whose registers spilled onto the
+	// entries' frames past the 512 bytes the verifier allows a program
+	// and its deepest call together.
+	barrier_var(h);
+	h += mark_term(&k->words[2], 1);
+	barrier_var(h);
+	h += mark_term(k->probe, 2);
+	barrier_var(h);
+	h += mark_term(k->probe + 8, 3);
+	barrier_var(h);
+	h += mark_term(k->probe + 16, 4);
 	h ^= h >> 29;
 	h *= 0xbf58476d1ce4e5b9ULL;
 	return h ^ (h >> 32);

@@ -503,5 +503,10 @@ volatile __u32 xdp_interfaces = 0;
 // where a datagram may meet it twice: only then does it look for a record
 // of its datagram before deciding (c/listen.h).
 volatile __u32 xdp_stacked = 0;
+// mark_key: the key of the marks of the datagrams the XDP program passed
+// (c/listen.h, passed_mark), random for each load, which userspace writes
+// before loading: a sender who does not know it cannot build a datagram
+// with another's mark.
+const volatile __u32 mark_key[2 * PASSED_MARK_WORDS] = {};
 
 #endif

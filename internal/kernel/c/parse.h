@@ -39,6 +39,7 @@ struct key {
 _Static_assert(__builtin_offsetof(struct key, probe) + PROBE_MASK < sizeof(struct key),
 	       "a masked probe index stays inside struct key");
 _Static_assert(PROBE_BYTES <= PROBE_MASK + 1, "the mask keeps every probe index");
+_Static_assert(__builtin_offsetof(struct key, probe) % 4 == 0, "passed_word reads the probe 4 bytes at a time");
 
 static __always_inline int is_udp(__u8 proto)
 {
