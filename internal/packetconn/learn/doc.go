@@ -86,6 +86,18 @@
 // server: the victim is never proven, and its credit grows by at most one
 // for each datagram the attacker sent from its address.
 //
+// Credit is cheaper to borrow than a proof, and buys less. A closed
+// connection's CONNECTION_CLOSE, replayed to a spoofed address (quic-go
+// answers the 1st, 2nd, 4th, 8th... datagram it gets, for three PTOs), is a
+// lone short header like any, and grants that address CreditFirst and
+// CreditPerDatagram: about 96 datagrams for one spoofed, per connection the
+// attacker had the server close, and a spoofed ClientHello's answer earns
+// a few more. Credit verifies an answered address's short headers and
+// Handshake packets as established, never its Initials as a returning
+// user's (quicclass.Verification.Returning) nor a proof: what it buys the
+// spoofer is that many datagrams at the established limits, from an
+// address quic-go holds no connection for.
+//
 // # Cost and memory
 //
 // Learn allocates nothing. A short-header datagram (or GSO batch) costs a
