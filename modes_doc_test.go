@@ -20,10 +20,7 @@ import (
 // README's table of options, its list under "Privileges and modes" and its
 // example of the error of an unknown mode.
 func TestModeDocs(t *testing.T) {
-	var names []string
-	for _, m := range engine.Modes() {
-		names = append(names, m.Name)
-	}
+	names := engine.ModeNames()
 	sorted := slices.Sorted(slices.Values(names))
 	set := func(s []string) []string {
 		out := slices.Clone(s)

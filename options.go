@@ -181,7 +181,7 @@ func options() []option {
 			parse: flag(func(r *RakeLimit) *bool { return &r.DryRun }),
 			apply: func(r *RakeLimit, s *decide.Config) error { s.DryRun = r.DryRun; return nil }},
 		{name: "name", syntax: "<name>", def: DefaultName, example: "name edge", parse: parseNameOption},
-		{name: "mode", syntax: modeSyntax(), def: engine.DefaultMode, example: "mode userspace",
+		{name: "mode", syntax: strings.Join(engine.ModeNames(), "|"), def: engine.DefaultMode, example: "mode userspace",
 			parse: parseModeOption, apply: func(r *RakeLimit, _ *decide.Config) error {
 				if !engine.ValidMode(r.mode()) {
 					return fmt.Errorf("mode %q: want %s", r.Mode, engine.ModeChoices())
@@ -205,15 +205,6 @@ func lengths(l []uint8) string {
 		s[i] = strconv.Itoa(int(n))
 	}
 	return strings.Join(s, " ")
-}
-
-// modeSyntax is the syntax of mode: the modes' names, "auto|xdp|...".
-func modeSyntax() string {
-	var names []string
-	for _, m := range engine.Modes() {
-		names = append(names, m.Name)
-	}
-	return strings.Join(names, "|")
 }
 
 // optionNamed finds an option by name.

@@ -169,15 +169,18 @@ func ValidMode(mode string) bool {
 	return ok
 }
 
-// ModeChoices lists the modes for an error that says what is wanted:
-// "auto, xdp, bpf or userspace".
-func ModeChoices() string {
+// ModeNames lists the modes' names in the table's order.
+func ModeNames() []string {
 	names := make([]string, len(modes))
 	for i, m := range modes {
 		names[i] = m.Name
 	}
-	return orList(names)
+	return names
 }
+
+// ModeChoices lists the modes for an error that says what is wanted:
+// "auto, xdp, bpf or userspace".
+func ModeChoices() string { return orList(ModeNames()) }
 
 // ModesRunning lists the concrete modes with where each decides, for a help
 // text: "xdp (at the driver), bpf (in the kernel) or userspace (in front of
